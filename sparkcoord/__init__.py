@@ -1,0 +1,48 @@
+"""sparkcoord: Flink-style operator coordinators for PySpark Structured Streaming.
+
+The user-facing API:
+
+* :class:`OperatorCoordinator`, :class:`CoordinatorContext`, :class:`SubtaskGateway`: the
+  driver-side coordinator you implement and what it is handed.
+* :class:`EventCodec`: how events are encoded (pickle, with a size limit).
+* Restart strategies: :class:`FixedDelay`, :class:`ExponentialBackoff`, :class:`FailureRate`.
+* :mod:`sparkcoord.testing`: fakes and a harness to unit-test your coordinators.
+"""
+
+from sparkcoord.coordinator import (
+    Cancellable,
+    CoordinatorContext,
+    CoordinatorProvider,
+    OperatorCoordinator,
+    SubtaskGateway,
+)
+from sparkcoord.core.codec import EventCodec
+from sparkcoord.core.errors import (
+    AttemptNoLongerLive,
+    CheckpointIdRegression,
+    CorruptRecord,
+    EventEncodingError,
+    EventTooLarge,
+    IllegalTransition,
+    SparkCoordError,
+    UnknownRecordVersion,
+    UnknownSubtask,
+    WrongThread,
+)
+from sparkcoord.runtime.restart import (
+    ExponentialBackoff,
+    FailureRate,
+    FixedDelay,
+    NoRestart,
+    RestartStrategy,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AttemptNoLongerLive", "Cancellable", "CheckpointIdRegression", "CoordinatorContext",
+    "CoordinatorProvider", "CorruptRecord", "EventCodec", "EventEncodingError", "EventTooLarge",
+    "ExponentialBackoff", "FailureRate", "FixedDelay", "IllegalTransition", "NoRestart",
+    "OperatorCoordinator", "RestartStrategy", "SparkCoordError", "SubtaskGateway",
+    "UnknownRecordVersion", "UnknownSubtask", "WrongThread", "__version__",
+]

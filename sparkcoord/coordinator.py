@@ -1,0 +1,169 @@
+"""The API a user implements: operator coordinators, their context and subtask gateways.
+
+Vocabulary: a coordinated operator has ``parallelism`` subtasks (index 0..P-1) that run as Spark
+tasks, batch after batch; its coordinator is one long-lived object on the driver. An *execution
+attempt* of a subtask spans many batches and ends only when a task of that subtask fails (Spark
+retries it as a new attempt). A *checkpoint* is taken per epoch; each epoch's events reach the
+subtasks in the next micro-batch, before any of that batch's data.
+
+Every callback of a coordinator runs on its own single-thread mailbox, one at a time, in order.
+Callbacks must not block. Sends and the completion of the checkpoint future may happen from any
+thread: they are ordered through the mailbox, so "send e1, complete, send e2" keeps its order.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any, ClassVar
+
+
+class Cancellable(abc.ABC):
+    """A handle on something scheduled."""
+
+    @abc.abstractmethod
+    def cancel(self) -> None:
+        """Stop it; idempotent. Any thread."""
+
+
+class SubtaskGateway(abc.ABC):
+    """The way to send events to one execution attempt of one subtask.
+
+    A gateway is bound to the attempt it was handed out for in
+    :meth:`OperatorCoordinator.execution_attempt_ready`. After that attempt fails, its sends
+    fail at once; a subtask that merely has no task running (between batches) accepts them.
+    """
+
+    subtask: int
+    attempt: int
+
+    @abc.abstractmethod
+    def send_event(self, event: Any) -> Future[None]:
+        """Send ``event`` to the subtask. Any thread; returns at once.
+
+        The event is pickled right here: an unpicklable or oversized event raises
+        :class:`~sparkcoord.core.errors.EventEncodingError` or
+        :class:`~sparkcoord.core.errors.EventTooLarge` in the caller and nothing is sent.
+        The returned future completes when the batch that delivered the event commits; it
+        fails if the event was still held when its attempt failed or the coordinator was
+        reset, and on a global failover.
+        """
+
+
+class CoordinatorContext(abc.ABC):
+    """What a coordinator may ask of the runtime. Handed to the coordinator's constructor."""
+
+    operator_id: str
+    parallelism: int
+
+    @abc.abstractmethod
+    def fail_job(self, cause: BaseException | str) -> None:
+        """Fail the whole query (global failover); the restart strategy restarts it.
+
+        Any thread. Only the first call counts until the coordinator is reset.
+        """
+
+    @abc.abstractmethod
+    def run_in_coordinator_thread(self, action: Callable[[], None]) -> None:
+        """Run ``action`` on this coordinator's mailbox, after what is already queued.
+
+        Any thread. An exception from ``action`` fails the job like one from a callback.
+        """
+
+    @abc.abstractmethod
+    def call_periodically(self, interval_s: float, action: Callable[[], None]) -> Cancellable:
+        """Run ``action`` on the mailbox every ``interval_s`` seconds until cancelled or reset."""
+
+    @abc.abstractmethod
+    def is_coordinator_thread(self) -> bool:
+        """Whether the caller runs on this coordinator's mailbox thread."""
+
+
+class OperatorCoordinator:
+    """Base class of a coordinator. Override what you need; every method runs on the mailbox.
+
+    The runtime creates a coordinator by calling ``YourClass(context)``; after a subtask failure
+    (default mode) or a global failover it creates a fresh one and fences the old one, whose
+    context goes quiet (its sends fail, its ``fail_job`` is ignored).
+
+    Order of calls in one life: ``reset_to_checkpoint`` (restore point, or ``(-1, None)`` when
+    nothing was checkpointed), ``start``, ``execution_attempt_ready`` for every subtask, then any
+    of the other callbacks, and ``close`` at the end.
+    """
+
+    #: Opt in to Flink's per-subtask failure sequence (``execution_attempt_failed``,
+    #: ``subtask_reset``, ``execution_attempt_ready``) instead of resetting the whole
+    #: coordinator when one subtask's task fails. Only correct for coordinators that never
+    #: answer an event of one subtask by sending to another (a split enumerator).
+    resets_per_subtask: ClassVar[bool] = False
+
+    def __init__(self, context: CoordinatorContext) -> None:
+        self.context = context
+        self._gateways: dict[int, SubtaskGateway] = {}
+
+    def start(self) -> None:
+        """Called once, after ``reset_to_checkpoint``, before any other callback."""
+
+    def close(self) -> None:
+        """Called once when the coordinator is discarded (end of run, reset, failover)."""
+
+    def handle_event_from_operator(self, subtask: int, attempt: int, event: Any) -> None:
+        """An event that subtask ``subtask`` (execution attempt ``attempt``) sent.
+
+        Events of a batch are handled before the batch commits, exactly once in the state that
+        survives: after a failure, the runtime hands the surviving events to a reset
+        coordinator again, in their original order.
+        """
+
+    def checkpoint_coordinator(self, checkpoint_id: int, result: Future[Any]) -> None:
+        """Take checkpoint ``checkpoint_id``: complete ``result`` with your state.
+
+        The state may be any picklable value (bytes included); it is pickled at the instant the
+        future completes, and that instant is the checkpoint boundary: events sent before it
+        reach the subtasks in this epoch, events sent after it in a later one. Complete it now
+        or later, from any thread; fail it (``set_exception``) to decline the checkpoint.
+        """
+        result.set_result(None)
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        """The batch of ``checkpoint_id`` committed in Spark: commit external side effects here.
+
+        After a restart the same id may be notified again; make side effects idempotent per id.
+        """
+
+    def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` was declined or timed out; held events stay queued."""
+
+    def reset_to_checkpoint(self, checkpoint_id: int, state: Any) -> None:
+        """Restore to the state completed for ``checkpoint_id`` (``(-1, None)``: fresh start)."""
+
+    def subtask_reset(self, subtask: int, checkpoint_id: int) -> None:
+        """Only if ``resets_per_subtask``: forget what ``subtask`` did after ``checkpoint_id``.
+
+        Events you sent to it that had not been sealed into an epoch failed; re-offer them.
+        """
+
+    def execution_attempt_failed(self, subtask: int, attempt: int, reason: str) -> None:
+        """Only if ``resets_per_subtask``: the task of ``(subtask, attempt)`` failed."""
+        self._gateways.pop(subtask, None)
+
+    def execution_attempt_ready(self, subtask: int, attempt: int, gateway: SubtaskGateway) -> None:
+        """``gateway`` sends to execution attempt ``attempt`` of ``subtask`` from now on.
+
+        The base class remembers it; :meth:`ready_gateways` lists them. Call ``super()`` if you
+        override this.
+        """
+        self._gateways[subtask] = gateway
+
+    def ready_gateways(self) -> list[tuple[int, SubtaskGateway]]:
+        """The current gateway of every subtask, by subtask index. Mailbox thread."""
+        return sorted(self._gateways.items(), key=lambda kv: kv[0])
+
+    def gateway(self, subtask: int) -> SubtaskGateway:
+        """The current gateway of ``subtask``. Mailbox thread."""
+        return self._gateways[subtask]
+
+
+#: What the runtime calls to create a coordinator: usually the class itself.
+CoordinatorProvider = Callable[[CoordinatorContext], OperatorCoordinator]

@@ -1,0 +1,63 @@
+"""Errors raised by the core. Each names the problem and the values involved."""
+
+from __future__ import annotations
+
+
+class SparkCoordError(Exception):
+    """Base class of every error sparkcoord raises on purpose."""
+
+
+class IllegalTransition(SparkCoordError):
+    """An input that the protocol does not allow in the current state.
+
+    The state machine that raised it is unchanged.
+    """
+
+
+class CheckpointIdRegression(IllegalTransition):
+    """A checkpoint id that does not increase."""
+
+    def __init__(self, what: str, given: int, last: int) -> None:
+        super().__init__(f"{what}: checkpoint id {given} must be greater than {last}")
+        self.given = given
+        self.last = last
+
+
+class UnknownSubtask(IllegalTransition):
+    """A subtask index outside 0..parallelism-1, or an operator that does not exist."""
+
+
+class EventEncodingError(SparkCoordError):
+    """An event could not be pickled at send time; nothing was sent."""
+
+
+class EventTooLarge(SparkCoordError):
+    """An encoded event exceeds the configured size limit; nothing was sent."""
+
+    def __init__(self, size: int, limit: int, what: str) -> None:
+        super().__init__(
+            f"{what} is {size} bytes encoded, over the limit of {limit} bytes "
+            "(raise max_event_bytes, or send a reference to the data instead of the data)"
+        )
+        self.size = size
+        self.limit = limit
+
+
+class CorruptRecord(SparkCoordError):
+    """A checkpoint record or log that fails its checksum or cannot be parsed."""
+
+
+class UnknownRecordVersion(CorruptRecord):
+    """A checkpoint record written by a format version this library does not read."""
+
+
+class WrongThread(SparkCoordError):
+    """A coordinator-owned method was called outside the coordinator's mailbox thread."""
+
+
+class AttemptNoLongerLive(SparkCoordError):
+    """A send through the gateway of an execution attempt that has failed.
+
+    Sends to a subtask that merely has no task running (between batches, during a restore) are
+    accepted and held; only a gateway whose attempt failed refuses them.
+    """

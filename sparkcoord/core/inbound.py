@@ -1,0 +1,198 @@
+"""The inbound gate: which subtask-to-coordinator events take effect.
+
+Rules (DESIGN.md section 2, rule 6):
+  1. Each event carries (run, subtask, epoch, Spark attempt number, sequence). It is dropped if
+     its task attempt is not the live attempt of its subtask, if its epoch is not the running
+     (sealed, uncommitted) one, or if its sequence number was already accepted (a re-send after
+     a lost acknowledgement: it is acknowledged again, not applied again).
+  2. An accepted event is appended to the epoch's durable inbound log, then put on the
+     coordinator's mailbox, then acknowledged, all in one critical section of the runtime, so
+     that log order is mailbox order across all connections.
+  3. A task registers its attempt before sending; registrations are logged too, so that a
+     replay knows which attempt of each subtask survived. A registration with a higher Spark
+     attempt number than the live one is a task retry: the subtask's execution attempt failed,
+     and the runtime handles that (rule 7) before the new attempt's events are accepted.
+  4. Sequence numbers of an attempt start at 0 and have no gaps: a task re-sends every
+     unacknowledged event in order.
+
+Theory of operation: the gate keeps only the running epoch: the live attempt of each subtask,
+the next expected sequence number of each live attempt, and the accepted entries in order (the
+in-memory mirror of the durable log, used to replay the other subtasks' events after a task
+failure). Everything is dropped when the epoch's batch commits.
+
+Thread model: none; the runtime calls it inside its inbound critical section.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from sparkcoord.core.errors import CheckpointIdRegression
+from sparkcoord.core.ids import NO_EPOCH, SubtaskId, TaskAttempt
+
+
+@dataclass(frozen=True, slots=True)
+class RegistrationEntry:
+    """Log entry: ``attempt`` registered and became the live attempt of its subtask."""
+
+    attempt: TaskAttempt
+
+
+@dataclass(frozen=True, slots=True)
+class EventEntry:
+    """Log entry: event number ``seq`` of ``attempt`` was accepted."""
+
+    attempt: TaskAttempt
+    seq: int
+    payload: bytes
+
+
+LogEntry = RegistrationEntry | EventEntry
+
+
+class Verdict(enum.Enum):
+    ACCEPT = "accept"        # log, enqueue, then acknowledge
+    DUPLICATE = "duplicate"  # already accepted: acknowledge again, change nothing
+    REJECT = "reject"        # drop; tell the sender why
+
+
+@dataclass(frozen=True, slots=True)
+class InboundDecision:
+    """What to do with one registration or event."""
+
+    verdict: Verdict
+    reason: str = ""
+    #: for an accepted registration that replaces a live attempt (a task retry): that attempt
+    replaced: TaskAttempt | None = None
+    #: the subtask's execution attempt number (the coordinator's view) after this input
+    execution_attempt: int = 0
+
+
+class InboundGate:
+    """Admission of registrations and events for the running epoch."""
+
+    def __init__(self, run: str, parallelism: Mapping[str, int],
+                 last_committed: int = NO_EPOCH) -> None:
+        self.run = run
+        self.parallelism = dict(parallelism)
+        self.running_epoch: int | None = None
+        self.last_committed = last_committed
+        self._live: dict[SubtaskId, TaskAttempt] = {}
+        self._next_seq: dict[TaskAttempt, int] = {}
+        self._log: list[LogEntry] = []
+        self._execution_attempts: dict[SubtaskId, int] = {}
+
+    # ----------------------------------------------------------------------------- epochs
+    def epoch_started(self, epoch: int) -> None:
+        """The record of ``epoch`` is durable: its batch may now run."""
+        floor = max(self.last_committed,
+                    self.running_epoch if self.running_epoch is not None else NO_EPOCH)
+        if epoch <= floor:
+            raise CheckpointIdRegression("epoch start", epoch, floor)
+        self.running_epoch = epoch
+        self._clear()
+
+    def batch_committed(self, epoch: int) -> None:
+        """Spark committed the batch of ``epoch``: its events are final, later ones dropped."""
+        if epoch < self.last_committed:
+            raise CheckpointIdRegression("commit", epoch, self.last_committed)
+        self.last_committed = epoch
+        if self.running_epoch is not None and self.running_epoch <= epoch:
+            self.running_epoch = None
+            self._clear()
+
+    def execution_attempt(self, subtask: SubtaskId) -> int:
+        """The coordinator-visible execution attempt number of ``subtask`` in this run."""
+        return self._execution_attempts.get(subtask, 0)
+
+    def live_attempt(self, subtask: SubtaskId) -> TaskAttempt | None:
+        return self._live.get(subtask)
+
+    # ----------------------------------------------------------------------------- inputs
+    def attempt_registered(self, attempt: TaskAttempt) -> InboundDecision:
+        """A task announced ``attempt`` before sending its first event."""
+        sid = attempt.subtask
+        problem = self._check_identity(attempt)
+        if problem:
+            return InboundDecision(Verdict.REJECT, problem)
+        live = self._live.get(sid)
+        if live == attempt:
+            return InboundDecision(Verdict.DUPLICATE, "already registered",
+                                   execution_attempt=self.execution_attempt(sid))
+        if live is not None and attempt.number < live.number:
+            return InboundDecision(
+                Verdict.REJECT, f"{attempt} is older than the live attempt {live.number}")
+        if live is not None:
+            self._execution_attempts[sid] = self.execution_attempt(sid) + 1
+        self._live[sid] = attempt
+        self._next_seq[attempt] = 0
+        self._log.append(RegistrationEntry(attempt))
+        return InboundDecision(Verdict.ACCEPT, replaced=live,
+                               execution_attempt=self.execution_attempt(sid))
+
+    def event_received(self, attempt: TaskAttempt, seq: int, payload: bytes) -> InboundDecision:
+        """Event ``seq`` of ``attempt`` arrived. On ACCEPT the caller logs ``self.last_entry``."""
+        sid = attempt.subtask
+        if self._live.get(sid) != attempt:
+            problem = self._check_identity(attempt) or (
+                f"{attempt} is not the live attempt of {sid} (live: {self._live.get(sid)})")
+            return InboundDecision(Verdict.REJECT, problem)
+        expected = self._next_seq[attempt]
+        if seq < expected:
+            return InboundDecision(Verdict.DUPLICATE, f"event {seq} of {attempt} already logged",
+                                   execution_attempt=self.execution_attempt(sid))
+        if seq > expected:
+            return InboundDecision(
+                Verdict.REJECT, f"event {seq} of {attempt} arrived before event {expected}")
+        self._next_seq[attempt] = expected + 1
+        self._log.append(EventEntry(attempt, seq, payload))
+        return InboundDecision(Verdict.ACCEPT, execution_attempt=self.execution_attempt(sid))
+
+    @property
+    def last_entry(self) -> LogEntry:
+        """The entry that the last ACCEPT added (the runtime appends it to the durable log)."""
+        return self._log[-1]
+
+    def surviving_events(self, operator: str, excluding: SubtaskId | None = None
+                         ) -> list[EventEntry]:
+        """Accepted events of ``operator``'s live attempts, in log order (for a replay)."""
+        return [e for e in self._log
+                if isinstance(e, EventEntry) and e.attempt.subtask.operator == operator
+                and e.attempt.subtask != excluding and self._live.get(e.attempt.subtask) == e.attempt]
+
+    def _check_identity(self, attempt: TaskAttempt) -> str:
+        sid = attempt.subtask
+        p = self.parallelism.get(sid.operator)
+        if p is None:
+            return f"unknown operator {sid.operator!r}"
+        if not 0 <= sid.index < p:
+            return f"{sid.operator!r} has subtasks 0..{p - 1}, got {sid.index}"
+        if attempt.run != self.run:
+            return f"{attempt} belongs to run {attempt.run}, not the current run {self.run}"
+        if attempt.epoch <= self.last_committed:
+            return f"the batch of epoch {attempt.epoch} is already committed"
+        if attempt.epoch != self.running_epoch:
+            return f"epoch {attempt.epoch} is not running (running: {self.running_epoch})"
+        return ""
+
+    def _clear(self) -> None:
+        self._live.clear()
+        self._next_seq.clear()
+        self._log.clear()
+
+
+def surviving_events(entries: Iterable[LogEntry]) -> list[EventEntry]:
+    """The events of a durable inbound log that a restore replays, in log order.
+
+    Only the last registered attempt of each subtask survived: a task retry registers after
+    the attempt it replaces, and speculation (two live attempts) is refused at start.
+    """
+    entries = list(entries)
+    survivor: dict[SubtaskId, TaskAttempt] = {}
+    for entry in entries:
+        if isinstance(entry, RegistrationEntry):
+            survivor[entry.attempt.subtask] = entry.attempt
+    return [e for e in entries
+            if isinstance(e, EventEntry) and survivor.get(e.attempt.subtask) == e.attempt]

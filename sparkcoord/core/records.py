@@ -1,0 +1,272 @@
+"""Byte formats of everything sparkcoord stores: checkpoint records, inbound logs, subtask state.
+
+Every stored file is an *envelope*: a fixed header (magic, format version, kind, body length,
+CRC-32 of the body) and the body. A reader checks all of it before it parses a byte of the body,
+and names the file and the problem when something is off. Bodies are plain length-prefixed
+binary fields, not pickle: a checkpoint file is parsed without running code from it (event and
+snapshot payloads inside it stay opaque bytes until the user's code decodes them).
+
+Inbound logs are a sequence of *frames* (length, CRC-32, body) appended one by one. A frame cut
+short at the end of the log is a write torn by a crash; it was never acknowledged, so a reader
+drops it. A bad frame anywhere else is corruption and raises.
+
+Thread model: none (pure functions over bytes).
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from sparkcoord.core.errors import CorruptRecord, UnknownRecordVersion
+from sparkcoord.core.ids import SubtaskId, TaskAttempt
+from sparkcoord.core.inbound import EventEntry, LogEntry, RegistrationEntry
+
+MAGIC = b"SPCO"
+FORMAT_VERSION = 1
+KIND_CHECKPOINT = 1
+KIND_SUBTASK_STATE = 2
+
+_HEADER = struct.Struct(">4sHBxQI")  # magic, version, kind, pad, body length, crc32
+_FRAME = struct.Struct(">II")  # body length, crc32
+_U32 = struct.Struct(">I")
+_I64 = struct.Struct(">q")
+_ATTEMPT = struct.Struct(">IqIQ")  # subtask index, epoch, attempt number, seq
+
+
+# ------------------------------------------------------------------------------- envelope
+def seal_envelope(kind: int, body: bytes) -> bytes:
+    """Wrap ``body`` in a versioned, checksummed envelope."""
+    return _HEADER.pack(MAGIC, FORMAT_VERSION, kind, len(body), zlib.crc32(body)) + body
+
+
+def open_envelope(data: bytes, kind: int, what: str) -> memoryview:
+    """Check the envelope of ``data`` (named ``what`` in errors) and return its body."""
+    if len(data) < _HEADER.size:
+        raise CorruptRecord(f"{what}: {len(data)} bytes, shorter than the {_HEADER.size}-byte header")
+    magic, version, found_kind, length, crc = _HEADER.unpack_from(data)
+    if magic != MAGIC:
+        raise CorruptRecord(f"{what}: not a sparkcoord file (magic {magic!r})")
+    if version != FORMAT_VERSION:
+        raise UnknownRecordVersion(
+            f"{what}: format version {version}; this sparkcoord reads version {FORMAT_VERSION}")
+    if found_kind != kind:
+        raise CorruptRecord(f"{what}: holds record kind {found_kind}, expected {kind}")
+    body = memoryview(data)[_HEADER.size:]
+    if len(body) != length:
+        raise CorruptRecord(f"{what}: body is {len(body)} bytes, header says {length}")
+    if zlib.crc32(body) != crc:
+        raise CorruptRecord(f"{what}: checksum mismatch (file damaged)")
+    return body
+
+
+class _Writer:
+    __slots__ = ("parts",)
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+
+    def u32(self, v: int) -> None:
+        self.parts.append(_U32.pack(v))
+
+    def i64(self, v: int) -> None:
+        self.parts.append(_I64.pack(v))
+
+    def blob(self, b: bytes) -> None:
+        self.parts.append(_U32.pack(len(b)))
+        self.parts.append(b)
+
+    def text(self, s: str) -> None:
+        self.blob(s.encode())
+
+    def getvalue(self) -> bytes:
+        return b"".join(self.parts)
+
+
+class _Reader:
+    __slots__ = ("buf", "pos", "what")
+
+    def __init__(self, buf: memoryview, what: str) -> None:
+        self.buf = buf
+        self.pos = 0
+        self.what = what
+
+    def _need(self, n: int) -> None:
+        if self.pos + n > len(self.buf):
+            raise CorruptRecord(f"{self.what}: truncated body at byte {self.pos}")
+
+    def u32(self) -> int:
+        self._need(4)
+        (v,) = _U32.unpack_from(self.buf, self.pos)
+        self.pos += 4
+        return int(v)
+
+    def i64(self) -> int:
+        self._need(8)
+        (v,) = _I64.unpack_from(self.buf, self.pos)
+        self.pos += 8
+        return int(v)
+
+    def blob(self) -> bytes:
+        n = self.u32()
+        self._need(n)
+        b = bytes(self.buf[self.pos:self.pos + n])
+        self.pos += n
+        return b
+
+    def text(self) -> str:
+        return self.blob().decode()
+
+    def done(self) -> None:
+        if self.pos != len(self.buf):
+            raise CorruptRecord(f"{self.what}: {len(self.buf) - self.pos} unexpected trailing bytes")
+
+
+# ------------------------------------------------------------------------ checkpoint record
+@dataclass(frozen=True)
+class CheckpointRecord:
+    """Checkpoint ``epoch``: coordinator snapshots at the boundary and the sealed events.
+
+    ``events[subtask]`` is the list of encoded events that subtask receives in the batch of
+    ``epoch``, in send order. Subtasks with no events may be absent.
+    """
+
+    epoch: int
+    snapshots: Mapping[str, bytes | None]
+    events: Mapping[SubtaskId, Sequence[bytes]] = field(default_factory=dict)
+
+    def events_for(self, subtask: SubtaskId) -> Sequence[bytes]:
+        return self.events.get(subtask, ())
+
+    def event_count(self) -> int:
+        return sum(len(v) for v in self.events.values())
+
+
+def encode_checkpoint(record: CheckpointRecord) -> bytes:
+    """Serialize ``record`` into an envelope."""
+    w = _Writer()
+    w.i64(record.epoch)
+    w.u32(len(record.snapshots))
+    for name, snap in record.snapshots.items():
+        w.text(name)
+        if snap is None:
+            w.u32(0)
+        else:
+            w.u32(1)
+            w.blob(snap)
+    lists = [(sid, evs) for sid, evs in record.events.items() if evs]
+    w.u32(len(lists))
+    parts = w.parts
+    pack = _U32.pack
+    for sid, evs in lists:
+        w.text(sid.operator)
+        w.u32(sid.index)
+        w.u32(len(evs))
+        for payload in evs:
+            parts.append(pack(len(payload)))
+            parts.append(payload)
+    return seal_envelope(KIND_CHECKPOINT, w.getvalue())
+
+
+def decode_checkpoint(data: bytes, what: str) -> CheckpointRecord:
+    """Parse a checkpoint record; raise :class:`CorruptRecord` naming ``what`` if it is bad."""
+    r = _Reader(open_envelope(data, KIND_CHECKPOINT, what), what)
+    epoch = r.i64()
+    snapshots: dict[str, bytes | None] = {}
+    for _ in range(r.u32()):
+        name = r.text()
+        snapshots[name] = r.blob() if r.u32() else None
+    events: dict[SubtaskId, list[bytes]] = {}
+    for _ in range(r.u32()):
+        sid = SubtaskId(r.text(), r.u32())
+        events[sid] = [r.blob() for _ in range(r.u32())]
+    r.done()
+    return CheckpointRecord(epoch, snapshots, events)
+
+
+# ---------------------------------------------------------------------------- inbound log
+def encode_log_entry(entry: LogEntry) -> bytes:
+    """One framed inbound-log entry."""
+    a = entry.attempt
+    w = _Writer()
+    if isinstance(entry, EventEntry):
+        w.u32(1)
+        seq = entry.seq
+    else:
+        w.u32(0)
+        seq = 0
+    w.text(a.run)
+    w.text(a.subtask.operator)
+    w.parts.append(_ATTEMPT.pack(a.subtask.index, a.epoch, a.number, seq))
+    if isinstance(entry, EventEntry):
+        w.blob(entry.payload)
+    body = w.getvalue()
+    return _FRAME.pack(len(body), zlib.crc32(body)) + body
+
+
+def decode_log(data: bytes, what: str) -> tuple[list[LogEntry], int]:
+    """Parse an inbound log. Returns the entries and the byte length of the valid prefix.
+
+    A torn last frame (cut short by a crash) is dropped; the valid length tells the caller
+    where to truncate before appending again.
+    """
+    entries: list[LogEntry] = []
+    for entry, _end in _iter_frames(data, what):
+        entries.append(entry)
+    return entries, (_end if entries else 0)
+
+
+def _iter_frames(data: bytes, what: str) -> Iterator[tuple[LogEntry, int]]:
+    view = memoryview(data)
+    pos = 0
+    while pos < len(view):
+        if pos + _FRAME.size > len(view):
+            return  # torn header at the tail
+        length, crc = _FRAME.unpack_from(view, pos)
+        end = pos + _FRAME.size + length
+        if end > len(view):
+            return  # torn body at the tail
+        body = view[pos + _FRAME.size:end]
+        if zlib.crc32(body) != crc:
+            if end == len(view):
+                return  # torn (partially overwritten) last frame
+            raise CorruptRecord(f"{what}: checksum mismatch in the frame at byte {pos}")
+        yield _decode_entry(_Reader(body, f"{what} frame at byte {pos}")), end
+        pos = end
+
+
+def _decode_entry(r: _Reader) -> LogEntry:
+    kind = r.u32()
+    run = r.text()
+    operator = r.text()
+    r._need(_ATTEMPT.size)
+    index, epoch, number, seq = _ATTEMPT.unpack_from(r.buf, r.pos)
+    r.pos += _ATTEMPT.size
+    attempt = TaskAttempt(run, SubtaskId(operator, index), epoch, number)
+    if kind == 1:
+        payload = r.blob()
+        r.done()
+        return EventEntry(attempt, seq, payload)
+    if kind == 0:
+        r.done()
+        return RegistrationEntry(attempt)
+    raise CorruptRecord(f"{r.what}: unknown entry kind {kind}")
+
+
+# ----------------------------------------------------------------------------- subtask state
+def encode_subtask_state(epoch: int, state: bytes) -> bytes:
+    """Envelope of one subtask's state at the end of the batch of ``epoch``."""
+    w = _Writer()
+    w.i64(epoch)
+    w.blob(state)
+    return seal_envelope(KIND_SUBTASK_STATE, w.getvalue())
+
+
+def decode_subtask_state(data: bytes, what: str) -> tuple[int, bytes]:
+    r = _Reader(open_envelope(data, KIND_SUBTASK_STATE, what), what)
+    epoch = r.i64()
+    state = r.blob()
+    r.done()
+    return epoch, state

@@ -1,0 +1,386 @@
+"""The coordinator holder: one coordinator instance, its mailbox, its valve and its futures.
+
+Rules:
+  1. Every coordinator callback, every valve change and every future of this coordinator is
+     touched on the mailbox thread only. Other threads enqueue.
+  2. A send or a checkpoint completion made on the mailbox thread takes effect at once; from
+     another thread it is enqueued at the instant it happens. Either way the mailbox order is
+     the order in which the sends and the completion happened, which defines the boundary.
+  3. A reset (subtask failure in default mode) fences the current instance by bumping the
+     generation: its gateways, timers and ``fail_job`` go quiet; its held events fail; a fresh
+     instance is created from the provider, reset to the epoch's snapshot, started, handed its
+     gateways and the surviving events of the running batch, in log order.
+  4. An exception from any callback, and ``fail_job``, report a global failure to the listener,
+     once per generation.
+
+Thread model: public methods may be called from any thread and return at once; everything they
+do happens on the mailbox. The listener is called on the mailbox thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from sparkcoord.coordinator import (
+    Cancellable,
+    CoordinatorContext,
+    CoordinatorProvider,
+    OperatorCoordinator,
+    SubtaskGateway,
+)
+from sparkcoord.core.codec import EventCodec
+from sparkcoord.core.errors import AttemptNoLongerLive, SparkCoordError, WrongThread
+from sparkcoord.core.valve import OutboundValve
+from sparkcoord.runtime.clock import Clock
+from sparkcoord.runtime.mailbox import Mailbox
+
+log = logging.getLogger(__name__)
+
+
+class CoordinatorFenced(SparkCoordError):
+    """A send or action of a coordinator instance that was replaced by a reset or failover."""
+
+
+class HolderListener(Protocol):
+    """What a holder reports to the coordination service (on the holder's mailbox thread)."""
+
+    def coordinator_completed(self, name: str, checkpoint_id: int, snapshot: bytes | None,
+                              events: list[list[bytes]]) -> None: ...
+
+    def coordinator_declined(self, name: str, checkpoint_id: int, reason: str) -> None: ...
+
+    def coordinator_failed(self, name: str, cause: str) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayedEvent:
+    """An inbound event handed to a coordinator again after a reset."""
+
+    subtask: int
+    attempt: int
+    event: Any
+
+
+class CoordinatorHolder:
+    """Runs one coordinator. See the module docstring for rules and thread model."""
+
+    def __init__(self, name: str, provider: CoordinatorProvider, parallelism: int,
+                 mailbox: Mailbox, clock: Clock, codec: EventCodec,
+                 listener: HolderListener, last_checkpoint: int) -> None:
+        self.name = name
+        self.provider = provider
+        self.parallelism = parallelism
+        self.mailbox = mailbox
+        self.clock = clock
+        self.codec = codec
+        self.listener = listener
+        self.valve = OutboundValve(name, parallelism, last_checkpoint)
+        self.generation = 0
+        self.coordinator: OperatorCoordinator | None = None
+        self._context: _Context | None = None
+        self._futures: dict[int, Future[None]] = {}
+        self._closed = False
+
+    # -------------------------------------------------------------------- service-facing API
+    def start(self, checkpoint_id: int, snapshot: bytes | None,
+              replay: Sequence[ReplayedEvent] = ()) -> None:
+        """Create the coordinator, reset it to ``checkpoint_id`` and start it.
+
+        Called by the service (driver thread) at the start of a run, before any checkpoint.
+        """
+        self._submit(lambda: self._create(checkpoint_id, snapshot, replay))
+
+    def trigger_checkpoint(self, checkpoint_id: int) -> None:
+        """Ask the coordinator for checkpoint ``checkpoint_id``. Service, any thread."""
+        self._submit(lambda: self._trigger(checkpoint_id))
+
+    def checkpoint_aborted(self, checkpoint_id: int) -> None:
+        """Checkpoint ``checkpoint_id`` was aborted: re-hold the cut, notify the coordinator."""
+        def run() -> None:
+            self.valve.checkpoint_aborted(checkpoint_id)
+            self._callback("notify_checkpoint_aborted", checkpoint_id)
+        self._submit(run)
+
+    def checkpoint_sealed(self, checkpoint_id: int) -> None:
+        """The record of ``checkpoint_id`` is durable: its events are now bound to the epoch."""
+        self._submit(lambda: self.valve.checkpoint_sealed(checkpoint_id) and None)
+
+    def batch_committed(self, epoch: int, notify: bool = True) -> None:
+        """Spark committed the batch of ``epoch``: complete its futures, then notify."""
+        def run() -> None:
+            for event_id in self.valve.batch_committed(epoch):
+                fut = self._futures.pop(event_id, None)
+                if fut is not None:
+                    fut.set_result(None)
+            if notify:
+                self._callback("notify_checkpoint_complete", epoch)
+        self._submit(run)
+
+    def deliver(self, subtask: int, attempt: int, event: Any) -> None:
+        """An accepted inbound event: hand it to the coordinator (inbound critical section)."""
+        self._submit(lambda: self._callback("handle_event_from_operator", subtask, attempt, event))
+
+    def subtask_failed(self, subtask: int, old_attempt: int, reason: str, checkpoint_id: int,
+                       snapshot: bytes | None, replay: Sequence[ReplayedEvent]) -> None:
+        """A task of ``subtask`` was retried inside the batch of ``checkpoint_id`` (rule 7).
+
+        Called inside the inbound critical section, before the new attempt's registration is
+        acknowledged, so the reset comes before any of the new attempt's events on the mailbox.
+        ``replay`` holds the surviving events of the other subtasks, in log order (default mode).
+        """
+        def run() -> None:
+            new_attempt, failed = self.valve.attempt_failed(subtask)
+            error = AttemptNoLongerLive(f"{self.name}[{subtask}] attempt {old_attempt} failed: {reason}")
+            coordinator = self.coordinator
+            if coordinator is not None and type(coordinator).resets_per_subtask:
+                self._fail_futures(failed, error)
+                self._callback("execution_attempt_failed", subtask, old_attempt, reason)
+                self._callback("subtask_reset", subtask, checkpoint_id)
+                self._callback("execution_attempt_ready", subtask, new_attempt,
+                               _Gateway(self, self.generation, subtask, new_attempt))
+                return
+            self._fail_futures(failed + self.valve.held_events_dropped(), error)
+            self._create(checkpoint_id, snapshot, replay)
+        self._submit(run)
+
+    def globally_failed(self, reason: str) -> None:
+        """Global failover: fence the coordinator, fail every outstanding future, close it."""
+        def run() -> None:
+            self._fence()
+            error = CoordinatorFenced(f"global failover of coordinator {self.name!r}: {reason}")
+            self._fail_futures(self.valve.globally_reset(), error)
+            for fut in self._futures.values():
+                fut.set_exception(error)
+            self._futures.clear()
+        self._submit(run)
+
+    def close(self) -> None:
+        """End of the run: close the coordinator and the mailbox. Any thread; idempotent."""
+        def run() -> None:
+            self._fence()
+            self._closed = True
+            self.mailbox.close()
+        if self.mailbox.in_mailbox_thread():
+            run()
+        else:
+            self.mailbox.execute(run)
+
+    def held_count(self) -> int:
+        """Events held for a future epoch. Any thread; a racy hint outside the mailbox."""
+        return self.valve.held_count()
+
+    # ------------------------------------------------------------------------ mailbox side
+    def _submit(self, action: Callable[[], None]) -> None:
+        self.mailbox.execute(action)
+
+    def _create(self, checkpoint_id: int, snapshot: bytes | None,
+                replay: Sequence[ReplayedEvent]) -> None:
+        self._fence()
+        self.generation += 1
+        self._context = _Context(self, self.generation)
+        try:
+            self.coordinator = self.provider(self._context)
+        except Exception as exc:  # noqa: BLE001 - a user's constructor
+            self._report_failure(self.generation, f"creating coordinator {self.name!r} raised {exc!r}")
+            return
+        state = pickle.loads(snapshot) if snapshot is not None else None
+        self._callback("reset_to_checkpoint", checkpoint_id, state)
+        self._callback("start")
+        for subtask in range(self.parallelism):
+            attempt = self.valve.live_attempt(subtask)
+            self._callback("execution_attempt_ready", subtask, attempt,
+                           _Gateway(self, self.generation, subtask, attempt))
+        for item in replay:
+            self._callback("handle_event_from_operator", item.subtask, item.attempt, item.event)
+
+    def _fence(self) -> None:
+        old, self.coordinator = self.coordinator, None
+        if self._context is not None:
+            self._context.fenced = True
+            for timer in self._context.timers:
+                timer.cancel()
+        if old is not None:
+            try:
+                old.close()
+            except Exception:  # noqa: BLE001 - closing a fenced instance must not fail anything
+                log.exception("coordinator %r raised in close()", self.name)
+
+    def _trigger(self, checkpoint_id: int) -> None:
+        self.valve.checkpoint_triggered(checkpoint_id)
+        result: Future[Any] = Future()
+        generation = self.generation
+        result.add_done_callback(lambda f: self._checkpoint_future_done(generation, checkpoint_id, f))
+        if self.coordinator is None:
+            result.set_exception(CoordinatorFenced(f"coordinator {self.name!r} is not running"))
+            return
+        self._callback("checkpoint_coordinator", checkpoint_id, result)
+
+    def _checkpoint_future_done(self, generation: int, checkpoint_id: int, fut: Future[Any]) -> None:
+        # Runs in whichever thread completed the future: this is the boundary instant, so the
+        # snapshot is pickled here and the boundary is placed in the mailbox order right now.
+        snapshot: bytes | None = None
+        reason = ""
+        if fut.cancelled():
+            reason = "the checkpoint future was cancelled"
+        elif fut.exception() is not None:
+            reason = f"the checkpoint future failed: {fut.exception()!r}"
+        else:
+            value = fut.result()
+            if value is not None:
+                try:
+                    snapshot = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+                except Exception as exc:  # noqa: BLE001 - pickle raises many types
+                    reason = f"the checkpoint state of type {type(value).__qualname__} cannot be pickled: {exc}"
+
+        def boundary() -> None:
+            if generation != self.generation:
+                return
+            if reason:
+                # The service aborts the checkpoint on every holder, this one included.
+                self.listener.coordinator_declined(self.name, checkpoint_id, reason)
+                return
+            if self.valve.boundary_reached(checkpoint_id):
+                cut = self.valve.cut(checkpoint_id)
+                self.listener.coordinator_completed(
+                    self.name, checkpoint_id, snapshot, [[p for _, p in q] for q in cut])
+        self._run_or_submit(boundary)
+
+    def _run_or_submit(self, action: Callable[[], None]) -> None:
+        if self.mailbox.in_mailbox_thread():
+            action()
+        else:
+            self.mailbox.execute(action)
+
+    def _send(self, generation: int, subtask: int, attempt: int, payload: bytes,
+              fut: Future[None]) -> None:
+        if generation != self.generation or self.coordinator is None:
+            fut.set_exception(CoordinatorFenced(
+                f"coordinator {self.name!r} was reset; this gateway belongs to its old instance"))
+            return
+        try:
+            event_id = self.valve.event_sent(subtask, attempt, payload)
+        except AttemptNoLongerLive as exc:
+            fut.set_exception(exc)
+            return
+        self._futures[event_id] = fut
+
+    def _fail_futures(self, ids: list[int], error: BaseException) -> None:
+        for event_id in ids:
+            fut = self._futures.pop(event_id, None)
+            if fut is not None:
+                fut.set_exception(error)
+
+    def _callback(self, method: str, *args: Any) -> None:
+        coordinator = self.coordinator
+        if coordinator is None:
+            return
+        if not self.mailbox.in_mailbox_thread():
+            raise WrongThread(f"{method}() of coordinator {self.name!r} called outside its mailbox")
+        generation = self.generation
+        try:
+            getattr(coordinator, method)(*args)
+        except Exception as exc:  # noqa: BLE001 - any user exception fails the job
+            self._report_failure(generation, f"coordinator {self.name!r} raised in {method}(): {exc!r}")
+
+    def _report_failure(self, generation: int, cause: str) -> None:
+        context = self._context
+        if context is None or context.generation != generation or context.failed or context.fenced:
+            return
+        context.failed = True
+        self.listener.coordinator_failed(self.name, cause)
+
+
+class _Gateway(SubtaskGateway):
+    __slots__ = ("_holder", "_generation", "subtask", "attempt")
+
+    def __init__(self, holder: CoordinatorHolder, generation: int, subtask: int, attempt: int) -> None:
+        self._holder = holder
+        self._generation = generation
+        self.subtask = subtask
+        self.attempt = attempt
+
+    def send_event(self, event: Any) -> Future[None]:
+        holder = self._holder
+        payload = holder.codec.encode(event)
+        fut: Future[None] = Future()
+        if holder.mailbox.in_mailbox_thread():
+            holder._send(self._generation, self.subtask, self.attempt, payload, fut)
+        else:
+            holder.mailbox.execute(
+                lambda: holder._send(self._generation, self.subtask, self.attempt, payload, fut))
+        return fut
+
+    def __repr__(self) -> str:
+        return f"SubtaskGateway({self._holder.name}[{self.subtask}], attempt {self.attempt})"
+
+
+class _Periodic(Cancellable):
+    def __init__(self, context: _Context, interval_s: float, action: Callable[[], None]) -> None:
+        self._context = context
+        self._interval = interval_s
+        self._action = action
+        self._cancelled = False
+        self._handle = context.holder.clock.call_later(interval_s, self._fire)
+
+    def _fire(self) -> None:
+        if self._cancelled or self._context.fenced:
+            return
+        self._context.run_in_coordinator_thread(self._action)
+        self._handle = self._context.holder.clock.call_later(self._interval, self._fire)
+
+    def cancel(self) -> None:
+        self._cancelled = True
+        self._handle.cancel()
+
+
+class _Context(CoordinatorContext):
+    """The context of one generation of a coordinator."""
+
+    def __init__(self, holder: CoordinatorHolder, generation: int) -> None:
+        self.holder = holder
+        self.generation = generation
+        self.operator_id = holder.name
+        self.parallelism = holder.parallelism
+        self.fenced = False
+        self.failed = False
+        self.timers: list[Cancellable] = []
+
+    def fail_job(self, cause: BaseException | str) -> None:
+        text = cause if isinstance(cause, str) else repr(cause)
+        holder = self.holder
+        holder._run_or_submit(lambda: holder._report_failure(
+            self.generation, f"coordinator {holder.name!r} called fail_job: {text}"))
+
+    def run_in_coordinator_thread(self, action: Callable[[], None]) -> None:
+        holder = self.holder
+
+        def run() -> None:
+            if self.fenced or holder.generation != self.generation:
+                return
+            try:
+                action()
+            except Exception as exc:  # noqa: BLE001 - user code fails the job
+                holder._report_failure(self.generation,
+                                       f"coordinator {holder.name!r} raised in an action: {exc!r}")
+        holder.mailbox.execute(run)
+
+    def call_periodically(self, interval_s: float, action: Callable[[], None]) -> Cancellable:
+        if interval_s <= 0:
+            raise ValueError(f"interval_s must be positive, got {interval_s}")
+        periodic = _Periodic(self, interval_s, action)
+        self.timers.append(periodic)
+        return periodic
+
+    def is_coordinator_thread(self) -> bool:
+        return self.holder.mailbox.in_mailbox_thread()
+
+    def check_coordinator_thread(self, what: str) -> None:
+        """Raise :class:`WrongThread` unless called on the mailbox thread."""
+        if not self.is_coordinator_thread():
+            raise WrongThread(f"{what} must run on the mailbox thread of coordinator "
+                              f"{self.holder.name!r}")

@@ -1,0 +1,445 @@
+"""The coordination service: the coordinators of one job, their checkpoints and their inbox.
+
+It lives on the driver (in Spark: the long-lived source runner process) and is driven by three
+kinds of callers:
+  * the driver adapter, in Spark's order of calls: the run's first decisive call restores,
+    ``latest_offset_called`` completes the previous epoch and maybe seals a new one,
+    ``partitions_called`` hands out an epoch's events;
+  * channel threads, one per subtask connection: registrations and events (rule 6);
+  * coordinator mailboxes: checkpoint completions, declines and failures.
+
+Rules:
+  1. Restore (DESIGN rule 8) happens once, at the first ``latest_offset_called`` or
+     ``partitions_called`` of the run, before any coordinator starts.
+  2. A checkpoint is sealed only when all coordinators completed it; the record is durable
+     before ``checkpoint`` returns, and the epoch's inbound log is created empty (a garbage
+     log of an unlogged epoch is discarded).
+  3. Inbound admission, durable append, hand-off to the mailbox and the answer to the sender
+     happen under one lock, in one total order (DESIGN rule 6, finding A).
+  4. A task retry resets the subtask's coordinator before the new attempt is acknowledged
+     (rule 7). The first global failure wins; afterwards the service refuses everything and
+     the adapter fails the query with the failure's text.
+
+Thread model: every public method may be called from any thread; service state is guarded by
+``_lock``. Holders are called under it and only enqueue, so the lock is never held while user
+code runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from sparkcoord.coordinator import Cancellable, CoordinatorProvider
+from sparkcoord.core.checkpoints import CheckpointAbort, CheckpointTracker
+from sparkcoord.core.codec import DEFAULT_MAX_EVENT_BYTES, EventCodec
+from sparkcoord.core.errors import IllegalTransition, SparkCoordError
+from sparkcoord.core.ids import NO_EPOCH, SubtaskId, TaskAttempt
+from sparkcoord.core.inbound import InboundDecision, InboundGate, Verdict, surviving_events
+from sparkcoord.core.records import CheckpointRecord, encode_log_entry
+from sparkcoord.core.restore import RestorePoint, RestorePointDetector
+from sparkcoord.runtime.clock import Clock, SystemClock
+from sparkcoord.runtime.holder import CoordinatorHolder, ReplayedEvent
+from sparkcoord.runtime.mailbox import Mailbox, ThreadMailbox
+from sparkcoord.runtime.storage import CheckpointStorage
+
+log = logging.getLogger(__name__)
+
+
+class CheckpointDeclined(SparkCoordError):
+    """A checkpoint was declined by a coordinator or timed out; nothing was sealed."""
+
+
+class JobFailed(SparkCoordError):
+    """A global failure: the query must fail and be restarted from its checkpoint."""
+
+
+@dataclass(frozen=True)
+class CoordinatorSpec:
+    """One coordinated operator: its name, how to create its coordinator, its parallelism."""
+
+    name: str
+    provider: CoordinatorProvider
+    parallelism: int
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    """Settings of the coordination service (see docs/configuration.md)."""
+
+    checkpoint_timeout_s: float = 60.0
+    tolerable_checkpoint_failures: int = 0
+    max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES
+
+
+@dataclass
+class PreparedCheckpoint:
+    """Every coordinator completed ``checkpoint_id``: what the record will hold."""
+
+    checkpoint_id: int
+    snapshots: dict[str, bytes | None]
+    events: dict[SubtaskId, list[bytes]] = field(default_factory=dict)
+
+    def event_count(self) -> int:
+        return sum(len(v) for v in self.events.values())
+
+
+MailboxFactory = Callable[[str], Mailbox]
+
+
+class CoordinationService:
+    """Hosts the coordinators of one job for one run. See the module docstring."""
+
+    def __init__(self, specs: Sequence[CoordinatorSpec], storage: CheckpointStorage, *,
+                 config: ServiceConfig | None = None, clock: Clock | None = None,
+                 mailbox_factory: MailboxFactory | None = None, run_id: str | None = None) -> None:
+        if not specs:
+            raise ValueError("a coordination service needs at least one coordinator")
+        self.specs = {spec.name: spec for spec in specs}
+        if len(self.specs) != len(specs):
+            raise ValueError(f"coordinator names must be unique: {[s.name for s in specs]}")
+        self.storage = storage
+        self.config = config or ServiceConfig()
+        self.clock = clock or SystemClock()
+        self.codec = EventCodec(self.config.max_event_bytes)
+        self.run_id = run_id or uuid.uuid4().hex[:16]
+        self._mailbox_factory = mailbox_factory or ThreadMailbox
+        self._lock = threading.RLock()
+        self.detector = RestorePointDetector()
+        self.restore_point: RestorePoint | None = None
+        self.failure: str | None = None
+        self._failure_listeners: list[Callable[[str], None]] = []
+        self._holders: dict[str, CoordinatorHolder] = {}
+        self._tracker: CheckpointTracker | None = None
+        self._gate: InboundGate | None = None
+        self._record: CheckpointRecord | None = None
+        self._prepared: Future[PreparedCheckpoint] | None = None
+        self._prepared_events: dict[str, list[list[bytes]]] = {}
+        self._timeout: Cancellable | None = None
+        self._closed = False
+
+    # ---------------------------------------------------------------- driver adapter calls
+    def latest_offset_called(self, start_epoch: int) -> None:
+        """Spark asked for the offset after ``start_epoch`` (driver thread).
+
+        The run's first such call restores from ``start_epoch`` (committed); later ones mean the
+        batch of ``start_epoch`` committed, the completion signal of DESIGN rule 9.
+        """
+        self.raise_if_failed()
+        point, first = self.detector.latest_offset_requested(start_epoch)
+        if first:
+            self.restore(point)
+        elif start_epoch != NO_EPOCH:
+            self.batch_committed(start_epoch)
+
+    def partitions_called(self, start_epoch: int, end_epoch: int) -> CheckpointRecord | None:
+        """Spark planned the batch (start_epoch, end_epoch] (driver thread).
+
+        Returns the record whose events the batch delivers. As the run's first call it restores
+        to ``end_epoch`` (logged, not committed) and truncates that epoch's inbound log.
+        """
+        self.raise_if_failed()
+        point, first = self.detector.partitions_requested(start_epoch, end_epoch)
+        if first:
+            self.restore(point)
+        return self.record_for(end_epoch)
+
+    def restore(self, point: RestorePoint) -> None:
+        """Create and start the coordinators from ``point``. Once per run (driver thread).
+
+        Committed point N: reset to snapshot N, replay the surviving events of inbound log N in
+        log order, then notify complete(N). Uncommitted point N: truncate inbound log N durably,
+        reset to snapshot N; the batch of N runs again.
+        """
+        with self._lock:
+            if self.restore_point is not None:
+                raise IllegalTransition(f"run {self.run_id} was already restored to "
+                                        f"{self.restore_point}; cannot restore to {point}")
+            epoch = point.epoch
+            record = self.storage.read_record(epoch) if epoch != NO_EPOCH else None
+            self.restore_point = point
+            self._record = record
+            names = list(self.specs)
+            self._tracker = CheckpointTracker(
+                names, self.config.tolerable_checkpoint_failures,
+                last_sealed=epoch, last_committed=epoch - 1 if epoch != NO_EPOCH else NO_EPOCH)
+            self._gate = InboundGate(
+                self.run_id, {s.name: s.parallelism for s in self.specs.values()},
+                last_committed=epoch - 1 if epoch != NO_EPOCH else NO_EPOCH)
+            replay: dict[str, list[ReplayedEvent]] = {name: [] for name in names}
+            if point.replays_inbound_log:
+                for entry in surviving_events(self.storage.read_inbound_log(epoch)):
+                    sid = entry.attempt.subtask
+                    if sid.operator in replay:
+                        replay[sid.operator].append(
+                            ReplayedEvent(sid.index, 0, self.codec.decode(entry.payload)))
+            elif epoch != NO_EPOCH:
+                self.storage.start_inbound_log(epoch)  # truncates it durably first
+                self._gate.epoch_started(epoch)
+            for spec in self.specs.values():
+                holder = CoordinatorHolder(
+                    spec.name, spec.provider, spec.parallelism, self._mailbox_factory(spec.name),
+                    self.clock, self.codec, self, last_checkpoint=epoch)
+                self._holders[spec.name] = holder
+                snapshot = record.snapshots.get(spec.name) if record is not None else None
+                holder.start(epoch, snapshot, replay[spec.name])
+        if point.replays_inbound_log:
+            self.batch_committed(epoch)
+
+    def batch_committed(self, epoch: int) -> None:
+        """Spark committed the batch of ``epoch``: complete its futures, notify, prune.
+
+        Driver thread. Repeated calls for the same epoch (Spark polls) do nothing.
+        """
+        with self._lock:
+            tracker, gate = self._require_running()
+            if not tracker.batch_committed(epoch):
+                return
+            gate.batch_committed(epoch)
+            for holder in self._holders.values():
+                holder.batch_committed(epoch)
+        self.storage.prune(epoch)
+
+    def has_held_events(self) -> bool:
+        """Whether any coordinator holds events for a future epoch (a hint; any thread)."""
+        return any(h.held_count() for h in self._holders.values())
+
+    def trigger_checkpoint(self, checkpoint_id: int) -> Future[PreparedCheckpoint]:
+        """Start checkpoint ``checkpoint_id`` on every coordinator (driver thread).
+
+        The future resolves when all completed, or fails with :class:`CheckpointDeclined` (a
+        decline, a timeout) or :class:`JobFailed`.
+        """
+        with self._lock:
+            self.raise_if_failed()
+            tracker, _ = self._require_running()
+            tracker.checkpoint_triggered(checkpoint_id)
+            future: Future[PreparedCheckpoint] = Future()
+            self._prepared = future
+            self._prepared_events = {}
+            self._timeout = self.clock.call_later(
+                self.config.checkpoint_timeout_s, lambda: self._timed_out(checkpoint_id))
+            for holder in self._holders.values():
+                holder.trigger_checkpoint(checkpoint_id)
+            return future
+
+    def seal(self, prepared: PreparedCheckpoint) -> CheckpointRecord:
+        """Write the record of a prepared checkpoint durably and start its epoch (driver thread).
+
+        Only after this returns may the epoch's offset be handed to Spark.
+        """
+        epoch = prepared.checkpoint_id
+        record = CheckpointRecord(epoch, prepared.snapshots, prepared.events)
+        self.storage.write_record(record)
+        self.storage.start_inbound_log(epoch)
+        with self._lock:
+            tracker, gate = self._require_running()
+            tracker.checkpoint_sealed(epoch)
+            gate.epoch_started(epoch)
+            self._record = record
+            for holder in self._holders.values():
+                holder.checkpoint_sealed(epoch)
+        return record
+
+    def checkpoint(self, checkpoint_id: int) -> CheckpointRecord | None:
+        """Trigger, wait for and seal ``checkpoint_id``; None if it was declined (blocking).
+
+        Driver thread, with real mailboxes. Raises :class:`JobFailed` on a global failure.
+        """
+        future = self.trigger_checkpoint(checkpoint_id)
+        try:
+            prepared = future.result()
+        except CheckpointDeclined as exc:
+            log.warning("%s", exc)
+            self.raise_if_failed()
+            return None
+        return self.seal(prepared)
+
+    def record_for(self, epoch: int) -> CheckpointRecord | None:
+        """The record of ``epoch`` (None for the initial epoch). Any thread."""
+        if epoch == NO_EPOCH:
+            return None
+        record = self._record
+        if record is not None and record.epoch == epoch:
+            return record
+        return self.storage.read_record(epoch)
+
+    # ------------------------------------------------------------------- channel threads
+    def attempt_registered(self, attempt: TaskAttempt) -> InboundDecision:
+        """A task announced its attempt (channel thread). Answer the task with the verdict."""
+        with self._lock:
+            if self.failure is not None:
+                return InboundDecision(Verdict.REJECT, f"the job failed: {self.failure}")
+            if self._gate is None:
+                return InboundDecision(Verdict.REJECT, "the service has not been restored yet")
+            decision = self._gate.attempt_registered(attempt)
+            if decision.verdict is Verdict.ACCEPT:
+                if decision.replaced is not None:
+                    self._subtask_failed(attempt, decision)
+                self._append(attempt.epoch)
+            return decision
+
+    def event_received(self, attempt: TaskAttempt, seq: int, payload: bytes) -> InboundDecision:
+        """Event ``seq`` of ``attempt`` arrived (channel thread). Acknowledge only on ACCEPT or
+        DUPLICATE; the event is then logged durably and on the coordinator's mailbox."""
+        try:
+            event = self.codec.decode(payload)
+        except Exception as exc:  # noqa: BLE001 - unpickling raises anything
+            return InboundDecision(Verdict.REJECT, f"event {seq} of {attempt} cannot be "
+                                                   f"unpickled on the driver: {exc!r}")
+        with self._lock:
+            if self.failure is not None:
+                return InboundDecision(Verdict.REJECT, f"the job failed: {self.failure}")
+            if self._gate is None:
+                return InboundDecision(Verdict.REJECT, "the service has not been restored yet")
+            decision = self._gate.event_received(attempt, seq, payload)
+            if decision.verdict is Verdict.ACCEPT:
+                self._append(attempt.epoch)
+                self._holders[attempt.subtask.operator].deliver(
+                    attempt.subtask.index, decision.execution_attempt, event)
+            return decision
+
+    def _append(self, epoch: int) -> None:
+        assert self._gate is not None
+        try:
+            self.storage.append_inbound(epoch, encode_log_entry(self._gate.last_entry))
+        except Exception as exc:
+            self._fail(f"cannot append to the inbound log of epoch {epoch}: {exc!r}")
+            raise
+
+    def _subtask_failed(self, attempt: TaskAttempt, decision: InboundDecision) -> None:
+        assert self._gate is not None and decision.replaced is not None
+        sid = attempt.subtask
+        record = self._record
+        if record is None or record.epoch != attempt.epoch:
+            raise IllegalTransition(f"task retry {attempt} without the record of its epoch")
+        replay = [ReplayedEvent(e.attempt.subtask.index, self._gate.execution_attempt(e.attempt.subtask),
+                                self.codec.decode(e.payload))
+                  for e in self._gate.surviving_events(sid.operator, excluding=sid)]
+        reason = (f"task of {sid} in epoch {attempt.epoch} was retried: Spark attempt "
+                  f"{decision.replaced.number} replaced by attempt {attempt.number}")
+        self._holders[sid.operator].subtask_failed(
+            sid.index, decision.execution_attempt - 1, reason, attempt.epoch,
+            record.snapshots.get(sid.operator), replay)
+
+    # --------------------------------------------------------------- holder listener side
+    def coordinator_completed(self, name: str, checkpoint_id: int, snapshot: bytes | None,
+                              events: list[list[bytes]]) -> None:
+        """A coordinator's boundary (its mailbox thread)."""
+        with self._lock:
+            tracker = self._tracker
+            if tracker is None or tracker.pending != checkpoint_id:
+                return
+            self._prepared_events[name] = events
+            if not tracker.coordinator_completed(name, checkpoint_id, snapshot):
+                return
+            if self._timeout is not None:
+                self._timeout.cancel()
+            prepared = PreparedCheckpoint(checkpoint_id, tracker.snapshots(checkpoint_id))
+            for op, per_subtask in self._prepared_events.items():
+                for index, payloads in enumerate(per_subtask):
+                    if payloads:
+                        prepared.events[SubtaskId(op, index)] = payloads
+            future = self._prepared
+        if future is not None:
+            future.set_result(prepared)
+
+    def coordinator_declined(self, name: str, checkpoint_id: int, reason: str) -> None:
+        """A coordinator failed its checkpoint future (its mailbox thread)."""
+        with self._lock:
+            if self._tracker is None:
+                return
+            self._apply_abort(self._tracker.coordinator_declined(name, checkpoint_id, reason))
+
+    def coordinator_failed(self, name: str, cause: str) -> None:
+        """``fail_job`` or a callback exception (its mailbox thread)."""
+        self._fail(cause)
+
+    def _timed_out(self, checkpoint_id: int) -> None:
+        with self._lock:
+            if self._tracker is None:
+                return
+            self._apply_abort(self._tracker.checkpoint_timed_out(
+                checkpoint_id, self.config.checkpoint_timeout_s))
+
+    def _apply_abort(self, abort: CheckpointAbort | None) -> None:
+        if abort is None:
+            return
+        if self._timeout is not None:
+            self._timeout.cancel()
+        for holder in self._holders.values():
+            holder.checkpoint_aborted(abort.checkpoint_id)
+        future, self._prepared = self._prepared, None
+        if abort.fail_job is not None:
+            self._fail(abort.fail_job)
+        if future is not None and not future.done():
+            future.set_exception(CheckpointDeclined(abort.reason))
+
+    # --------------------------------------------------------------------------- failures
+    def add_failure_listener(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(cause)`` (on the failing thread) at the first global failure."""
+        self._failure_listeners.append(listener)
+
+    def _fail(self, cause: str) -> None:
+        with self._lock:
+            if self.failure is not None:
+                return
+            self.failure = cause
+            for holder in self._holders.values():
+                holder.globally_failed(cause)
+            future, self._prepared = self._prepared, None
+        log.error("global failure: %s", cause)
+        if future is not None and not future.done():
+            future.set_exception(JobFailed(cause))
+        for listener in self._failure_listeners:
+            listener(cause)
+
+    def fail_job(self, cause: str) -> None:
+        """Fail the job from outside the coordinators (e.g. a Spark-side error). Any thread."""
+        self._fail(cause)
+
+    def raise_if_failed(self) -> None:
+        """Raise :class:`JobFailed` if a global failure happened. Any thread."""
+        if self.failure is not None:
+            raise JobFailed(self.failure)
+
+    def close(self) -> None:
+        """End of the run: close coordinators, mailboxes and storage handles. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self._timeout is not None:
+                self._timeout.cancel()
+            holders = list(self._holders.values())
+        for holder in holders:
+            holder.close()
+        self.storage.close()
+
+    # ------------------------------------------------------------------------------ misc
+    @property
+    def holders(self) -> Mapping[str, CoordinatorHolder]:
+        return self._holders
+
+    @property
+    def last_sealed(self) -> int:
+        return self._tracker.last_sealed if self._tracker is not None else NO_EPOCH
+
+    @property
+    def last_committed(self) -> int:
+        return self._tracker.last_committed if self._tracker is not None else NO_EPOCH
+
+    def live_attempt(self, subtask: SubtaskId) -> TaskAttempt | None:
+        """The live task attempt of ``subtask`` in the running batch, if any. Any thread."""
+        with self._lock:
+            return self._gate.live_attempt(subtask) if self._gate is not None else None
+
+    def _require_running(self) -> tuple[CheckpointTracker, InboundGate]:
+        if self._tracker is None or self._gate is None:
+            raise IllegalTransition("the service has not been restored yet: the run's first "
+                                    "latestOffset/partitions call restores it")
+        return self._tracker, self._gate
+

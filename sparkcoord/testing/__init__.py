@@ -1,0 +1,20 @@
+"""Fakes for testing coordinators without Spark, threads or real time.
+
+* :class:`ManualMailbox` and :class:`ManualMailboxes`: mailboxes that run only when the test says.
+* :class:`ManualClock`: time that moves only when the test advances it.
+* :class:`RecordingGateway`: a gateway that records what a coordinator sends.
+* :class:`CoordinatorHarness`: a real coordination service around your coordinator, on manual
+  mailboxes, a manual clock and in-memory storage, with one-line checkpoints, commits, subtask
+  events and task retries.
+"""
+
+from sparkcoord.testing.fakes import (
+    CoordinatorHarness,
+    ManualClock,
+    ManualMailbox,
+    ManualMailboxes,
+    RecordingGateway,
+)
+
+__all__ = ["CoordinatorHarness", "ManualClock", "ManualMailbox", "ManualMailboxes",
+           "RecordingGateway"]

@@ -1,0 +1,282 @@
+"""Implementation of :mod:`sparkcoord.testing` (see there)."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+import threading
+import uuid
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+from sparkcoord.coordinator import (
+    Cancellable,
+    CoordinatorProvider,
+    OperatorCoordinator,
+    SubtaskGateway,
+)
+from sparkcoord.core.codec import EventCodec
+from sparkcoord.core.ids import SubtaskId, TaskAttempt
+from sparkcoord.core.inbound import InboundDecision
+from sparkcoord.core.restore import FRESH, RestorePoint
+from sparkcoord.runtime.clock import Clock
+from sparkcoord.runtime.mailbox import Action, Mailbox
+from sparkcoord.runtime.service import (
+    CoordinationService,
+    CoordinatorSpec,
+    PreparedCheckpoint,
+    ServiceConfig,
+)
+from sparkcoord.runtime.storage import CheckpointStorage
+
+
+class ManualMailbox(Mailbox):
+    """A mailbox whose actions run only inside :meth:`run_one` / :meth:`run_all`.
+
+    While an action runs, the calling thread counts as the mailbox thread.
+    """
+
+    def __init__(self, name: str = "manual") -> None:
+        self.name = name
+        self._queue: deque[Action] = deque()
+        self._running_in: int | None = None
+        self.closed = False
+
+    def execute(self, action: Action) -> None:
+        if not self.closed:
+            self._queue.append(action)
+
+    def in_mailbox_thread(self) -> bool:
+        return self._running_in == threading.get_ident()
+
+    def close(self) -> None:
+        self.closed = True
+        self._queue.clear()
+
+    @property
+    def pending(self) -> int:
+        return len(self._queue)
+
+    def run_one(self) -> bool:
+        """Run the oldest queued action; False if there was none."""
+        if not self._queue:
+            return False
+        action = self._queue.popleft()
+        outer = self._running_in
+        self._running_in = threading.get_ident()
+        try:
+            action()
+        finally:
+            self._running_in = outer
+        return True
+
+    def run_all(self, limit: int = 1_000_000) -> int:
+        """Run actions until the queue is empty (actions may queue more). Returns the count."""
+        n = 0
+        while self.run_one():
+            n += 1
+            if n >= limit:
+                raise RuntimeError(f"mailbox {self.name!r} still busy after {limit} actions")
+        return n
+
+
+class ManualMailboxes:
+    """A mailbox factory for :class:`CoordinationService` that hands out manual mailboxes."""
+
+    def __init__(self) -> None:
+        self.all: list[ManualMailbox] = []
+
+    def __call__(self, name: str) -> ManualMailbox:
+        mailbox = ManualMailbox(name)
+        self.all.append(mailbox)
+        return mailbox
+
+    def run_all(self, limit: int = 1_000_000) -> int:
+        """Run every mailbox until all are empty."""
+        total = 0
+        while True:
+            n = sum(m.run_all(limit) for m in self.all)
+            total += n
+            if n == 0:
+                return total
+
+    def run_random(self, rng: random.Random, steps: int) -> int:
+        """Run up to ``steps`` actions, picking a non-empty mailbox at random each time."""
+        done = 0
+        for _ in range(steps):
+            busy = [m for m in self.all if m.pending]
+            if not busy:
+                break
+            rng.choice(busy).run_one()
+            done += 1
+        return done
+
+
+class _ManualTimer(Cancellable):
+    def __init__(self) -> None:
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class ManualClock(Clock):
+    """Time that moves only in :meth:`advance`; due actions run inside it, in time order."""
+
+    def __init__(self, start: float = 0.0) -> None:
+        self._now = start
+        self._seq = itertools.count()
+        self._due: list[tuple[float, int, _ManualTimer, Callable[[], None]]] = []
+
+    def now(self) -> float:
+        return self._now
+
+    def call_later(self, delay_s: float, action: Callable[[], None]) -> Cancellable:
+        timer = _ManualTimer()
+        heapq.heappush(self._due, (self._now + max(0.0, delay_s), next(self._seq), timer, action))
+        return timer
+
+    def advance(self, seconds: float) -> None:
+        """Move time forward, running every action that falls due on the way."""
+        target = self._now + seconds
+        while self._due and self._due[0][0] <= target:
+            when, _, timer, action = heapq.heappop(self._due)
+            self._now = when
+            if not timer.cancelled:
+                action()
+        self._now = target
+
+    @property
+    def scheduled(self) -> int:
+        return sum(1 for _, _, t, _ in self._due if not t.cancelled)
+
+
+class RecordingGateway(SubtaskGateway):
+    """A gateway for unit tests of coordinator logic: records events, futures stay open.
+
+    Events are encoded with the real codec, so unpicklable events fail as they would for real.
+    """
+
+    def __init__(self, subtask: int = 0, attempt: int = 0, codec: EventCodec | None = None) -> None:
+        self.subtask = subtask
+        self.attempt = attempt
+        self.codec = codec or EventCodec()
+        self.events: list[Any] = []
+        self.futures: list[Future[None]] = []
+
+    def send_event(self, event: Any) -> Future[None]:
+        self.codec.encode(event)
+        self.events.append(event)
+        fut: Future[None] = Future()
+        self.futures.append(fut)
+        return fut
+
+    def complete_all(self) -> None:
+        for fut in self.futures:
+            if not fut.done():
+                fut.set_result(None)
+
+
+class CoordinatorHarness:
+    """A real :class:`CoordinationService` for one coordinator, fully under the test's control.
+
+    Example::
+
+        h = CoordinatorHarness(MyCoordinator, parallelism=2)
+        h.start()
+        h.send_from_subtask(0, "hello")        # as the task of subtask 0 in the running batch
+        events = h.checkpoint()                # {subtask: [events sealed into the epoch]}
+        h.commit()                             # notify_checkpoint_complete(epoch)
+    """
+
+    def __init__(self, coordinator: CoordinatorProvider, parallelism: int = 1, *,
+                 name: str = "coordinator", config: ServiceConfig | None = None,
+                 storage_url: str | None = None) -> None:
+        self.name = name
+        self.parallelism = parallelism
+        self.mailboxes = ManualMailboxes()
+        self.clock = ManualClock()
+        self.storage_url = storage_url or f"memory://sparkcoord-harness/{uuid.uuid4().hex}"
+        self.storage = CheckpointStorage(self.storage_url)
+        self.service = CoordinationService(
+            [CoordinatorSpec(name, coordinator, parallelism)], self.storage, config=config,
+            clock=self.clock, mailbox_factory=self.mailboxes)
+        self._attempt_numbers: dict[int, int] = {}
+        self._seqs: dict[TaskAttempt, int] = {}
+
+    @property
+    def coordinator(self) -> OperatorCoordinator:
+        """The live coordinator instance (changes after a reset)."""
+        instance = self.service.holders[self.name].coordinator
+        assert instance is not None, "the coordinator is not running"
+        return instance
+
+    @property
+    def epoch(self) -> int:
+        return self.service.last_sealed
+
+    def run(self) -> int:
+        """Run every queued mailbox action."""
+        return self.mailboxes.run_all()
+
+    def start(self, point: RestorePoint = FRESH) -> None:
+        self.service.restore(point)
+        self.run()
+
+    def trigger_checkpoint(self) -> Future[PreparedCheckpoint]:
+        return self.service.trigger_checkpoint(self.epoch + 1)
+
+    def checkpoint(self) -> dict[int, list[Any]] | None:
+        """Trigger the next checkpoint, run the mailbox, seal it; None if declined.
+
+        Returns the decoded events sealed into the new epoch, by subtask.
+        """
+        future = self.trigger_checkpoint()
+        self.run()
+        if not future.done():
+            raise AssertionError("the coordinator did not complete its checkpoint future; "
+                                 "use trigger_checkpoint() and complete it yourself")
+        if future.exception() is not None:
+            return None
+        record = self.service.seal(future.result())
+        self.run()
+        codec = self.service.codec
+        return {s: [codec.decode(p) for p in record.events_for(SubtaskId(self.name, s))]
+                for s in range(self.parallelism)}
+
+    def commit(self) -> None:
+        """The batch of the last sealed epoch committed."""
+        self.service.batch_committed(self.epoch)
+        self.run()
+
+    def send_from_subtask(self, subtask: int, event: Any, seq: int | None = None) -> InboundDecision:
+        """Deliver ``event`` as the current task attempt of ``subtask`` in the running batch."""
+        attempt = self._attempt(subtask)
+        if seq is None:
+            seq = self._seqs.get(attempt, 0)
+        decision = self.service.event_received(attempt, seq, self.service.codec.encode(event))
+        self._seqs[attempt] = max(self._seqs.get(attempt, 0), seq + 1)
+        self.run()
+        return decision
+
+    def retry_task(self, subtask: int) -> InboundDecision:
+        """Simulate a Spark task retry of ``subtask`` in the running batch."""
+        self._attempt(subtask)
+        self._attempt_numbers[subtask] += 1
+        decision = self.service.attempt_registered(self._current(subtask))
+        self.run()
+        return decision
+
+    def _current(self, subtask: int) -> TaskAttempt:
+        return TaskAttempt(self.service.run_id, SubtaskId(self.name, subtask), self.epoch,
+                           self._attempt_numbers.get(subtask, 0))
+
+    def _attempt(self, subtask: int) -> TaskAttempt:
+        self._attempt_numbers.setdefault(subtask, 0)
+        attempt = self._current(subtask)
+        if self.service.live_attempt(attempt.subtask) != attempt:
+            self.service.attempt_registered(attempt)
+        return attempt
