@@ -425,6 +425,12 @@ class CoordinationService:
         return self._holders
 
     @property
+    def next_checkpoint_id(self) -> int:
+        """The id the next checkpoint must have (ids only increase, even past declines)."""
+        tracker, _ = self._require_running()
+        return max(tracker.last_triggered, tracker.last_sealed) + 1
+
+    @property
     def last_sealed(self) -> int:
         return self._tracker.last_sealed if self._tracker is not None else NO_EPOCH
 

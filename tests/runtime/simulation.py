@@ -1,0 +1,542 @@
+"""A simulated Spark micro-batch engine driving the real coordination service, step by step.
+
+It follows SPARK_NOTES.md: per trigger ``latestOffset(start=end(N-1))`` -> offsets/N ->
+``partitions`` -> tasks -> sink commit -> commits/N; a restart's first call is
+``latestOffset(end(N))`` when N committed and ``partitions(start_N, end_N)`` when it did not;
+task retries keep the batch and bump the attempt number; a driver crash loses everything but
+the storage (an in-memory fsspec filesystem), Spark's logs and the sink.
+
+The coordinators and subtasks are deterministic:
+  * each coordinator sends numbered events ``("x", s, k)`` to subtask s, k = 0, 1, ...,
+    spontaneously and from "outside" its mailbox (like a user thread), and answers every
+    subtask event with ``("r", event)``: the default-mode coordinator to the *next* subtask
+    (so a task retry needs the whole-coordinator reset of rule 7), the per-subtask one to the
+    sender (Flink's ``subtask_reset`` path);
+  * each subtask keeps the list of events it received, restores it from the previous epoch,
+    applies the epoch's events before anything else, and sends ``("y", s, epoch, i, n)`` events
+    back, where n is the length of its state (deterministic given its state).
+
+Steps are picked by a seeded ``random.Random``; every failure the contract covers can be
+injected between any two steps. ``check_invariants`` asserts the exactly-once outcome.
+"""
+
+from __future__ import annotations
+
+import pickle
+import random
+import uuid
+from collections import Counter
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import fsspec
+
+from sparkcoord.coordinator import CoordinatorContext, OperatorCoordinator
+from sparkcoord.core.ids import NO_EPOCH, SubtaskId, TaskAttempt
+from sparkcoord.core.inbound import Verdict
+from sparkcoord.runtime.service import (
+    CheckpointDeclined,
+    CoordinationService,
+    CoordinatorSpec,
+    JobFailed,
+    ServiceConfig,
+)
+from sparkcoord.runtime.storage import CheckpointStorage
+from sparkcoord.testing import ManualClock, ManualMailboxes
+
+TIMEOUT_S = 10.0
+
+
+# ------------------------------------------------------------------------------ the world
+@dataclass
+class World:
+    """What survives a driver crash: storage, Spark's logs, the sink, external side effects."""
+
+    url: str
+    offsets: dict[int, tuple[int, int]] = field(default_factory=dict)  # batch -> (start, end)
+    commits: set[int] = field(default_factory=set)
+    sink: dict[int, dict[SubtaskId, list[Any]]] = field(default_factory=dict)
+    # batch -> the events each subtask's surviving attempt sent in it
+    committed_sends: dict[int, dict[SubtaskId, list[Any]]] = field(default_factory=dict)
+    # (operator, epoch) -> coordinator effects seen by each notify_checkpoint_complete(epoch)
+    completions: dict[tuple[str, int], list[list[Any]]] = field(default_factory=dict)
+
+    def last_batch(self) -> int | None:
+        return max(self.offsets) if self.offsets else None
+
+
+# ---------------------------------------------------------------------- the coordinators
+class NumberingCoordinator(OperatorCoordinator):
+    """Sends numbered events; records what it sent and what it took effect of."""
+
+    def __init__(self, context: CoordinatorContext, sim: Simulation) -> None:
+        super().__init__(context)
+        self.sim = sim
+        self.deferred: tuple[int, Future[Any]] | None = None
+
+    # state: next number, sent events and effects, per subtask
+    def reset_to_checkpoint(self, checkpoint_id: int, state: Any) -> None:
+        p = self.context.parallelism
+        if state is None:
+            state = {"next": [0] * p, "sent": [[] for _ in range(p)], "effects": []}
+        self.next = list(state["next"])
+        self.sent = [list(x) for x in state["sent"]]
+        self.effects = list(state["effects"])
+        self.snapshots = {checkpoint_id: self.snapshot()}
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"next": list(self.next), "sent": [list(x) for x in self.sent],
+                "effects": list(self.effects)}
+
+    def _send(self, subtask: int, event: Any) -> None:
+        fut = self.gateway(subtask).send_event(event)
+        if fut.done() and fut.exception() is not None:
+            return  # refused at once: not sent
+        self.sent[subtask].append(event)
+
+    def send_next(self, subtask: int) -> None:
+        """A spontaneous send (on the mailbox)."""
+        if self.next[subtask] >= self.sim.numbers_per_subtask:
+            return
+        k = self.next[subtask]
+        self.next[subtask] = k + 1
+        self._send(subtask, ("x", subtask, k))
+
+    def reply_target(self, subtask: int) -> int:
+        return (subtask + 1) % self.context.parallelism
+
+    def handle_event_from_operator(self, subtask: int, attempt: int, event: Any) -> None:
+        self.effects.append(event)
+        self._send(self.reply_target(subtask), ("r", event))
+
+    def checkpoint_coordinator(self, checkpoint_id: int, result: Future[Any]) -> None:
+        if self.sim.rng.random() < self.sim.defer_probability:
+            self.deferred = (checkpoint_id, result)  # completed later, from outside
+            return
+        self.snapshots[checkpoint_id] = self.snapshot()
+        result.set_result(self.snapshot())
+
+    def complete_deferred(self, decline: bool) -> None:
+        """Complete (or fail) a deferred checkpoint future (on the mailbox, one step late)."""
+        if self.deferred is None:
+            return
+        checkpoint_id, result = self.deferred
+        self.deferred = None
+        if decline:
+            result.set_exception(RuntimeError(f"declined {checkpoint_id} on purpose"))
+        else:
+            self.snapshots[checkpoint_id] = self.snapshot()
+            result.set_result(self.snapshot())
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        key = (self.context.operator_id, checkpoint_id)
+        self.sim.world.completions.setdefault(key, []).append(list(self.effects))
+
+
+class PerSubtaskCoordinator(NumberingCoordinator):
+    """Only ever touches the subtask whose event it handles: uses Flink's subtask reset."""
+
+    resets_per_subtask = True
+
+    def reply_target(self, subtask: int) -> int:
+        return subtask
+
+    def subtask_reset(self, subtask: int, checkpoint_id: int) -> None:
+        snap = self.snapshots[checkpoint_id]
+        # forget what the subtask did after the boundary; its held events failed: re-offer
+        # them by rewinding the counter and the record of what was sent.
+        self.next[subtask] = snap["next"][subtask]
+        self.sent[subtask] = list(snap["sent"][subtask])
+        self.effects = [e for e in self.effects if not (e[1] == subtask and e[2] >= checkpoint_id)]
+
+
+# --------------------------------------------------------------------------- the tasks
+class TaskFailed(Exception):
+    pass
+
+
+@dataclass
+class Task:
+    """One attempt of one subtask in one batch, advanced step by step."""
+
+    sid: SubtaskId
+    epoch: int
+    number: int
+    attempt: TaskAttempt
+    phase: str = "register"
+    state: list[Any] = field(default_factory=list)
+    rows: list[Any] = field(default_factory=list)
+    sends: list[Any] = field(default_factory=list)
+    seq: int = 0
+    done: bool = False
+
+
+# ------------------------------------------------------------------------- the simulation
+class Simulation:
+    """Drives one :class:`World` through runs of the real service. See the module docstring."""
+
+    def __init__(self, seed: int, *, parallelism: int = 2, numbers_per_subtask: int = 4,
+                 defer_probability: float = 0.3, tolerable_failures: int = 1,
+                 per_subtask_operator: bool = True) -> None:
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.parallelism = parallelism
+        self.numbers_per_subtask = numbers_per_subtask
+        self.defer_probability = defer_probability
+        self.world = World(url=f"memory://sparkcoord-sim/{uuid.uuid4().hex}")
+        self.specs = [CoordinatorSpec("cross", lambda ctx: NumberingCoordinator(ctx, self),
+                                      parallelism)]
+        if per_subtask_operator:
+            self.specs.append(CoordinatorSpec(
+                "split", lambda ctx: PerSubtaskCoordinator(ctx, self), parallelism))
+        self.config = ServiceConfig(checkpoint_timeout_s=TIMEOUT_S,
+                                    tolerable_checkpoint_failures=tolerable_failures)
+        self.runs = 0
+        self.stats: Counter[str] = Counter()
+        self.trace: list[str] = []
+        self._new_run()
+
+    # --------------------------------------------------------------------------- runs
+    def _new_run(self) -> None:
+        self.runs += 1
+        self.mailboxes = ManualMailboxes()
+        self.clock = ManualClock()
+        self.storage = CheckpointStorage(self.world.url, retain=2)
+        self.service = CoordinationService(self.specs, self.storage, config=self.config,
+                                           clock=self.clock, mailbox_factory=self.mailboxes,
+                                           run_id=f"run{self.runs}")
+        self.phase = "first-call"
+        self.batch = -1          # the batch being constructed / run
+        self.cur_end = NO_EPOCH  # end epoch of the last logged batch
+        self.pending: Future[Any] | None = None
+        self.record: Any = None
+        self.tasks: dict[SubtaskId, Task] = {}
+        self.failures_in_batch: Counter[SubtaskId] = Counter()
+        self.zombies: list[Task] = []
+
+    def crash(self, why: str) -> None:
+        """The driver dies: everything volatile is lost. Spark restarts the query."""
+        self.log(f"CRASH ({why}) in phase {self.phase}")
+        self.stats["crash"] += 1
+        self._new_run()
+
+    def log(self, line: str) -> None:
+        self.trace.append(line)
+
+    def coordinator(self, name: str) -> NumberingCoordinator | None:
+        holder = self.service.holders.get(name)
+        return holder.coordinator if holder is not None else None  # type: ignore[return-value]
+
+    # ------------------------------------------------------------------------ driver
+    def driver_step(self, force_checkpoint: bool = False) -> None:
+        """Advance Spark's driver loop by one call."""
+        if self.service.failure is not None:
+            self.crash(f"job failed: {self.service.failure}")
+            return
+        w = self.world
+        if self.phase == "first-call":
+            last = w.last_batch()
+            if last is None or last in w.commits:
+                self.batch = -1 if last is None else last
+                self.cur_end = NO_EPOCH if last is None else w.offsets[last][1]
+                self.service.latest_offset_called(self.cur_end)
+                self.phase = "idle"
+                self.log(f"run {self.runs}: first call latestOffset({self.cur_end})")
+                self._maybe_trigger(force_checkpoint)
+            else:
+                self.batch = last
+                start, end = w.offsets[last]
+                self.cur_end = end
+                self.log(f"run {self.runs}: first call partitions({start}, {end})")
+                self.record = self.service.partitions_called(start, end)
+                self._start_tasks()
+            return
+        if self.phase == "idle":
+            self.service.latest_offset_called(self.cur_end)
+            self._maybe_trigger(force_checkpoint)
+        elif self.phase == "checkpointing":
+            assert self.pending is not None
+            if not self.pending.done():
+                return
+            exc = self.pending.exception()
+            if isinstance(exc, JobFailed):
+                self.crash("checkpoint failed the job")
+                return
+            if isinstance(exc, CheckpointDeclined):
+                self.stats["declined"] += 1
+                self.log(f"checkpoint declined: {exc}")
+                self.phase = "idle"
+                return
+            assert exc is None, exc
+            self.record = self.service.seal(self.pending.result())
+            self.log(f"sealed epoch {self.record.epoch} with {self.record.event_count()} events")
+            self.phase = "sealed"
+        elif self.phase == "sealed":
+            self.batch += 1
+            w.offsets[self.batch] = (self.cur_end, self.record.epoch)
+            self.cur_end = self.record.epoch
+            self.log(f"offsets/{self.batch} = {w.offsets[self.batch]}")
+            self.phase = "logged"
+        elif self.phase == "logged":
+            start, end = w.offsets[self.batch]
+            self.record = self.service.partitions_called(start, end)
+            self._start_tasks()
+        elif self.phase == "running":
+            if all(t.done for t in self.tasks.values()):
+                if self.batch not in w.sink:  # the parquet sink is idempotent per batch id
+                    w.sink[self.batch] = {sid: list(t.rows) for sid, t in self.tasks.items()}
+                w.committed_sends[self.batch] = {sid: list(t.sends) for sid, t in self.tasks.items()}
+                self.phase = "sink-committed"
+        elif self.phase == "sink-committed":
+            w.commits.add(self.batch)
+            self.log(f"commits/{self.batch}")
+            self.stats["batches"] += 1
+            self.tasks = {}
+            self.zombies = []
+            self.phase = "idle"
+
+    def _maybe_trigger(self, force: bool) -> None:
+        if not (force or self.service.has_held_events()):
+            return
+        checkpoint_id = self.service.next_checkpoint_id
+        self.pending = self.service.trigger_checkpoint(checkpoint_id)
+        self.log(f"trigger checkpoint {checkpoint_id}")
+        self.phase = "checkpointing"
+
+    def _start_tasks(self) -> None:
+        self.failures_in_batch = Counter()
+        self.tasks = {}
+        for spec in self.specs:
+            for index in range(spec.parallelism):
+                sid = SubtaskId(spec.name, index)
+                self.tasks[sid] = self._new_task(sid, 0)
+        self.phase = "running"
+
+    def _new_task(self, sid: SubtaskId, number: int) -> Task:
+        epoch = self.cur_end
+        return Task(sid, epoch, number, TaskAttempt(self.service.run_id, sid, epoch, number))
+
+    # ------------------------------------------------------------------------- tasks
+    def task_step(self, task: Task) -> None:
+        """Advance one task by one step (raises TaskFailed when the service refuses it)."""
+        svc = self.service
+        if task.phase == "register":
+            decision = svc.attempt_registered(task.attempt)
+            if decision.verdict is Verdict.REJECT:
+                raise TaskFailed(decision.reason)
+            restored = self.storage.read_subtask_state(task.sid, task.epoch)
+            task.state = pickle.loads(restored[1]) if restored else []
+            task.phase = "apply"
+        elif task.phase == "apply":
+            # every event of the epoch, in order, before any data of the batch
+            for payload in self.record.events_for(task.sid):
+                event = pickle.loads(payload)
+                task.state.append(event)
+                task.rows.append(event)
+            # one event back per numbered event received (replies start no new exchange)
+            count = sum(1 for e in task.rows if e[0] == "x")
+            task.sends = [("y", task.sid.index, task.epoch, i, len(task.state)) for i in range(count)]
+            task.phase = "send"
+        elif task.phase == "send":
+            if task.seq < len(task.sends):
+                self._send(task, task.seq)
+                task.seq += 1
+            else:
+                task.phase = "snapshot"
+        elif task.phase == "snapshot":
+            self.storage.write_subtask_state(task.sid, task.epoch, pickle.dumps(task.state))
+            task.phase = "finish"
+        elif task.phase == "finish":
+            task.done = True
+
+    def _send(self, task: Task, seq: int) -> None:
+        decision = self.service.event_received(task.attempt, seq, pickle.dumps(task.sends[seq]))
+        if decision.verdict is Verdict.REJECT:
+            raise TaskFailed(decision.reason)
+
+    def fail_task(self, sid: SubtaskId, why: str) -> None:
+        """The running attempt of ``sid`` fails; Spark retries it (or fails the query)."""
+        old = self.tasks[sid]
+        self.stats["task-failure"] += 1
+        self.log(f"task {old.attempt} failed: {why}")
+        self.failures_in_batch[sid] += 1
+        if self.failures_in_batch[sid] >= 4:  # spark.task.maxFailures
+            self.crash(f"{sid} failed 4 times")
+            return
+        self.zombies.append(old)
+        self.tasks[sid] = self._new_task(sid, old.number + 1)
+
+    # -------------------------------------------------------------------- random steps
+    def random_step(self, faults: bool) -> None:
+        rng = self.rng
+        roll = rng.random()
+        if roll < 0.15:
+            self._coordinator_sends()
+        elif roll < 0.35:
+            self.mailboxes.run_random(rng, rng.randint(1, 6))
+        elif roll < 0.55:
+            self.driver_step()
+        elif roll < 0.8:
+            self._random_task_step(faults)
+        elif roll < 0.9:
+            self._complete_deferred(decline=faults and rng.random() < 0.3)
+        elif faults and roll > 0.96:
+            self._inject_fault()
+        else:
+            self.mailboxes.run_all()
+
+    def _coordinator_sends(self) -> None:
+        # Like a timer of the coordinator's own (call_periodically): runs on its mailbox, so
+        # its state and its sends change together.
+        for spec in self.specs:
+            coord = self.coordinator(spec.name)
+            if coord is not None:
+                subtask = self.rng.randrange(spec.parallelism)
+                coord.context.run_in_coordinator_thread(lambda c=coord, s=subtask: c.send_next(s))
+
+    def _complete_deferred(self, decline: bool) -> None:
+        # The coordinator's own thread completes a deferred future one step late: sends queued
+        # on the mailbox before this action land before the boundary, and are in the snapshot.
+        for spec in self.specs:
+            coord = self.coordinator(spec.name)
+            if coord is not None and coord.deferred is not None:
+                coord.context.run_in_coordinator_thread(
+                    lambda c=coord: c.complete_deferred(decline))
+                return
+
+    def _random_task_step(self, faults: bool) -> None:
+        running = [t for t in self.tasks.values() if not t.done]
+        if self.phase != "running" or not running:
+            self.driver_step()
+            return
+        task = self.rng.choice(running)
+        try:
+            self.task_step(task)
+        except TaskFailed as exc:
+            self.fail_task(task.sid, str(exc))
+            return
+        if faults and task.phase == "send" and task.seq > 0 and self.rng.random() < 0.1:
+            # an acknowledgement was lost: the task sends the same event again
+            self.stats["resend"] += 1
+            decision = self.service.event_received(task.attempt, task.seq - 1,
+                                                   pickle.dumps(task.sends[task.seq - 1]))
+            assert decision.verdict is Verdict.DUPLICATE, decision
+
+    def _inject_fault(self) -> None:
+        rng = self.rng
+        kind = rng.choice(["task", "task", "crash", "fail_job", "timeout", "zombie"])
+        if kind == "task" and self.phase == "running":
+            running = [t for t in self.tasks.values() if not t.done]
+            if running:
+                self.fail_task(rng.choice(running).sid, "injected")
+        elif kind == "crash" and self.stats["crash"] < 3:
+            self.crash("injected")
+        elif kind == "fail_job" and self.stats["fail_job"] < 2:
+            coord = self.coordinator(rng.choice(self.specs).name)
+            if coord is not None:
+                self.stats["fail_job"] += 1
+                coord.context.fail_job("injected fail_job")
+        elif kind == "timeout" and self.phase == "checkpointing":
+            self.stats["timeout"] += 1
+            self.clock.advance(TIMEOUT_S)
+        elif kind == "zombie" and self.zombies:
+            # a late event from a failed attempt: must be refused
+            # a late event from a failed attempt: refused once a retry has registered; before
+            # that the service cannot know the attempt died, and the retry's registration
+            # undoes whatever it was accepted (rule 7)
+            zombie = rng.choice(self.zombies)
+            if zombie.seq < len(zombie.sends):
+                superseded = self.service.live_attempt(zombie.sid) != zombie.attempt
+                decision = self.service.event_received(zombie.attempt, zombie.seq,
+                                                       pickle.dumps(zombie.sends[zombie.seq]))
+                if superseded:
+                    assert decision.verdict is Verdict.REJECT, decision
+                    self.stats["zombie-refused"] += 1
+                elif decision.verdict is Verdict.ACCEPT:
+                    zombie.seq += 1
+                    self.stats["zombie-accepted-then-undone"] += 1
+
+    # ------------------------------------------------------------------------- drain
+    def drain(self, max_steps: int = 20_000) -> None:
+        """Run without faults until every number is delivered and the last batch completed."""
+        for _ in range(max_steps):
+            self.mailboxes.run_all()
+            self._complete_deferred(decline=False)
+            self.mailboxes.run_all()
+            if self.phase == "running":
+                for task in list(self.tasks.values()):
+                    while not task.done:
+                        try:
+                            self.task_step(task)
+                        except TaskFailed as exc:
+                            self.fail_task(task.sid, str(exc))
+                            break
+                        self.mailboxes.run_all()
+            self._coordinator_sends()
+            self.mailboxes.run_all()
+            if self._quiescent():
+                return
+            self.driver_step()
+        raise AssertionError(f"seed {self.seed}: no quiescence after {max_steps} steps")
+
+    def _quiescent(self) -> bool:
+        if self.phase != "idle" or self.service.has_held_events():
+            return False
+        for spec in self.specs:
+            coord = self.coordinator(spec.name)
+            if coord is None or any(n < self.numbers_per_subtask for n in coord.next):
+                return False
+        return True
+
+    # --------------------------------------------------------------------- invariants
+    def check_invariants(self) -> None:
+        """Assert the exactly-once outcome in both directions (see the module docstring)."""
+        w = self.world
+        ctx = f"seed {self.seed}"
+        committed = sorted(w.commits)
+        assert committed, f"{ctx}: nothing committed"
+        last_epoch = w.offsets[committed[-1]][1]
+        record = self.storage.read_record(last_epoch)
+        for spec in self.specs:
+            snap = pickle.loads(record.snapshots[spec.name])
+            coord = self.coordinator(spec.name)
+            assert coord is not None
+            for s in range(spec.parallelism):
+                sid = SubtaskId(spec.name, s)
+                restored = self.storage.read_subtask_state(sid, last_epoch + 1)
+                state = pickle.loads(restored[1]) if restored else []
+                # (1) coordinator -> subtask: the state holds exactly what the coordinator's
+                # surviving snapshot says it sent before the boundary, once each, in order
+                assert state == snap["sent"][s], (
+                    f"{ctx}: {sid} holds {state}, coordinator sent {snap['sent'][s]}")
+                numbers = [e[2] for e in state if e[0] == "x"]
+                assert numbers == list(range(self.numbers_per_subtask)), (
+                    f"{ctx}: {sid} numbers {numbers}")
+                # (3) the sink holds exactly what was delivered, batch by batch
+                sunk = [e for b in committed for e in w.sink[b].get(sid, [])]
+                assert sunk == state, f"{ctx}: sink of {sid} is {sunk}, state {state}"
+                # (2) subtask -> coordinator: every event of every committed batch from the
+                # surviving attempts took effect exactly once, in order
+                expected = [e for b in committed for e in w.committed_sends[b].get(sid, [])]
+                got = [e for e in coord.effects if e[1] == s]
+                assert got == expected, f"{ctx}: {spec.name} took effect of {got} from {sid}, expected {expected}"
+            # every notify_checkpoint_complete(N) saw all events of the batches up to N
+            # exactly once, and a repeated completion (after a restart) saw the same state
+            for (name, epoch), seen in w.completions.items():
+                if name != spec.name:
+                    continue
+                want = Counter(e for b in committed if w.offsets[b][1] <= epoch
+                               for sid, sends in w.committed_sends[b].items()
+                               if sid.operator == name for e in sends)
+                for effects in seen:
+                    assert Counter(effects) == want, (
+                        f"{ctx}: complete({epoch}) of {name} saw {sorted(effects)}, "
+                        f"expected {sorted(want.elements())}")
+                assert all(x == seen[0] for x in seen), f"{ctx}: repeated complete({epoch}) differs"
+
+    def cleanup(self) -> None:
+        fs = fsspec.filesystem("memory")
+        root = self.world.url[len("memory://"):]
+        if fs.exists(root):
+            fs.rm(root, recursive=True)
