@@ -372,9 +372,9 @@ class CoordinationService:
             self._timeout.cancel()
         for holder in self._holders.values():
             holder.checkpoint_aborted(abort.checkpoint_id)
-        future, self._prepared = self._prepared, None
         if abort.fail_job is not None:
-            self._fail(abort.fail_job)
+            self._fail(abort.fail_job)  # fails the pending future with JobFailed
+        future, self._prepared = self._prepared, None
         if future is not None and not future.done():
             future.set_exception(CheckpointDeclined(abort.reason))
 

@@ -227,7 +227,7 @@ class CoordinatorHarness:
         self.run()
 
     def trigger_checkpoint(self) -> Future[PreparedCheckpoint]:
-        return self.service.trigger_checkpoint(self.epoch + 1)
+        return self.service.trigger_checkpoint(self.service.next_checkpoint_id)
 
     def checkpoint(self) -> dict[int, list[Any]] | None:
         """Trigger the next checkpoint, run the mailbox, seal it; None if declined.

@@ -1,0 +1,87 @@
+from sparkcoord.core.ids import SubtaskId, TaskAttempt
+from sparkcoord.core.inbound import (
+    EventEntry,
+    InboundGate,
+    RegistrationEntry,
+    Verdict,
+    surviving_events,
+)
+
+S0, S1 = SubtaskId("op", 0), SubtaskId("op", 1)
+
+
+def attempt(sid: SubtaskId, number: int = 0, epoch: int = 3, run: str = "r1") -> TaskAttempt:
+    return TaskAttempt(run, sid, epoch, number)
+
+
+def gate() -> InboundGate:
+    g = InboundGate("r1", {"op": 2})
+    g.epoch_started(3)
+    return g
+
+
+def test_a_registered_attempts_events_are_accepted_in_sequence_and_logged() -> None:
+    g = gate()
+    a = attempt(S0)
+    assert g.attempt_registered(a).verdict is Verdict.ACCEPT
+    assert g.last_entry == RegistrationEntry(a)
+    assert g.event_received(a, 0, b"e0").verdict is Verdict.ACCEPT
+    assert g.last_entry == EventEntry(a, 0, b"e0")
+
+
+def test_a_resent_event_is_a_duplicate_and_a_gap_is_rejected() -> None:
+    g = gate()
+    a = attempt(S0)
+    g.attempt_registered(a)
+    g.event_received(a, 0, b"e0")
+    assert g.event_received(a, 0, b"e0").verdict is Verdict.DUPLICATE
+    d = g.event_received(a, 2, b"e2")
+    assert d.verdict is Verdict.REJECT and "before event 1" in d.reason
+
+
+def test_events_of_an_unregistered_or_replaced_attempt_are_rejected() -> None:
+    g = gate()
+    a0, a1 = attempt(S0, 0), attempt(S0, 1)
+    assert g.event_received(a0, 0, b"x").verdict is Verdict.REJECT
+    g.attempt_registered(a0)
+    d = g.attempt_registered(a1)
+    assert d.verdict is Verdict.ACCEPT and d.replaced == a0 and d.execution_attempt == 1
+    assert g.event_received(a0, 0, b"late").verdict is Verdict.REJECT
+    assert g.attempt_registered(a0).verdict is Verdict.REJECT  # a zombie re-registering
+
+
+def test_wrong_run_wrong_epoch_committed_epoch_and_unknown_subtasks_are_rejected() -> None:
+    g = gate()
+    cases = {
+        attempt(S0, run="old"): "run",
+        attempt(S0, epoch=4): "not running",
+        attempt(SubtaskId("op", 5)): "0..1",
+        attempt(SubtaskId("nope", 0)): "unknown operator",
+    }
+    for a, text in cases.items():
+        d = g.attempt_registered(a)
+        assert d.verdict is Verdict.REJECT and text in d.reason, (a, d)
+    g.batch_committed(3)
+    d = g.attempt_registered(attempt(S0))
+    assert d.verdict is Verdict.REJECT and "already committed" in d.reason
+
+
+def test_the_replay_takes_the_other_subtasks_live_events_in_log_order() -> None:
+    g = gate()
+    a, b, a1 = attempt(S0), attempt(S1), attempt(S0, 1)
+    g.attempt_registered(a)
+    g.attempt_registered(b)
+    g.event_received(b, 0, b"b0")
+    g.event_received(a, 0, b"a0")
+    g.event_received(b, 1, b"b1")
+    g.attempt_registered(a1)
+    assert [e.payload for e in g.surviving_events("op", excluding=S0)] == [b"b0", b"b1"]
+    g.event_received(a1, 0, b"a1-0")
+    assert [e.payload for e in g.surviving_events("op")] == [b"b0", b"b1", b"a1-0"]
+
+
+def test_a_restore_replays_only_the_last_registered_attempt_of_each_subtask() -> None:
+    a0, a1, b = attempt(S0, 0), attempt(S0, 1), attempt(S1)
+    log = [RegistrationEntry(a0), EventEntry(a0, 0, b"dead"), RegistrationEntry(b),
+           EventEntry(b, 0, b"b0"), RegistrationEntry(a1), EventEntry(a1, 0, b"live")]
+    assert [e.payload for e in surviving_events(log)] == [b"b0", b"live"]

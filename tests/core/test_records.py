@@ -1,0 +1,85 @@
+import struct
+import zlib
+
+import pytest
+
+from sparkcoord.core.errors import CorruptRecord, UnknownRecordVersion
+from sparkcoord.core.ids import SubtaskId, TaskAttempt
+from sparkcoord.core.inbound import EventEntry, RegistrationEntry
+from sparkcoord.core.records import (
+    CheckpointRecord,
+    decode_checkpoint,
+    decode_log,
+    decode_subtask_state,
+    encode_checkpoint,
+    encode_log_entry,
+    encode_subtask_state,
+)
+
+RECORD = CheckpointRecord(
+    7, {"a": b"state-a", "b": None},
+    {SubtaskId("a", 0): [b"e1", b"e2"], SubtaskId("a", 1): [], SubtaskId("b", 3): [b""]})
+
+
+def test_a_checkpoint_record_round_trips() -> None:
+    back = decode_checkpoint(encode_checkpoint(RECORD), "r")
+    assert back.epoch == 7 and back.snapshots == {"a": b"state-a", "b": None}
+    assert back.events_for(SubtaskId("a", 0)) == [b"e1", b"e2"]
+    assert back.events_for(SubtaskId("a", 1)) == ()
+    assert back.events_for(SubtaskId("b", 3)) == [b""]
+
+
+def test_a_flipped_byte_is_reported_as_a_checksum_mismatch_naming_the_file() -> None:
+    data = bytearray(encode_checkpoint(RECORD))
+    data[-3] ^= 0xFF
+    with pytest.raises(CorruptRecord, match="records/7.ckpt: checksum mismatch"):
+        decode_checkpoint(bytes(data), "records/7.ckpt")
+
+
+def test_an_unknown_version_and_a_foreign_file_are_refused() -> None:
+    data = bytearray(encode_checkpoint(RECORD))
+    struct.pack_into(">H", data, 4, 99)
+    with pytest.raises(UnknownRecordVersion, match="version 99"):
+        decode_checkpoint(bytes(data), "f")
+    with pytest.raises(CorruptRecord, match="not a sparkcoord file"):
+        decode_checkpoint(b"PK\x03\x04" + bytes(40), "f")
+    with pytest.raises(CorruptRecord, match="shorter than"):
+        decode_checkpoint(b"SP", "f")
+    with pytest.raises(CorruptRecord, match="kind"):
+        decode_checkpoint(encode_subtask_state(1, b"s"), "f")
+
+
+def test_a_truncated_record_is_corrupt() -> None:
+    data = encode_checkpoint(RECORD)
+    with pytest.raises(CorruptRecord, match="header says"):
+        decode_checkpoint(data[:-1], "f")
+
+
+def test_a_body_with_a_valid_checksum_but_bad_structure_is_corrupt() -> None:
+    body = b"\x00" * 8 + b"\x00\x00\x00\x05"  # claims 5 coordinators, has none
+    header = struct.pack(">4sHBxQI", b"SPCO", 1, 1, len(body), zlib.crc32(body))
+    with pytest.raises(CorruptRecord, match="truncated body"):
+        decode_checkpoint(header + body, "f")
+
+
+def test_the_inbound_log_round_trips_and_drops_a_torn_last_frame() -> None:
+    a = TaskAttempt("run", SubtaskId("op", 1), 4, 2)
+    entries = [RegistrationEntry(a), EventEntry(a, 0, b"p0"), EventEntry(a, 1, b"p1")]
+    data = b"".join(encode_log_entry(e) for e in entries)
+    assert decode_log(data, "log") == (entries, len(data))
+    torn = data[:-2]
+    back, valid = decode_log(torn, "log")
+    assert back == entries[:2] and valid == len(encode_log_entry(entries[0])) + len(encode_log_entry(entries[1]))
+
+
+def test_a_damaged_frame_in_the_middle_of_the_log_is_corruption() -> None:
+    a = TaskAttempt("run", SubtaskId("op", 1), 4, 0)
+    first = bytearray(encode_log_entry(EventEntry(a, 0, b"payload")))
+    first[-1] ^= 0xFF
+    data = bytes(first) + encode_log_entry(EventEntry(a, 1, b"next"))
+    with pytest.raises(CorruptRecord, match="frame at byte 0"):
+        decode_log(data, "log")
+
+
+def test_subtask_state_round_trips() -> None:
+    assert decode_subtask_state(encode_subtask_state(3, b"st"), "s") == (3, b"st")
