@@ -108,7 +108,9 @@ class CoordinatorHolder:
 
     def checkpoint_sealed(self, checkpoint_id: int) -> None:
         """The record of ``checkpoint_id`` is durable: its events are now bound to the epoch."""
-        self._submit(lambda: self.valve.checkpoint_sealed(checkpoint_id) and None)
+        def run() -> None:
+            self.valve.checkpoint_sealed(checkpoint_id)
+        self._submit(run)
 
     def batch_committed(self, epoch: int, notify: bool = True) -> None:
         """Spark committed the batch of ``epoch``: complete its futures, then notify."""

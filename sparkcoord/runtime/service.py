@@ -33,6 +33,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+
 from sparkcoord.coordinator import Cancellable, CoordinatorProvider
 from sparkcoord.core.checkpoints import CheckpointAbort, CheckpointTracker
 from sparkcoord.core.codec import DEFAULT_MAX_EVENT_BYTES, EventCodec
