@@ -83,7 +83,8 @@ class OutboundValve:
 
         Raises :class:`AttemptNoLongerLive` if that attempt has failed (nothing is held).
         """
-        self._check_subtask(subtask)
+        if subtask < 0 or subtask >= self.parallelism:  # inlined: this is the hot path
+            self._check_subtask(subtask)
         live = self._attempts[subtask]
         if attempt != live:
             raise AttemptNoLongerLive(

@@ -37,6 +37,7 @@ from sparkcoord.core.codec import EventCodec
 from sparkcoord.core.errors import AttemptNoLongerLive, SparkCoordError, WrongThread
 from sparkcoord.core.valve import OutboundValve
 from sparkcoord.runtime.clock import Clock
+from sparkcoord.runtime.futures import SendFuture
 from sparkcoord.runtime.mailbox import Mailbox
 
 log = logging.getLogger(__name__)
@@ -115,10 +116,10 @@ class CoordinatorHolder:
     def batch_committed(self, epoch: int, notify: bool = True) -> None:
         """Spark committed the batch of ``epoch``: complete its futures, then notify."""
         def run() -> None:
-            for event_id in self.valve.batch_committed(epoch):
-                fut = self._futures.pop(event_id, None)
-                if fut is not None:
-                    fut.set_result(None)
+            pop = self._futures.pop
+            done = [pop(event_id) for event_id in self.valve.batch_committed(epoch)
+                    if event_id in self._futures]
+            SendFuture.complete_all(done)
             if notify:
                 self._callback("notify_checkpoint_complete", epoch)
         self._submit(run)
@@ -309,7 +310,7 @@ class _Gateway(SubtaskGateway):
     def send_event(self, event: Any) -> Future[None]:
         holder = self._holder
         payload = holder.codec.encode(event)
-        fut: Future[None] = Future()
+        fut: Future[None] = SendFuture()
         if holder.mailbox.in_mailbox_thread():
             holder._send(self._generation, self.subtask, self.attempt, payload, fut)
         else:
