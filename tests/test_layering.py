@@ -15,6 +15,8 @@ ALLOWED_INTERNAL = {
     "coordinator": {"core"},
     "runtime": {"core", "coordinator"},
     "testing": {"core", "coordinator", "runtime"},
+    "channel": {"core"},
+    "spark": {"core", "coordinator", "runtime", "channel"},
 }
 FORBIDDEN_IN_CORE = {"pyspark", "socket", "threading", "asyncio", "time", "concurrent",
                      "os", "fsspec", "selectors", "subprocess", "multiprocessing", "signal",

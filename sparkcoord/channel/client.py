@@ -1,0 +1,168 @@
+"""The channel client, used by a subtask inside a Spark task.
+
+Rules:
+  1. Register the task attempt first; then send events numbered 0, 1, ... (no gaps).
+  2. Up to ``window`` events may be unacknowledged; :meth:`flush` waits for every
+     acknowledgement. The task must not finish its batch before ``flush`` returns.
+  3. A REJECT fails the task with the service's reason. A lost connection or a reply that does
+     not come within ``ack_timeout_s`` is retried: reconnect, register again (a duplicate
+     registration is acknowledged), re-send every unacknowledged event with its number; after
+     ``max_retries`` the task fails.
+
+Thread model: one client per task, used from the task's thread only.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections import OrderedDict
+
+from sparkcoord.channel.frames import (
+    HEADER,
+    MAC_SIZE,
+    Event,
+    FrameError,
+    FrameType,
+    Register,
+    Reply,
+    ReplyVerdict,
+    authenticate_and_parse,
+    check_header,
+    encode,
+)
+from sparkcoord.channel.server import recv_exact
+from sparkcoord.core.errors import SparkCoordError
+from sparkcoord.core.ids import TaskAttempt
+
+
+class ChannelRejected(SparkCoordError):
+    """The coordination service refused this task's registration or event."""
+
+
+class ChannelUnavailable(SparkCoordError):
+    """The coordination service could not be reached or did not answer in time."""
+
+
+class ChannelClient:
+    """Sends one task attempt's events to the coordination service."""
+
+    def __init__(self, address: tuple[str, int], secret: bytes, attempt: TaskAttempt, *,
+                 window: int = 64, ack_timeout_s: float = 30.0, max_retries: int = 5) -> None:
+        self.address = address
+        self.secret = secret
+        self.attempt = attempt
+        self.window = window
+        self.ack_timeout_s = ack_timeout_s
+        self.max_retries = max_retries
+        self.execution_attempt = 0
+        self.next_seq = 0
+        self._unacked: OrderedDict[int, bytes] = OrderedDict()  # seq -> encoded frame
+        self._sock: socket.socket | None = None
+        self.reconnects = 0
+
+    # ------------------------------------------------------------------------------- api
+    def register(self) -> int:
+        """Register the attempt; returns the coordinator-visible execution attempt number."""
+        self._with_retries(self._register_once)
+        return self.execution_attempt
+
+    def send(self, payload: bytes) -> int:
+        """Send one encoded event; returns its sequence number. May block on the window."""
+        seq = self.next_seq
+        self.next_seq += 1
+        frame = encode(Event(self.attempt, seq, payload), self.secret)
+        self._unacked[seq] = frame
+        try:
+            self._connected().sendall(frame)
+        except OSError:
+            self.close()
+            self._with_retries(lambda: None)  # reconnects and re-sends everything unacked
+        while len(self._unacked) >= self.window:
+            self._with_retries(self._read_one_reply)
+        return seq
+
+    def flush(self) -> None:
+        """Wait until every sent event is acknowledged (logged and on the coordinator's mailbox)."""
+        while self._unacked:
+            self._with_retries(self._read_one_reply)
+
+    def close(self) -> None:
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            finally:
+                self._sock = None
+
+    # -------------------------------------------------------------------------- internals
+    def _connected(self) -> socket.socket:
+        if self._sock is None:
+            sock = socket.create_connection(self.address, timeout=self.ack_timeout_s)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._sock = sock
+        return self._sock
+
+    def _with_retries(self, action: object) -> None:
+        failures = 0
+        reconnect = False
+        while True:
+            try:
+                if reconnect:
+                    self._resend_all()
+                action()  # type: ignore[operator]
+                return
+            except (OSError, FrameError) as exc:
+                failures += 1
+                self.close()
+                if failures > self.max_retries:
+                    raise ChannelUnavailable(
+                        f"{self.attempt}: channel to {self.address} failed {failures} times: {exc!r}"
+                    ) from exc
+                time.sleep(min(0.02 * 2 ** failures, 1.0))
+                self.reconnects += 1
+                reconnect = True
+
+    def _register_once(self) -> None:
+        self._connected().sendall(encode(Register(self.attempt), self.secret))
+        reply = self._read_reply()
+        while reply.request is not FrameType.REGISTER:
+            self._apply(reply)
+            reply = self._read_reply()
+        self._apply(reply)
+
+    def _resend_all(self) -> None:
+        # After a reconnect: register again (acknowledged as a duplicate), then every
+        # unacknowledged event again, in order, with its own number.
+        sock = self._connected()
+        sock.sendall(encode(Register(self.attempt), self.secret))
+        reply = self._read_reply()
+        self._apply(reply)
+        for frame in list(self._unacked.values()):
+            sock.sendall(frame)
+
+    def _read_one_reply(self) -> None:
+        self._apply(self._read_reply())
+
+    def _read_reply(self) -> Reply:
+        sock = self._connected()
+        head = recv_exact(sock, HEADER.size + MAC_SIZE)
+        if head is None:
+            raise OSError("the coordination service closed the connection")
+        header, mac = head[:HEADER.size], head[HEADER.size:]
+        _, length = check_header(header, 1 << 16)
+        body = recv_exact(sock, length)
+        if body is None:
+            raise OSError("connection closed in the middle of a reply")
+        message = authenticate_and_parse(header, mac, body, self.secret)
+        if not isinstance(message, Reply):
+            raise FrameError(f"expected a reply, got {type(message).__name__}")
+        return message
+
+    def _apply(self, reply: Reply) -> None:
+        if reply.verdict is ReplyVerdict.REJECT:
+            what = "registration" if reply.request is FrameType.REGISTER else f"event {reply.seq}"
+            raise ChannelRejected(f"{self.attempt}: the coordination service refused {what}: "
+                                  f"{reply.reason}")
+        self.execution_attempt = reply.execution_attempt
+        if reply.request is FrameType.EVENT:
+            self._unacked.pop(reply.seq, None)

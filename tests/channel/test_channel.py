@@ -1,0 +1,178 @@
+"""The channel over real loopback TCP against the real coordination service."""
+
+from __future__ import annotations
+
+import pickle
+import socket
+import struct
+from typing import Any
+
+import pytest
+
+from sparkcoord import OperatorCoordinator
+from sparkcoord.channel.client import ChannelClient, ChannelRejected
+from sparkcoord.channel.frames import (
+    HEADER,
+    Event,
+    FrameError,
+    Register,
+    authenticate_and_parse,
+    check_header,
+    encode,
+)
+from sparkcoord.channel.server import ChannelServer
+from sparkcoord.core.ids import SubtaskId, TaskAttempt
+from sparkcoord.testing import CoordinatorHarness
+
+SECRET = b"s" * 32
+
+
+class Collect(OperatorCoordinator):
+    def start(self) -> None:
+        self.got: list[Any] = []
+
+    def handle_event_from_operator(self, subtask: int, attempt: int, event: Any) -> None:
+        self.got.append((subtask, event))
+
+
+@pytest.fixture()
+def setup():
+    h = CoordinatorHarness(Collect, 2, name="op")
+    h.start()
+    h.checkpoint()
+    server = ChannelServer(h.service, SECRET).start()
+    yield h, server
+    server.close()
+
+
+def attempt(h: CoordinatorHarness, subtask: int, number: int = 0) -> TaskAttempt:
+    return TaskAttempt(h.service.run_id, SubtaskId("op", subtask), h.epoch, number)
+
+
+def test_frames_round_trip_and_are_authenticated() -> None:
+    a = TaskAttempt("run", SubtaskId("op", 3), 7, 1)
+    frame = encode(Event(a, 5, b"payload"), SECRET)
+    header, mac, body = frame[:HEADER.size], frame[HEADER.size:HEADER.size + 32], frame[HEADER.size + 32:]
+    assert authenticate_and_parse(header, mac, body, SECRET) == Event(a, 5, b"payload")
+    with pytest.raises(FrameError, match="authentication failed"):
+        authenticate_and_parse(header, mac, body, b"x" * 32)
+    with pytest.raises(FrameError, match="authentication failed"):
+        authenticate_and_parse(header, mac, body[:-1] + b"!", SECRET)
+
+
+def test_bad_headers_are_named() -> None:
+    with pytest.raises(FrameError, match="magic"):
+        check_header(struct.pack(">2sBBI", b"GE", 1, 1, 0), 100)
+    with pytest.raises(FrameError, match="version 9"):
+        check_header(struct.pack(">2sBBI", b"SC", 9, 1, 0), 100)
+    with pytest.raises(FrameError, match="unknown frame type 77"):
+        check_header(struct.pack(">2sBBI", b"SC", 1, 77, 0), 100)
+    with pytest.raises(FrameError, match="exceeds the limit"):
+        check_header(struct.pack(">2sBBI", b"SC", 1, 2, 101), 100)
+
+
+def test_events_from_a_task_reach_the_coordinator_in_order_and_are_acknowledged(setup) -> None:
+    h, server = setup
+    client = ChannelClient(server.address, SECRET, attempt(h, 1))
+    client.register()
+    for i in range(200):
+        client.send(pickle.dumps(i))
+    client.flush()
+    client.close()
+    h.run()
+    assert h.coordinator.got == [(1, i) for i in range(200)]
+
+
+def test_a_lost_ack_is_retried_with_the_same_number_and_applied_once(setup) -> None:
+    h, server = setup
+    dropped = []
+
+    def lose_ack_of_event_3(message: object) -> str | None:
+        if isinstance(message, Event) and message.seq == 3 and not dropped:
+            dropped.append(message.seq)
+            return "drop-after"
+        return None
+
+    server.fault = lose_ack_of_event_3
+    client = ChannelClient(server.address, SECRET, attempt(h, 0), ack_timeout_s=5)
+    client.register()
+    for i in range(6):
+        client.send(pickle.dumps(i))
+    client.flush()
+    h.run()
+    assert dropped == [3] and client.reconnects >= 1
+    assert h.coordinator.got == [(0, i) for i in range(6)]
+
+
+def test_a_connection_dropped_while_sending_loses_nothing(setup) -> None:
+    h, server = setup
+    drops = []
+
+    def drop_event_2_once(message: object) -> str | None:
+        if isinstance(message, Event) and message.seq == 2 and not drops:
+            drops.append(1)
+            return "drop-before"
+        return None
+
+    server.fault = drop_event_2_once
+    client = ChannelClient(server.address, SECRET, attempt(h, 0), ack_timeout_s=5)
+    client.register()
+    for i in range(5):
+        client.send(pickle.dumps(i))
+    client.flush()
+    h.run()
+    assert h.coordinator.got == [(0, i) for i in range(5)]
+
+
+def test_a_rejected_registration_fails_the_task_with_the_reason(setup) -> None:
+    h, server = setup
+    stale = TaskAttempt("another-run", SubtaskId("op", 0), h.epoch, 0)
+    client = ChannelClient(server.address, SECRET, stale)
+    with pytest.raises(ChannelRejected, match="not the current run"):
+        client.register()
+
+
+def raw_exchange(address: tuple[str, int], data: bytes) -> bytes:
+    with socket.create_connection(address, timeout=5) as s:
+        s.sendall(data)
+        s.shutdown(socket.SHUT_WR)
+        return s.recv(1024)
+
+
+def test_forged_garbage_and_truncated_frames_are_dropped_and_the_server_keeps_serving(setup) -> None:
+    h, server = setup
+    a = attempt(h, 0)
+    good = encode(Register(a), SECRET)
+    forged = encode(Register(a), b"w" * 32)  # wrong secret
+    tampered = bytearray(encode(Event(a, 0, pickle.dumps("evil")), SECRET))
+    tampered[-1] ^= 1
+    for junk in (forged, bytes(tampered), b"GET / HTTP/1.1\r\n\r\n" + bytes(40), good[:20]):
+        assert raw_exchange(server.address, junk) == b""
+    assert server.dropped_connections == 4
+    h.run()
+    assert h.coordinator.got == []
+    client = ChannelClient(server.address, SECRET, attempt(h, 0))
+    client.register()
+    client.send(pickle.dumps("fine"))
+    client.flush()
+    h.run()
+    assert h.coordinator.got == [(0, "fine")]
+
+
+def test_an_event_the_driver_cannot_unpickle_is_refused_with_a_clear_reason(setup) -> None:
+    h, server = setup
+    client = ChannelClient(server.address, SECRET, attempt(h, 0))
+    client.register()
+    client.send(b"\x80\x05not a pickle")
+    with pytest.raises(ChannelRejected, match="cannot be unpickled on the driver"):
+        client.flush()
+
+
+def test_the_server_binds_to_loopback_by_default(setup) -> None:
+    _, server = setup
+    assert server.address[0] == "127.0.0.1"
+
+
+def test_a_short_secret_is_refused() -> None:
+    with pytest.raises(ValueError, match="16 bytes"):
+        ChannelServer(None, b"short")  # type: ignore[arg-type]
