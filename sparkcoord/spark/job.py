@@ -1,0 +1,153 @@
+"""The job runner: builds coordinated sources and runs a query under a restart strategy.
+
+Thread model: the user's driver program thread. The coordination itself runs in Spark's source
+runner process; this side only starts, watches and restarts the query.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sparkcoord.coordinator import CoordinatorProvider
+from sparkcoord.core.errors import SparkCoordError
+from sparkcoord.runtime.restart import FixedDelay, RestartStrategy
+from sparkcoord.runtime.service import ServiceConfig
+from sparkcoord.spark.operator import SubtaskOperator
+from sparkcoord.spark.source import FORMAT, CoordinatedSource, OperatorSpec, SourceSpec
+
+log = logging.getLogger(__name__)
+
+__all__ = ["CoordinatedJob", "JobGaveUp", "OperatorSpec", "RunReport"]
+
+
+class JobGaveUp(SparkCoordError):
+    """The query failed and the restart strategy allows no further restart."""
+
+
+@dataclass
+class RunReport:
+    """What happened in :meth:`CoordinatedJob.run`."""
+
+    restarts: int = 0
+    failures: list[str] = field(default_factory=list)
+    batches: int = 0
+
+
+class CoordinatedJob:
+    """A coordinated streaming job on one checkpoint directory.
+
+    Layout: ``<checkpoint_dir>/spark`` is the query's own checkpoint location;
+    ``<checkpoint_dir>/coordination/<source name>`` holds sparkcoord's records, inbound logs
+    and subtask state.
+    """
+
+    def __init__(self, spark: Any, checkpoint_dir: str, *, config: ServiceConfig | None = None,
+                 checkpoint_interval_s: float | None = None, channel_host: str = "127.0.0.1",
+                 channel_advertised_host: str | None = None, retain: int = 3,
+                 fsync: bool = False) -> None:
+        self.spark = spark
+        self.checkpoint_dir = (os.path.abspath(checkpoint_dir) if "://" not in checkpoint_dir
+                               else checkpoint_dir.rstrip("/"))
+        self.config = config or ServiceConfig()
+        self.checkpoint_interval_s = checkpoint_interval_s
+        self.channel_host = channel_host
+        self.channel_advertised_host = channel_advertised_host
+        self.retain = retain
+        self.fsync = fsync
+        self._names: set[str] = set()
+        spark.dataSource.register(CoordinatedSource)
+
+    @property
+    def spark_checkpoint(self) -> str:
+        return f"{self.checkpoint_dir}/spark"
+
+    def coordination_url(self, source: str) -> str:
+        return f"{self.checkpoint_dir}/coordination/{source}"
+
+    def source(self, operator: Callable[[], SubtaskOperator], coordinator: CoordinatorProvider,
+               parallelism: int, schema: str, name: str = "coordinated") -> Any:
+        """A streaming DataFrame from one coordinated operator (driver program thread)."""
+        return self.sources([OperatorSpec(name, coordinator, operator, parallelism)], schema, name)
+
+    def sources(self, operators: Sequence[OperatorSpec], schema: str,
+                name: str = "coordinated") -> Any:
+        """A streaming DataFrame whose partitions are the subtasks of several operators, each
+        with its own coordinator; all checkpointed together."""
+        if name in self._names:
+            raise ValueError(f"this job already has a coordinated source named {name!r}")
+        names = [op.name for op in operators]
+        if not operators or len(set(names)) != len(names):
+            raise ValueError(f"operators need unique names, got {names}")
+        self._names.add(name)
+        spec = SourceSpec(name, self.coordination_url(name), list(operators), schema, self.config,
+                          self.checkpoint_interval_s, self.channel_host,
+                          self.channel_advertised_host, self.retain, self.fsync)
+        return self.spark.readStream.format(FORMAT).option("spec", spec.encode()).load()
+
+    def check_cluster_settings(self) -> None:
+        """Refuse settings that break the guarantee (speculative execution: two live attempts)."""
+        conf = self.spark.sparkContext.getConf()
+        if conf.get("spark.speculation", "false").lower() == "true":
+            raise SparkCoordError("spark.speculation=true runs two live attempts of a subtask, "
+                                  "which breaks exactly-once coordination: disable it")
+
+    def run(self, writer: Any, *, restart: RestartStrategy | None = None,
+            until: Callable[[], bool] | None = None, poll_s: float = 0.5,
+            timeout_s: float | None = None,
+            on_failure: Callable[[str], None] | None = None) -> RunReport:
+        """Start ``writer`` on the job's checkpoint location and keep it running.
+
+        Returns when the query terminates by itself (e.g. ``availableNow``) or when ``until()``
+        becomes true (then the query is stopped). A failed query is restarted on the same
+        checkpoint location after the delay the restart strategy gives, until it gives up
+        (:class:`JobGaveUp`, naming every failure). Driver program thread; blocks.
+        """
+        from pyspark.errors import StreamingQueryException
+
+        self.check_cluster_settings()
+        strategy = restart or FixedDelay(attempts=3, delay_s=1.0)
+        report = RunReport()
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            query = writer.option("checkpointLocation", self.spark_checkpoint).start()
+            try:
+                if until is None:
+                    query.awaitTermination()
+                    report.batches += _batches(query)
+                    return report
+                while not until():
+                    if deadline is not None and time.monotonic() > deadline:
+                        query.stop()
+                        raise TimeoutError(f"job not done after {timeout_s}s; "
+                                           f"failures so far: {report.failures}")
+                    if query.awaitTermination(poll_s):
+                        report.batches += _batches(query)
+                        return report
+                report.batches += _batches(query)
+                query.stop()
+                return report
+            except StreamingQueryException as exc:
+                cause = str(exc)
+                report.failures.append(cause)
+                if on_failure is not None:
+                    on_failure(cause)
+                report.batches += _batches(query)
+                delay = strategy.next_delay(time.monotonic())
+                if delay is None:
+                    raise JobGaveUp(f"query failed {len(report.failures)} times; the restart "
+                                    f"strategy gave up. Last failure: {cause}") from exc
+                log.warning("query failed, restarting in %.1fs: %s", delay, cause.splitlines()[0])
+                report.restarts += 1
+                time.sleep(delay)
+
+
+def _batches(query: Any) -> int:
+    try:
+        return len(query.recentProgress)
+    except Exception:  # noqa: BLE001 - progress is informational
+        return 0

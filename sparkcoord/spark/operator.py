@@ -1,0 +1,69 @@
+"""The subtask side a user implements: one instance per subtask per batch, in a Spark task."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+
+class SubtaskContext:
+    """What a subtask knows and may do. Created by the runtime for each task attempt.
+
+    Thread model: used from the Spark task's thread only.
+    """
+
+    def __init__(self, operator_id: str, subtask: int, parallelism: int, epoch: int,
+                 attempt: int, spark_attempt: int, send: Callable[[Any], None]) -> None:
+        self.operator_id = operator_id
+        self.subtask = subtask
+        self.parallelism = parallelism
+        self.epoch = epoch
+        #: the execution attempt number the coordinator sees for this subtask
+        self.attempt = attempt
+        #: Spark's task attempt number within this batch (0 = first try)
+        self.spark_attempt = spark_attempt
+        self._send = send
+
+    def send_event(self, event: Any) -> None:
+        """Send ``event`` to the coordinator. Task thread.
+
+        Pickled here: an unpicklable or oversized event raises at once. The task does not end
+        its batch before every event it sent is acknowledged (logged durably and queued on the
+        coordinator's mailbox); the coordinator handles it exactly once in the surviving state.
+        """
+        self._send(event)
+
+
+class SubtaskOperator:
+    """Base class of the operator a coordinated source runs in each Spark task.
+
+    Per batch, in one Python worker of an executor: ``open`` with the state of the previous
+    epoch (``None`` at first), ``handle_operator_event`` for every event the coordinator sealed
+    into this epoch, in send order, before any data, then ``process``, then ``snapshot_state``
+    (stored for the next batch and for retries), then ``close``. Rows are tuples matching the
+    source's schema; yield them from ``handle_operator_event`` and ``process``.
+
+    Operators must be deterministic: a retried or replayed batch gets the same state and events
+    and must send the same events back.
+    """
+
+    context: SubtaskContext
+
+    def open(self, context: SubtaskContext, state: Any) -> None:
+        """Start of the batch, with the state snapshotted at the end of the previous one."""
+        self.context = context
+
+    def handle_operator_event(self, event: Any) -> Iterable[tuple[Any, ...]] | None:
+        """One event from the coordinator. May yield rows."""
+        return None
+
+    def process(self) -> Iterable[tuple[Any, ...]] | None:
+        """After the epoch's events: the data of the batch (e.g. read the assigned splits)."""
+        return None
+
+    def snapshot_state(self) -> Any:
+        """Small picklable state for the next batch. Large keyed state belongs in Spark."""
+        return None
+
+    def close(self) -> None:
+        """End of the batch (also after a failure)."""

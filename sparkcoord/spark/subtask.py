@@ -1,0 +1,61 @@
+"""The subtask runtime on executors: one subtask for one batch, inside a Spark task.
+
+Order (DESIGN rule 4 and 10): register the task attempt with the service (a retry is detected
+there and handled before this attempt's events are accepted), restore the state of the newest
+earlier epoch, open the operator, hand it every event of the epoch in send order before any
+data, ``process``, wait until every event sent to the coordinator is acknowledged, store the
+state for this epoch, close.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Iterator
+from typing import Any
+
+from sparkcoord.channel.client import ChannelClient
+from sparkcoord.core.codec import EventCodec
+from sparkcoord.core.ids import SubtaskId, TaskAttempt
+from sparkcoord.runtime.storage import CheckpointStorage
+from sparkcoord.spark.operator import SubtaskContext, SubtaskOperator
+from sparkcoord.spark.source import CoordinatedPartition, SourceSpec
+
+
+def spark_attempt_number() -> int:
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    return context.attemptNumber() if context is not None else 0
+
+
+def run_subtask(spec: SourceSpec, p: CoordinatedPartition) -> Iterator[tuple[Any, ...]]:
+    """Generator of the subtask's rows for the batch of ``p.epoch`` (task thread)."""
+    op_spec = spec.operator(p.operator)
+    sid = SubtaskId(p.operator, p.index)
+    number = spark_attempt_number()
+    client = ChannelClient(p.address, p.secret, TaskAttempt(p.run_id, sid, p.epoch, number))
+    execution_attempt = client.register()
+    storage = CheckpointStorage(spec.checkpoint_url, retain=spec.retain, fsync=spec.fsync)
+    restored = storage.read_subtask_state(sid, p.epoch)
+    state = pickle.loads(restored[1]) if restored is not None else None
+    codec = EventCodec(spec.config.max_event_bytes)
+    context = SubtaskContext(p.operator, p.index, op_spec.parallelism, p.epoch,
+                             execution_attempt, number, lambda e: client.send(codec.encode(e)))
+    operator: SubtaskOperator = op_spec.operator()
+    try:
+        operator.open(context, state)
+        for payload in p.events:
+            rows = operator.handle_operator_event(pickle.loads(payload))
+            if rows is not None:
+                yield from rows
+        rows = operator.process()
+        if rows is not None:
+            yield from rows
+        client.flush()
+        storage.write_subtask_state(sid, p.epoch, pickle.dumps(operator.snapshot_state(),
+                                                               protocol=pickle.HIGHEST_PROTOCOL))
+    finally:
+        try:
+            operator.close()
+        finally:
+            client.close()

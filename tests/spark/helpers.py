@@ -1,0 +1,64 @@
+"""Helpers for the Spark tests: run a numbers job until its sink holds what it should."""
+
+from __future__ import annotations
+
+import functools
+import os
+import pickle
+from typing import Any
+
+from sparkcoord.core.ids import SubtaskId
+from sparkcoord.examples.numbers import NumberCollector, NumbersCoordinator
+from sparkcoord.runtime.storage import CheckpointStorage
+from sparkcoord.spark import CoordinatedJob
+
+SCHEMA = "operator string, subtask int, value int, epoch int"
+
+
+def sink_rows(spark: Any, path: str) -> list[Any]:
+    if not os.path.exists(os.path.join(path, "_spark_metadata")):
+        return []
+    try:
+        return spark.read.parquet(path).collect()
+    except Exception:  # noqa: BLE001 - nothing committed yet
+        return []
+
+
+def values_by_subtask(rows: list[Any]) -> dict[tuple[str, int], list[int]]:
+    out: dict[tuple[str, int], list[int]] = {}
+    for r in sorted(rows, key=lambda r: (r.operator, r.subtask, r.epoch)):
+        out.setdefault((r.operator, r.subtask), []).append(r.value)
+    return out
+
+
+def numbers_job(spark: Any, root: str, *, total: int, parallelism: int = 2,
+                fail_job_at: int | None = None, fail_task_at: int | None = None,
+                name: str = "numbers", **job_options: Any) -> tuple[CoordinatedJob, Any]:
+    markers = os.path.join(root, "markers")
+    job = CoordinatedJob(spark, os.path.join(root, "ckpt"), **job_options)
+    coordinator = functools.partial(NumbersCoordinator, total=total, per_tick=3, interval_s=0.02,
+                                    fail_job_at=fail_job_at, marker_dir=markers)
+    operator = functools.partial(NumberCollector, fail_task_at=fail_task_at, marker_dir=markers)
+    df = job.source(operator, coordinator, parallelism, SCHEMA, name=name)
+    return job, df
+
+
+def run_until_rows(spark: Any, job: CoordinatedJob, df: Any, out: str, expected: int,
+                   **run_options: Any) -> Any:
+    writer = (df.writeStream.format("parquet").option("path", out)
+              .trigger(processingTime="0 seconds"))
+    return job.run(writer, until=lambda: len(sink_rows(spark, out)) >= expected, poll_s=0.5,
+                   timeout_s=240, **run_options)
+
+
+def latest_state(job: CoordinatedJob, source: str, operator: str, subtask: int) -> Any:
+    storage = CheckpointStorage(job.coordination_url(source))
+    found = storage.read_subtask_state(SubtaskId(operator, subtask), 1 << 62)
+    return pickle.loads(found[1]) if found else None
+
+
+def latest_snapshot(job: CoordinatedJob, source: str, operator: str) -> Any:
+    storage = CheckpointStorage(job.coordination_url(source))
+    epochs = [int(p.rsplit("/", 1)[1][:-5]) for p in storage.fs.ls(f"{storage.root}/records", detail=False)
+              if p.endswith(".ckpt")]
+    return pickle.loads(storage.read_record(max(epochs)).snapshots[operator])
