@@ -3,7 +3,8 @@
 ``NumbersCoordinator`` sends ``Number(subtask, k)`` for k = 0..total-1 to every subtask, a few
 per tick, from a timer on its mailbox, and records the reports the subtasks send back.
 ``NumberCollector`` keeps every number it received in its state, emits ``(operator, subtask,
-value, epoch)`` rows, and reports each number back to the coordinator.
+value, position, epoch)`` rows (see ``SCHEMA``), and reports each number back to the
+coordinator.
 
 Failures are injected once per job, remembered by marker files in ``marker_dir`` (an external
 side effect, so that a restarted query does not inject them again).
@@ -18,6 +19,9 @@ from typing import Any
 
 from sparkcoord.coordinator import CoordinatorContext, OperatorCoordinator
 from sparkcoord.spark.operator import SubtaskContext, SubtaskOperator
+
+
+SCHEMA = "operator string, subtask int, value int, position int, epoch int"
 
 
 @dataclass(frozen=True)
@@ -97,7 +101,9 @@ class NumberCollector(SubtaskOperator):
             raise RuntimeError(f"injected task failure at number {event.value}")
         self.seen.append(event.value)
         ctx.send_event(("got", event.value))
-        yield (ctx.operator_id, ctx.subtask, event.value, ctx.epoch)
+        # position = how many numbers this subtask held before: equal to the value when every
+        # number arrived exactly once and in order
+        yield (ctx.operator_id, ctx.subtask, event.value, len(self.seen) - 1, ctx.epoch)
 
     def snapshot_state(self) -> Any:
         return self.seen

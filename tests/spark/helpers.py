@@ -8,11 +8,10 @@ import pickle
 from typing import Any
 
 from sparkcoord.core.ids import SubtaskId
-from sparkcoord.examples.numbers import NumberCollector, NumbersCoordinator
+from sparkcoord.examples.numbers import SCHEMA, NumberCollector, NumbersCoordinator
 from sparkcoord.runtime.storage import CheckpointStorage
 from sparkcoord.spark import CoordinatedJob
 
-SCHEMA = "operator string, subtask int, value int, epoch int"
 
 
 def sink_rows(spark: Any, path: str) -> list[Any]:
@@ -25,8 +24,9 @@ def sink_rows(spark: Any, path: str) -> list[Any]:
 
 
 def values_by_subtask(rows: list[Any]) -> dict[tuple[str, int], list[int]]:
+    """Each subtask's values in the order it received them (by the position it recorded)."""
     out: dict[tuple[str, int], list[int]] = {}
-    for r in sorted(rows, key=lambda r: (r.operator, r.subtask, r.epoch)):
+    for r in sorted(rows, key=lambda r: (r.operator, r.subtask, r.position, r.epoch)):
         out.setdefault((r.operator, r.subtask), []).append(r.value)
     return out
 

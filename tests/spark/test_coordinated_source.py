@@ -12,8 +12,8 @@ import pytest
 
 from sparkcoord.runtime.restart import NoRestart
 from sparkcoord.spark import JobGaveUp, SubtaskOperator
+from sparkcoord.examples.numbers import SCHEMA
 from tests.spark.helpers import (
-    SCHEMA,
     latest_snapshot,
     latest_state,
     numbers_job,
