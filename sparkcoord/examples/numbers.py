@@ -20,7 +20,6 @@ from typing import Any
 from sparkcoord.coordinator import CoordinatorContext, OperatorCoordinator
 from sparkcoord.spark.operator import SubtaskContext, SubtaskOperator
 
-
 SCHEMA = "operator string, subtask int, value int, position int, epoch int"
 
 

@@ -13,7 +13,6 @@ from sparkcoord.runtime.storage import CheckpointStorage
 from sparkcoord.spark import CoordinatedJob
 
 
-
 def sink_rows(spark: Any, path: str) -> list[Any]:
     if not os.path.exists(os.path.join(path, "_spark_metadata")):
         return []

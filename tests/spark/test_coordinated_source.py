@@ -10,9 +10,9 @@ import threading
 
 import pytest
 
+from sparkcoord.examples.numbers import SCHEMA
 from sparkcoord.runtime.restart import NoRestart
 from sparkcoord.spark import JobGaveUp, SubtaskOperator
-from sparkcoord.examples.numbers import SCHEMA
 from tests.spark.helpers import (
     latest_snapshot,
     latest_state,
