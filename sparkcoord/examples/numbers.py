@@ -85,9 +85,11 @@ class NumbersCoordinator(OperatorCoordinator):
 class NumberCollector(SubtaskOperator):
     """Emits every number it gets; optionally fails its task once at ``fail_task_at``."""
 
-    def __init__(self, fail_task_at: int | None = None, marker_dir: str | None = None) -> None:
+    def __init__(self, fail_task_at: int | None = None, marker_dir: str | None = None,
+                 report: bool = True) -> None:
         self.fail_task_at = fail_task_at
         self.marker_dir = marker_dir
+        self.report = report
 
     def open(self, context: SubtaskContext, state: Any) -> None:
         super().open(context, state)
@@ -99,7 +101,8 @@ class NumberCollector(SubtaskOperator):
                 and _once(self.marker_dir, f"fail_task-{ctx.operator_id}-{ctx.subtask}")):
             raise RuntimeError(f"injected task failure at number {event.value}")
         self.seen.append(event.value)
-        ctx.send_event(("got", event.value))
+        if self.report:
+            ctx.send_event(("got", event.value))
         # position = how many numbers this subtask held before: equal to the value when every
         # number arrived exactly once and in order
         yield (ctx.operator_id, ctx.subtask, event.value, len(self.seen) - 1, ctx.epoch)
