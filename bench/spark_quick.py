@@ -38,6 +38,13 @@ class Holding(OperatorCoordinator):
         result.set_result({"n": checkpoint_id})
 
 
+def _burst(holder: Any, events: int, parallelism: int, done: Future[None]) -> None:
+    gws = holder.coordinator.ready_gateways()
+    for i in range(events):
+        gws[i % parallelism][1].send_event(("e", i))
+    done.set_result(None)
+
+
 def measure_seal(parallelism: int = 8, events: int = 1000, rounds: int = 30) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         service = CoordinationService([CoordinatorSpec("op", Holding, parallelism)],
@@ -47,14 +54,8 @@ def measure_seal(parallelism: int = 8, events: int = 1000, rounds: int = 30) -> 
         try:
             for epoch in range(rounds):
                 holder = service.holders["op"]
-                done = Future()
-
-                def burst() -> None:
-                    gws = holder.coordinator.ready_gateways()
-                    for i in range(events):
-                        gws[i % parallelism][1].send_event(("e", i))
-                    done.set_result(None)
-                holder.mailbox.execute(burst)
+                done: Future[None] = Future()
+                holder.mailbox.execute(functools.partial(_burst, holder, events, parallelism, done))
                 done.result(10)
                 t0 = time.perf_counter()
                 record = service.checkpoint(epoch)
