@@ -21,7 +21,9 @@ from collections import OrderedDict
 from sparkcoord.channel.frames import (
     HEADER,
     MAC_SIZE,
+    Delivery,
     Event,
+    Fetch,
     FrameError,
     FrameType,
     Register,
@@ -62,6 +64,24 @@ class ChannelClient:
         self.reconnects = 0
 
     # ------------------------------------------------------------------------------- api
+    def fetch(self, operator: str, index: int, epoch: int) -> Delivery:
+        """Ask for a downstream subtask's events of ``epoch`` (before registering)."""
+        result: list[Delivery] = []
+
+        def once() -> None:
+            sock = self._connected()
+            sock.sendall(encode(Fetch(operator, index, epoch), self.secret))
+            message = self._read_message()
+            if not isinstance(message, Delivery):
+                raise FrameError(f"expected a delivery, got {type(message).__name__}")
+            result.append(message)
+
+        self._with_retries(once, resend=False)
+        delivery = result[-1]
+        if delivery.reason:
+            raise ChannelRejected(f"{operator}[{index}]: no events for epoch {epoch}: {delivery.reason}")
+        return delivery
+
     def register(self) -> int:
         """Register the attempt; returns the coordinator-visible execution attempt number."""
         self._with_retries(self._register_once)
@@ -102,12 +122,12 @@ class ChannelClient:
             self._sock = sock
         return self._sock
 
-    def _with_retries(self, action: object) -> None:
+    def _with_retries(self, action: object, resend: bool = True) -> None:
         failures = 0
         reconnect = False
         while True:
             try:
-                if reconnect:
+                if reconnect and resend:
                     self._resend_all()
                 action()  # type: ignore[operator]
                 return
@@ -143,17 +163,20 @@ class ChannelClient:
     def _read_one_reply(self) -> None:
         self._apply(self._read_reply())
 
-    def _read_reply(self) -> Reply:
+    def _read_message(self) -> object:
         sock = self._connected()
         head = recv_exact(sock, HEADER.size + MAC_SIZE)
         if head is None:
             raise OSError("the coordination service closed the connection")
         header, mac = head[:HEADER.size], head[HEADER.size:]
-        _, length = check_header(header, 1 << 16)
+        _, length = check_header(header, 1 << 30)
         body = recv_exact(sock, length)
         if body is None:
             raise OSError("connection closed in the middle of a reply")
-        message = authenticate_and_parse(header, mac, body, self.secret)
+        return authenticate_and_parse(header, mac, body, self.secret)
+
+    def _read_reply(self) -> Reply:
+        message = self._read_message()
         if not isinstance(message, Reply):
             raise FrameError(f"expected a reply, got {type(message).__name__}")
         return message

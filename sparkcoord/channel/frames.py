@@ -39,6 +39,8 @@ class FrameType(enum.IntEnum):
     REGISTER = 1
     EVENT = 2
     REPLY = 3
+    FETCH = 4
+    DELIVERY = 5
 
 
 class ReplyVerdict(enum.IntEnum):
@@ -68,7 +70,27 @@ class Reply:
     reason: str
 
 
-Message = Register | Event | Reply
+@dataclass(frozen=True, slots=True)
+class Fetch:
+    """A downstream subtask asks for its events of ``epoch`` (it knows the epoch from Spark's
+    offset log; it does not know the run yet)."""
+
+    operator: str
+    index: int
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """The answer to a Fetch: the run id and the events, or a refusal reason."""
+
+    run: str
+    epoch: int
+    events: tuple[bytes, ...]
+    reason: str = ""
+
+
+Message = Register | Event | Reply | Fetch | Delivery
 
 
 def _text(s: str) -> bytes:
@@ -87,10 +109,19 @@ def encode(message: Message, secret: bytes) -> bytes:
     elif isinstance(message, Event):
         kind = FrameType.EVENT
         body = _attempt(message.attempt) + _SEQ.pack(message.seq) + message.payload
-    else:
+    elif isinstance(message, Reply):
         kind = FrameType.REPLY
         body = _REPLY.pack(message.request, message.seq, message.verdict,
                            message.execution_attempt) + message.reason.encode()
+    elif isinstance(message, Fetch):
+        kind = FrameType.FETCH
+        body = _text(message.operator) + struct.pack(">Iq", message.index, message.epoch)
+    else:
+        kind = FrameType.DELIVERY
+        events = message.events
+        body = b"".join([_text(message.run), _text(message.reason),
+                         struct.pack(f">qI{len(events)}I", message.epoch, len(events),
+                                     *map(len, events)), *events])
     header = HEADER.pack(MAGIC, VERSION, kind, len(body))
     mac = hmac.new(secret, header + body, hashlib.sha256).digest()
     return header + mac + body
@@ -141,6 +172,26 @@ def _parse(frame_type: FrameType, body: memoryview) -> Message:
         request, seq, verdict, execution_attempt = _REPLY.unpack_from(body, 0)
         return Reply(FrameType(request), seq, ReplyVerdict(verdict), execution_attempt,
                      bytes(body[_REPLY.size:]).decode())
+    if frame_type is FrameType.FETCH:
+        operator = text()
+        index, epoch = struct.unpack_from(">Iq", body, pos)
+        if pos + 12 != len(body):
+            raise ValueError("trailing bytes after a fetch")
+        return Fetch(operator, index, epoch)
+    if frame_type is FrameType.DELIVERY:
+        run = text()
+        reason = text()
+        epoch, count = struct.unpack_from(">qI", body, pos)
+        pos += 12
+        lengths = struct.unpack_from(f">{count}I", body, pos)
+        pos += 4 * count
+        if pos + sum(lengths) != len(body):
+            raise ValueError("delivery lengths do not match the frame")
+        events = []
+        for n in lengths:
+            events.append(bytes(body[pos:pos + n]))
+            pos += n
+        return Delivery(run, epoch, tuple(events), reason)
     run = text()
     operator = text()
     index, epoch, number = _ATTEMPT.unpack_from(body, pos)

@@ -23,7 +23,9 @@ from typing import Protocol
 from sparkcoord.channel.frames import (
     HEADER,
     MAC_SIZE,
+    Delivery,
     Event,
+    Fetch,
     FrameError,
     FrameType,
     Register,
@@ -50,6 +52,12 @@ class InboundHandler(Protocol):
     def event_received(self, attempt: TaskAttempt, seq: int, payload: bytes) -> InboundDecision: ...
 
 
+class DeliveryHandler(Protocol):
+    """Serves Fetch requests of downstream subtasks (optional)."""
+
+    def fetch(self, operator: str, index: int, epoch: int) -> Delivery: ...
+
+
 def recv_exact(sock: socket.socket, n: int) -> bytes | None:
     """Read exactly ``n`` bytes; None if the peer closed before sending any of them.
 
@@ -72,10 +80,12 @@ class ChannelServer:
     """Serves subtask connections for one coordination service."""
 
     def __init__(self, handler: InboundHandler, secret: bytes, *, host: str = "127.0.0.1",
-                 port: int = 0, max_frame_bytes: int = (1 << 20) + 4096) -> None:
+                 port: int = 0, max_frame_bytes: int = (1 << 20) + 4096,
+                 deliveries: DeliveryHandler | None = None) -> None:
         if len(secret) < 16:
             raise ValueError("the channel secret must be at least 16 bytes")
         self.handler = handler
+        self.deliveries = deliveries
         self.secret = secret
         self.max_frame_bytes = max_frame_bytes
         #: Test hook, None in normal operation: called with each authenticated message, it may
@@ -149,7 +159,7 @@ class ChannelServer:
             threading.Event().wait(float(action.split(":", 1)[1]))
         return False
 
-    def _dispatch(self, message: object) -> Reply:
+    def _dispatch(self, message: object) -> Reply | Delivery:
         if isinstance(message, Register):
             decision = self.handler.attempt_registered(message.attempt)
             return Reply(FrameType.REGISTER, 0, _VERDICTS[decision.verdict],
@@ -158,4 +168,8 @@ class ChannelServer:
             decision = self.handler.event_received(message.attempt, message.seq, message.payload)
             return Reply(FrameType.EVENT, message.seq, _VERDICTS[decision.verdict],
                          decision.execution_attempt, decision.reason)
+        if isinstance(message, Fetch):
+            if self.deliveries is None:
+                return Delivery("", message.epoch, (), "this server serves no downstream operators")
+            return self.deliveries.fetch(message.operator, message.index, message.epoch)
         raise FrameError(f"a client may not send {type(message).__name__} frames")

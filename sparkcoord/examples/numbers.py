@@ -19,6 +19,7 @@ from typing import Any
 
 from sparkcoord.coordinator import CoordinatorContext, OperatorCoordinator
 from sparkcoord.spark.operator import SubtaskContext, SubtaskOperator
+from sparkcoord.spark.recipient import RecipientOperator
 
 SCHEMA = "operator string, subtask int, value int, position int, epoch int"
 
@@ -109,3 +110,12 @@ class NumberCollector(SubtaskOperator):
 
     def snapshot_state(self) -> Any:
         return self.seen
+
+
+class DownstreamNumberCollector(NumberCollector, RecipientOperator):
+    """The downstream twin of :class:`NumberCollector` (a ``mapInArrow`` recipient): same rows
+    for its events, plus one ``("input", subtask, rows, -1, epoch)`` row per input chunk."""
+
+    def process_input(self, rows: list[dict[str, Any]]) -> Any:
+        if rows:
+            yield ("input", self.context.subtask, len(rows), -1, self.context.epoch)

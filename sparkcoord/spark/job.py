@@ -60,6 +60,7 @@ class CoordinatedJob:
         self.retain = retain
         self.fsync = fsync
         self._names: set[str] = set()
+        self._specs: dict[str, SourceSpec] = {}
         spark.dataSource.register(CoordinatedSource)
 
     @property
@@ -75,19 +76,45 @@ class CoordinatedJob:
         return self.sources([OperatorSpec(name, coordinator, operator, parallelism)], schema, name)
 
     def sources(self, operators: Sequence[OperatorSpec], schema: str,
-                name: str = "coordinated") -> Any:
+                name: str = "coordinated", recipients: Sequence[OperatorSpec] = ()) -> Any:
         """A streaming DataFrame whose partitions are the subtasks of several operators, each
-        with its own coordinator; all checkpointed together."""
+        with its own coordinator; all checkpointed together.
+
+        ``recipients`` are coordinated operators downstream of a shuffle whose coordinators
+        this source hosts; apply each with :meth:`apply`."""
         if name in self._names:
             raise ValueError(f"this job already has a coordinated source named {name!r}")
-        names = [op.name for op in operators]
+        names = [op.name for op in list(operators) + list(recipients)]
         if not operators or len(set(names)) != len(names):
             raise ValueError(f"operators need unique names, got {names}")
         self._names.add(name)
         spec = SourceSpec(name, self.coordination_url(name), list(operators), schema, self.config,
                           self.checkpoint_interval_s, self.channel_host,
-                          self.channel_advertised_host, self.retain, self.fsync)
+                          self.channel_advertised_host, self.retain, self.fsync,
+                          list(recipients), self.spark_checkpoint)
+        self._specs[name] = spec
         return self.spark.readStream.format(FORMAT).option("spec", spec.encode()).load()
+
+    def apply(self, df: Any, operator: str, schema: str, source: str = "coordinated") -> Any:
+        """Run downstream operator ``operator`` of ``source`` on ``df`` (driver program thread).
+
+        ``df`` is repartitioned into the operator's parallelism (subtask = partition id) and
+        mapped with ``mapInArrow``; the result has ``schema``. See
+        :mod:`sparkcoord.spark.recipient` for how batches map to epochs.
+        """
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        from sparkcoord.spark.recipient import RecipientFunction
+
+        spec = self._specs.get(source)
+        if spec is None:
+            raise ValueError(f"no coordinated source {source!r} in this job; create it first")
+        op = spec.operator(operator)
+        if op not in spec.recipients:
+            raise ValueError(f"{operator!r} is not a downstream operator of source {source!r}")
+        struct = self.spark.createDataFrame([], schema).schema
+        fn = RecipientFunction(spec, operator, to_arrow_schema(struct))
+        return df.repartition(op.parallelism).mapInArrow(fn, struct)
 
     def check_cluster_settings(self) -> None:
         """Refuse settings that break the guarantee (speculative execution: two live attempts)."""

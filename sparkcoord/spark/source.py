@@ -36,6 +36,7 @@ from typing import Any
 from pyspark import cloudpickle
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
+from sparkcoord.channel.frames import Delivery
 from sparkcoord.channel.server import ChannelServer
 from sparkcoord.core.ids import NO_EPOCH, SubtaskId
 from sparkcoord.runtime.service import CoordinationService, CoordinatorSpec, ServiceConfig
@@ -75,9 +76,13 @@ class SourceSpec:
     channel_advertised_host: str | None = None
     retain: int = 3
     fsync: bool = False
+    #: coordinated operators downstream of a shuffle, hosted by this source's service
+    recipients: Sequence[OperatorSpec] = ()
+    #: the query's checkpoint location (its offset log maps batch ids to epochs)
+    spark_checkpoint: str | None = None
 
     def operator(self, name: str) -> OperatorSpec:
-        for op in self.operators:
+        for op in list(self.operators) + list(self.recipients):
             if op.name == name:
                 return op
         raise KeyError(f"source {self.name!r} has no operator {name!r}")
@@ -125,20 +130,43 @@ class _DriverSide:
 
     def __init__(self, spec: SourceSpec) -> None:
         storage = CheckpointStorage(spec.checkpoint_url, retain=spec.retain, fsync=spec.fsync)
+        self.spec = spec
         self.service = CoordinationService(
-            [CoordinatorSpec(op.name, op.coordinator, op.parallelism) for op in spec.operators],
+            [CoordinatorSpec(op.name, op.coordinator, op.parallelism)
+             for op in list(spec.operators) + list(spec.recipients)],
             storage, config=spec.config)
         self.secret = secrets.token_bytes(32)
         self.server = ChannelServer(self.service, self.secret, host=spec.channel_host,
-                                    max_frame_bytes=spec.config.max_event_bytes + 4096).start()
+                                    max_frame_bytes=spec.config.max_event_bytes + 4096,
+                                    deliveries=self).start()
         host = spec.channel_advertised_host or self.server.address[0]
         self.address = (host, self.server.address[1])
         self.last_seal = time.monotonic()
         self.closed = False
-        # Diagnostics for operators of the job (never the secret): where this run listens.
-        storage.fs.pipe_file(f"{storage.root}/channel.json", json.dumps(
-            {"host": self.address[0], "port": self.address[1], "pid": os.getpid(),
-             "run": self.service.run_id}).encode())
+        # Where this run listens. Downstream subtasks learn the address and the secret here
+        # (they have no InputPartition of ours); the file is written before the run's first
+        # batch plans, and is as private as the checkpoint directory that holds it.
+        info: dict[str, Any] = {"host": self.address[0], "port": self.address[1],
+                                "pid": os.getpid(), "run": self.service.run_id}
+        if spec.recipients:
+            info["secret"] = self.secret.hex()
+        path = f"{storage.root}/channel.json"
+        storage.fs.pipe_file(path, json.dumps(info).encode())
+        if os.path.exists(path):  # a local file: keep the secret to its owner
+            os.chmod(path, 0o600)
+
+    def fetch(self, operator: str, index: int, epoch: int) -> Delivery:
+        """A downstream subtask asks for its events of ``epoch`` (channel thread)."""
+        svc = self.service
+        if operator not in {op.name for op in self.spec.recipients}:
+            return Delivery("", epoch, (), f"{operator!r} is not a downstream operator of "
+                                           f"source {self.spec.name!r}")
+        if epoch != svc.last_sealed or svc.last_committed >= epoch:
+            return Delivery("", epoch, (), f"epoch {epoch} is not running (last sealed "
+                                           f"{svc.last_sealed}, last committed {svc.last_committed})")
+        record = svc.record_for(epoch)
+        events = tuple(record.events_for(SubtaskId(operator, index))) if record else ()
+        return Delivery(svc.run_id, epoch, events)
 
     def close(self) -> None:
         if not self.closed:

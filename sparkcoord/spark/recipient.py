@@ -1,0 +1,155 @@
+"""A coordinated operator downstream of a shuffle: a ``mapInArrow`` function whose subtask is
+the Spark partition id.
+
+Rules (DESIGN rule 11, SPARK_NOTES):
+  1. Spark runs batches that leave the coordinated source out (no-data batches of stateful
+     queries, another source's data). So the task maps its ``streaming.sql.batchId`` to an
+     epoch by reading Spark's offset log: ``offsets/<batch>`` holds our source's offset line;
+     the batch carries a new epoch iff that epoch differs from the one in ``offsets/<batch-1>``.
+  2. In a batch that carries new epoch E, the subtask fetches its epoch-E events from the
+     coordination service (which is running: the source's ``partitions`` of this very batch
+     started it), registers its attempt, and hands the operator the events before any input
+     row. In a batch that carries no new epoch it gets no events and cannot send any.
+  3. Its state is keyed by Spark batch id (not epoch: several batches may share an epoch) and
+     restored from the newest earlier batch, so a retried or replayed batch starts from the
+     same state.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import posixpath
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import fsspec
+
+from sparkcoord.channel.client import ChannelClient
+from sparkcoord.core.codec import EventCodec
+from sparkcoord.core.errors import SparkCoordError
+from sparkcoord.core.ids import SubtaskId, TaskAttempt
+from sparkcoord.runtime.storage import CheckpointStorage
+from sparkcoord.spark.operator import SubtaskContext, SubtaskOperator
+from sparkcoord.spark.source import MARKER, SourceSpec
+
+
+class NoEpochInThisBatch(SparkCoordError):
+    """A downstream subtask tried to send in a batch that carries no new epoch."""
+
+
+def epoch_of_batch(spark_checkpoint: str, source: str, batch: int) -> tuple[int, bool]:
+    """(epoch of ``batch``, whether it is new in that batch), from Spark's offset log."""
+    fs, root = fsspec.core.url_to_fs(spark_checkpoint)
+
+    def read(b: int) -> int:
+        path = posixpath.join(root, "offsets", str(b))
+        try:
+            lines = fs.cat_file(path).decode().splitlines()
+        except FileNotFoundError:
+            raise SparkCoordError(f"Spark's offset log has no batch {b} at {path}") from None
+        if not lines or lines[0] != "v1":
+            raise SparkCoordError(f"{path}: unknown offset log version {lines[:1]}")
+        for line in lines[2:]:
+            try:
+                value = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(value, dict) and value.get(MARKER) == source:
+                return int(value["epoch"])
+        raise SparkCoordError(f"{path}: no offset of coordinated source {source!r}; a "
+                              "downstream operator needs its source in the same query")
+
+    epoch = read(batch)
+    previous = read(batch - 1) if batch > 0 else -1
+    return epoch, epoch != previous and epoch != -1
+
+
+class RecipientOperator(SubtaskOperator):
+    """Base class of a downstream operator: adds the input rows of the batch."""
+
+    def process_input(self, rows: list[dict[str, Any]]) -> Iterable[tuple[Any, ...]] | None:
+        """A chunk of the batch's input rows (as dicts), after the epoch's events."""
+        return None
+
+
+class RecipientFunction:
+    """The picklable ``mapInArrow`` function of one downstream operator."""
+
+    def __init__(self, spec: SourceSpec, operator: str, arrow_schema: Any) -> None:
+        if spec.spark_checkpoint is None:
+            raise ValueError("a downstream operator needs the query's checkpoint location")
+        self.spec = spec
+        self.operator = operator
+        self.arrow_schema = arrow_schema
+
+    def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
+        from pyspark import TaskContext
+
+        task = TaskContext.get()
+        batch = int(task.getLocalProperty("streaming.sql.batchId"))
+        index, number = task.partitionId(), task.attemptNumber()
+        op = self.spec.operator(self.operator)
+        if index >= op.parallelism:
+            raise SparkCoordError(f"downstream operator {op.name!r} has parallelism "
+                                  f"{op.parallelism} but runs in partition {index}")
+        assert self.spec.spark_checkpoint is not None
+        epoch, fresh = epoch_of_batch(self.spec.spark_checkpoint, self.spec.name, batch)
+        sid = SubtaskId(op.name, index)
+        storage = CheckpointStorage(self.spec.checkpoint_url, retain=self.spec.retain,
+                                    fsync=self.spec.fsync)
+        client: ChannelClient | None = None
+        events: tuple[bytes, ...] = ()
+        execution_attempt = 0
+        if fresh:
+            info = json.loads(storage.fs.cat_file(f"{storage.root}/channel.json"))
+            address = (info["host"], int(info["port"]))
+            secret = bytes.fromhex(info["secret"])
+            client = ChannelClient(address, secret, TaskAttempt(info["run"], sid, epoch, number))
+            delivery = client.fetch(op.name, index, epoch)
+            client.attempt = TaskAttempt(delivery.run, sid, epoch, number)
+            execution_attempt = client.register()
+            events = delivery.events
+        codec = EventCodec(self.spec.config.max_event_bytes)
+
+        def send(event: Any) -> None:
+            if client is None:
+                raise NoEpochInThisBatch(
+                    f"{sid} in Spark batch {batch}: this batch carries no new epoch (epoch "
+                    f"{epoch} was delivered earlier), so it cannot send events to the coordinator")
+            client.send(codec.encode(event))
+
+        restored = storage.read_subtask_state(sid, batch)
+        state = pickle.loads(restored[1]) if restored is not None else None
+        context = SubtaskContext(op.name, index, op.parallelism, epoch, execution_attempt,
+                                 number, send)
+        operator: SubtaskOperator = op.operator()
+        names = self.arrow_schema.names
+        try:
+            operator.open(context, state)
+            for payload in events:
+                yield from self._to_arrow(operator.handle_operator_event(pickle.loads(payload)), names)
+            for record_batch in batches:
+                if isinstance(operator, RecipientOperator):
+                    yield from self._to_arrow(operator.process_input(record_batch.to_pylist()), names)
+            yield from self._to_arrow(operator.process(), names)
+            if client is not None:
+                client.flush()
+            storage.write_subtask_state(sid, batch, pickle.dumps(
+                operator.snapshot_state(), protocol=pickle.HIGHEST_PROTOCOL))
+        finally:
+            try:
+                operator.close()
+            finally:
+                if client is not None:
+                    client.close()
+
+    def _to_arrow(self, rows: Iterable[tuple[Any, ...]] | None, names: list[str]) -> Iterator[Any]:
+        import pyarrow as pa
+
+        if rows is None:
+            return
+        rows = list(rows)
+        if rows:
+            yield pa.RecordBatch.from_pylist([dict(zip(names, r, strict=True)) for r in rows],
+                                             schema=self.arrow_schema)
