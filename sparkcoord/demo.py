@@ -35,14 +35,15 @@ def _rows(spark: Any, path: str) -> list[Any]:
     if not os.path.exists(os.path.join(path, "_spark_metadata")):
         return []
     try:
-        return spark.read.parquet(path).collect()
+        rows: list[Any] = spark.read.parquet(path).collect()
+        return rows
     except Exception:  # noqa: BLE001 - no committed file yet
         return []
 
 
 def _timeline(spark_checkpoint: str) -> list[tuple[int, int, bool]]:
     """(batch id, epoch, committed) from Spark's offset and commit logs."""
-    out = []
+    out: list[tuple[int, int, bool]] = []
     offsets = os.path.join(spark_checkpoint, "offsets")
     commits = os.path.join(spark_checkpoint, "commits")
     if not os.path.isdir(offsets):

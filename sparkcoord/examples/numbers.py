@@ -30,17 +30,20 @@ class Number:
     value: int
 
 
-def _once(marker_dir: str | None, name: str) -> bool:
-    """True the first time ``name`` is claimed in ``marker_dir`` (atomic create)."""
+def _once(marker_dir: str | None, name: str, times: int = 1) -> bool:
+    """True the first ``times`` times ``name`` is claimed in ``marker_dir`` (atomic creates)."""
     if marker_dir is None:
         return False
     os.makedirs(marker_dir, exist_ok=True)
-    try:
-        fd = os.open(os.path.join(marker_dir, name), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-    except FileExistsError:
-        return False
-    os.close(fd)
-    return True
+    for i in range(times):
+        try:
+            fd = os.open(os.path.join(marker_dir, name if i == 0 else f"{name}.{i}"),
+                         os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            continue
+        os.close(fd)
+        return True
+    return False
 
 
 class NumbersCoordinator(OperatorCoordinator):
@@ -84,11 +87,13 @@ class NumbersCoordinator(OperatorCoordinator):
 
 
 class NumberCollector(SubtaskOperator):
-    """Emits every number it gets; optionally fails its task once at ``fail_task_at``."""
+    """Emits every number it gets; optionally fails its task at ``fail_task_at``, ``fail_times``
+    times in all (4 exhausts local[2,4]'s retries and fails the query inside the batch)."""
 
     def __init__(self, fail_task_at: int | None = None, marker_dir: str | None = None,
-                 report: bool = True) -> None:
+                 report: bool = True, fail_times: int = 1) -> None:
         self.fail_task_at = fail_task_at
+        self.fail_times = fail_times
         self.marker_dir = marker_dir
         self.report = report
 
@@ -99,7 +104,8 @@ class NumberCollector(SubtaskOperator):
     def handle_operator_event(self, event: Number) -> Any:
         ctx = self.context
         if (self.fail_task_at is not None and event.value == self.fail_task_at
-                and _once(self.marker_dir, f"fail_task-{ctx.operator_id}-{ctx.subtask}")):
+                and _once(self.marker_dir, f"fail_task-{ctx.operator_id}-{ctx.subtask}",
+                          self.fail_times)):
             raise RuntimeError(f"injected task failure at number {event.value}")
         self.seen.append(event.value)
         if self.report:

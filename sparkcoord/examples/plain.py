@@ -10,13 +10,13 @@ from typing import Any
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
 
-class _Part(InputPartition):  # type: ignore[misc]
+class _Part(InputPartition):
     def __init__(self, index: int, batch: int, rows: int) -> None:
         super().__init__(index)
         self.index, self.batch, self.rows = index, batch, rows
 
 
-class PlainReader(DataSourceStreamReader):  # type: ignore[misc]
+class PlainReader(DataSourceStreamReader):
     def __init__(self, parallelism: int, rows: int) -> None:
         self.parallelism, self.rows = parallelism, rows
 
@@ -29,7 +29,8 @@ class PlainReader(DataSourceStreamReader):  # type: ignore[misc]
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> list[_Part]:
         return [_Part(i, end["batch"], self.rows) for i in range(self.parallelism)]
 
-    def read(self, partition: _Part) -> Iterator[tuple[Any, ...]]:
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        assert isinstance(partition, _Part)
         for k in range(partition.rows):
             yield ("plain", partition.index, k, k, partition.batch)
 
@@ -37,7 +38,7 @@ class PlainReader(DataSourceStreamReader):  # type: ignore[misc]
         pass
 
 
-class PlainSource(DataSource):  # type: ignore[misc]
+class PlainSource(DataSource):
     @classmethod
     def name(cls) -> str:
         return "sparkcoord-plain"

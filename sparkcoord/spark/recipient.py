@@ -87,7 +87,9 @@ class RecipientFunction:
         from pyspark import TaskContext
 
         task = TaskContext.get()
-        batch = int(task.getLocalProperty("streaming.sql.batchId"))
+        if task is None:
+            raise SparkCoordError("a downstream operator runs only inside a Spark task")
+        batch = int(str(task.getLocalProperty("streaming.sql.batchId")))
         index, number = task.partitionId(), task.attemptNumber()
         op = self.spec.operator(self.operator)
         if index >= op.parallelism:

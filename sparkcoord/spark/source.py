@@ -88,7 +88,7 @@ class SourceSpec:
         raise KeyError(f"source {self.name!r} has no operator {name!r}")
 
     def encode(self) -> str:
-        return base64.b64encode(cloudpickle.dumps(self)).decode()
+        return base64.b64encode(cloudpickle.dumps(self)).decode()  # type: ignore[no-untyped-call]
 
     @staticmethod
     def decode(text: str) -> SourceSpec:
@@ -110,7 +110,7 @@ def epoch_of(name: str, value: dict[str, Any]) -> int:
     return int(value["epoch"])
 
 
-class CoordinatedPartition(InputPartition):  # type: ignore[misc]
+class CoordinatedPartition(InputPartition):
     """The input of one subtask in one batch: its sealed events and how to reach the service."""
 
     def __init__(self, operator: str, index: int, epoch: int, events: Sequence[bytes],
@@ -189,7 +189,7 @@ def _install_sigterm_handler(on_term: Any) -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-class CoordinatedStreamReader(DataSourceStreamReader):  # type: ignore[misc]
+class CoordinatedStreamReader(DataSourceStreamReader):
     """Driver side: hosts the coordination service; executor side: runs the subtasks."""
 
     def __init__(self, spec: SourceSpec) -> None:
@@ -249,14 +249,15 @@ class CoordinatedStreamReader(DataSourceStreamReader):  # type: ignore[misc]
             self._driver.close()
 
     # ------------------------------------------------------------------ executor: tasks
-    def read(self, partition: CoordinatedPartition) -> Iterator[tuple[Any, ...]]:
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
         """Run one subtask for one batch (executor Python worker)."""
+        assert isinstance(partition, CoordinatedPartition)
         from sparkcoord.spark.subtask import run_subtask
 
         return run_subtask(self.spec, partition)
 
 
-class CoordinatedSource(DataSource):  # type: ignore[misc]
+class CoordinatedSource(DataSource):
     """``spark.readStream.format("sparkcoord").option("spec", SourceSpec(...).encode())``."""
 
     def __init__(self, options: dict[str, str]) -> None:

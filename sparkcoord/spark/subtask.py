@@ -39,8 +39,12 @@ def run_subtask(spec: SourceSpec, p: CoordinatedPartition) -> Iterator[tuple[Any
     restored = storage.read_subtask_state(sid, p.epoch)
     state = pickle.loads(restored[1]) if restored is not None else None
     codec = EventCodec(spec.config.max_event_bytes)
+
+    def send(event: Any) -> None:
+        client.send(codec.encode(event))
+
     context = SubtaskContext(p.operator, p.index, op_spec.parallelism, p.epoch,
-                             execution_attempt, number, lambda e: client.send(codec.encode(e)))
+                             execution_attempt, number, send)
     operator: SubtaskOperator = op_spec.operator()
     try:
         operator.open(context, state)

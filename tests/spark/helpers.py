@@ -32,12 +32,13 @@ def values_by_subtask(rows: list[Any]) -> dict[tuple[str, int], list[int]]:
 
 def numbers_job(spark: Any, root: str, *, total: int, parallelism: int = 2,
                 fail_job_at: int | None = None, fail_task_at: int | None = None,
-                name: str = "numbers", **job_options: Any) -> tuple[CoordinatedJob, Any]:
+                fail_times: int = 1, name: str = "numbers", **job_options: Any) -> tuple[CoordinatedJob, Any]:
     markers = os.path.join(root, "markers")
     job = CoordinatedJob(spark, os.path.join(root, "ckpt"), **job_options)
     coordinator = functools.partial(NumbersCoordinator, total=total, per_tick=3, interval_s=0.02,
                                     fail_job_at=fail_job_at, marker_dir=markers)
-    operator = functools.partial(NumberCollector, fail_task_at=fail_task_at, marker_dir=markers)
+    operator = functools.partial(NumberCollector, fail_task_at=fail_task_at, marker_dir=markers,
+                                 fail_times=fail_times)
     df = job.source(operator, coordinator, parallelism, SCHEMA, name=name)
     return job, df
 

@@ -75,6 +75,22 @@ def test_a_fail_job_restarts_the_query_from_its_checkpoint_exactly_once(spark, t
         ("numbers", 0): list(range(N)), ("numbers", 1): list(range(N))}
 
 
+def test_a_query_that_fails_inside_a_batch_restarts_into_that_batch_exactly_once(
+        spark, tmp_path) -> None:
+    # 4 failures of one task exhaust local[2,4]: the query fails inside the batch, whose
+    # offsets are logged but not committed; the restart's first call is partitions() of that
+    # very batch (DESIGN rule 8: restore to it, truncate its inbound log, run it again)
+    job, df = numbers_job(spark, str(tmp_path), total=N, fail_task_at=N // 3, fail_times=4)
+    out = str(tmp_path / "out")
+    failures: list[str] = []
+    report = run_until_rows(spark, job, df, out, 2 * N, on_failure=failures.append)
+    assert report.restarts == 1 and "injected task failure" in failures[0]
+    assert len(os.listdir(tmp_path / "markers")) == 8  # 4 tries of each subtask's task
+    assert values_by_subtask(sink_rows(spark, out)) == {
+        ("numbers", 0): list(range(N)), ("numbers", 1): list(range(N))}
+    assert latest_state(job, "numbers", "numbers", 0) == list(range(N))
+
+
 def test_a_stopped_query_resumes_on_the_same_checkpoint_location(spark, tmp_path) -> None:
     job, df = numbers_job(spark, str(tmp_path), total=N // 2)
     out = str(tmp_path / "out")
