@@ -45,25 +45,24 @@ class SendFuture(Future[Any]):
     def done(self) -> bool:
         return self._state not in (PENDING, "RUNNING")
 
-    def set_result(self, result: Any) -> None:
+    def _finish_unwatched(self, attribute: str, value: Any) -> bool:
+        """Finish without a condition if nobody has created one (nobody waits); else False."""
         with _INFLATE:
-            if "_condition" not in self.__dict__:
-                if self._state != PENDING:
-                    raise InvalidStateError(f"{self._state}: {self!r}")
-                self._result = result
-                self._state = FINISHED
-                return
-        super().set_result(result)
+            if "_condition" in self.__dict__:
+                return False
+            if self._state != PENDING:
+                raise InvalidStateError(f"{self._state}: {self!r}")
+            setattr(self, attribute, value)
+            self._state = FINISHED
+            return True
+
+    def set_result(self, result: Any) -> None:
+        if not self._finish_unwatched("_result", result):
+            super().set_result(result)
 
     def set_exception(self, exception: BaseException | None) -> None:
-        with _INFLATE:
-            if "_condition" not in self.__dict__:
-                if self._state != PENDING:
-                    raise InvalidStateError(f"{self._state}: {self!r}")
-                self._exception = exception
-                self._state = FINISHED
-                return
-        super().set_exception(exception)
+        if not self._finish_unwatched("_exception", exception):
+            super().set_exception(exception)
 
     @staticmethod
     def complete_all(futures: list[Future[Any]]) -> None:
