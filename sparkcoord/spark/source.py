@@ -39,8 +39,14 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from sparkcoord.channel.frames import Delivery
 from sparkcoord.channel.server import ChannelServer
 from sparkcoord.core.ids import NO_EPOCH, SubtaskId
-from sparkcoord.runtime.service import CoordinationService, CoordinatorSpec, ServiceConfig
+from sparkcoord.runtime.service import (
+    CheckpointDeclined,
+    CoordinationService,
+    CoordinatorSpec,
+    ServiceConfig,
+)
 from sparkcoord.runtime.storage import CheckpointStorage
+from sparkcoord.spark.faults import kill_point
 
 log = logging.getLogger(__name__)
 
@@ -219,9 +225,16 @@ class CoordinatedStreamReader(DataSourceStreamReader):
         due = interval is not None and time.monotonic() - d.last_seal >= interval
         if not (due or d.service.has_held_events()):
             return start
-        record = d.service.checkpoint(d.service.next_checkpoint_id)
-        if record is None:
+        future = d.service.trigger_checkpoint(d.service.next_checkpoint_id)
+        try:
+            prepared = future.result()
+        except CheckpointDeclined as exc:
+            log.warning("%s", exc)
+            d.service.raise_if_failed()
             return start  # declined: held events stay queued; Spark asks again
+        kill_point("sealing", prepared.checkpoint_id)
+        record = d.service.seal(prepared)
+        kill_point("sealed", record.epoch)
         d.last_seal = time.monotonic()
         return offset(self.spec.name, record.epoch)
 

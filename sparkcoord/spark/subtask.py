@@ -17,6 +17,7 @@ from sparkcoord.channel.client import ChannelClient
 from sparkcoord.core.codec import EventCodec
 from sparkcoord.core.ids import SubtaskId, TaskAttempt
 from sparkcoord.runtime.storage import CheckpointStorage
+from sparkcoord.spark.faults import kill_point
 from sparkcoord.spark.operator import SubtaskContext, SubtaskOperator
 from sparkcoord.spark.source import CoordinatedPartition, SourceSpec
 
@@ -55,6 +56,7 @@ def run_subtask(spec: SourceSpec, p: CoordinatedPartition) -> Iterator[tuple[Any
         rows = operator.process()
         if rows is not None:
             yield from rows
+        kill_point("mid-batch", p.epoch)
         client.flush()
         storage.write_subtask_state(sid, p.epoch, pickle.dumps(operator.snapshot_state(),
                                                                protocol=pickle.HIGHEST_PROTOCOL))

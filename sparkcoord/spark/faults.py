@@ -1,0 +1,48 @@
+"""Test-only process kills at named points of the protocol (the driver-kill scenarios).
+
+Switched on only by the environment variable ``SPARKCOORD_TEST_KILL=<point>:<min epoch>:<dir>``,
+read once at import; otherwise :func:`kill_point` is one ``is None`` check. At the first time
+``point`` is reached with an epoch >= ``min epoch`` (remembered across restarts by a marker
+file in ``dir``), every process of the caller's *session* is killed with SIGKILL: the driver
+program, Spark's JVM, the source runner and the Python workers (which PySpark puts in process
+groups of their own), as when a driver machine dies. So the job must run in a session of its
+own (``subprocess.run(..., start_new_session=True)``); Linux only (reads /proc).
+
+Points: ``sealing`` (every coordinator completed, record not written), ``sealed`` (record
+durable, offset not yet returned to Spark), ``mid-batch`` (a task sent its events, before it
+finished), ``sink-committed`` (the sink committed, Spark's commit log not written).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+_PLAN = os.environ.get("SPARKCOORD_TEST_KILL")
+POINTS = ("sealing", "sealed", "mid-batch", "sink-committed")
+
+
+def kill_point(point: str, epoch: int) -> None:
+    """Kill the process group here if the test plan says so (any process, any thread)."""
+    if _PLAN is None:
+        return
+    name, min_epoch, marker_dir = _PLAN.split(":", 2)
+    if name != point or epoch < int(min_epoch):
+        return
+    os.makedirs(marker_dir, exist_ok=True)
+    try:
+        fd = os.open(os.path.join(marker_dir, f"killed-{point}"), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return
+    os.write(fd, str(epoch).encode())
+    os.fsync(fd)
+    os.close(fd)
+    session, me = os.getsid(0), os.getpid()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != me:
+            try:
+                if os.getsid(int(entry)) == session:
+                    os.kill(int(entry), signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+    os.kill(me, signal.SIGKILL)

@@ -1,0 +1,43 @@
+"""A coordinated job run as its own process by the driver-kill tests:
+``python -m tests.spark.kill_job <workdir> <numbers per subtask>``.
+
+It runs until the sink holds 2 x N rows and exits 0, unless SPARKCOORD_TEST_KILL kills it.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+
+
+def main() -> None:
+    workdir, total = sys.argv[1], int(sys.argv[2])
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    from sparkcoord.examples.numbers import SCHEMA, NumberCollector, NumbersCoordinator
+    from sparkcoord.examples.sinks import BatchFileSink, read_batch_files
+    from sparkcoord.spark import CoordinatedJob
+
+    spark = (SparkSession.builder.master("local[2,4]").appName("sparkcoord-kill-job")
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    spark.dataSource.register(BatchFileSink)
+    job = CoordinatedJob(spark, os.path.join(workdir, "ckpt"), checkpoint_interval_s=0.5)
+    coordinator = functools.partial(NumbersCoordinator, total=total, per_tick=1, interval_s=0.2)
+    df = job.source(NumberCollector, coordinator, 2, SCHEMA, name="numbers")
+    sink = os.path.join(workdir, "sink")
+    writer = (df.writeStream.format("sparkcoord-batchfiles").option("path", sink)
+              .trigger(processingTime="0 seconds"))
+
+    def done() -> bool:
+        return sum(len(rows) for rows in read_batch_files(sink).values()) >= 2 * total
+
+    job.run(writer, until=done, timeout_s=240)
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()
