@@ -466,6 +466,8 @@ class Simulation:
             self.mailboxes.run_all()
             if self.phase == "running":
                 for task in list(self.tasks.values()):
+                    if self.phase != "running" or task is not self.tasks.get(task.sid):
+                        break  # a crash (too many task failures) replaced the run
                     while not task.done:
                         try:
                             self.task_step(task)

@@ -1,0 +1,158 @@
+"""Soak: run the exactly-once scenarios with many seeds and print a table.
+
+    python scripts/soak.py --seeds 50                      # every scenario
+    python scripts/soak.py --scenario simulation --seeds 2000
+    python scripts/soak.py --scenario two-speeds --seeds 10 --first-seed 100
+
+Scenarios:
+  simulation   the in-process simulated Spark lifecycle with every fault injected (fast)
+  two-speeds   tests/spark/scenarios.py on local Spark (about a minute per seed)
+  driver-kill  SIGKILL of the job at each kill point in turn, then a restart (~1 min per seed)
+
+Columns: runs, passes, lost, duplicated and out-of-order events, and the failing seeds.
+Run from the repository root with the project's interpreter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+
+def _count_numbers(sim: Any, row: dict[str, Any]) -> None:
+    """Lost, duplicated and out-of-order numbered events in the subtasks' surviving state."""
+    import pickle
+
+    from sparkcoord.core.ids import SubtaskId
+
+    last = max(sim.world.commits)
+    epoch = sim.world.offsets[last][1]
+    for spec in sim.specs:
+        for s in range(spec.parallelism):
+            found = sim.storage.read_subtask_state(SubtaskId(spec.name, s), epoch + 1)
+            numbers = [e[2] for e in (pickle.loads(found[1]) if found else []) if e[0] == "x"]
+            row["lost"] += len(set(range(sim.numbers_per_subtask)) - set(numbers))
+            row["duplicated"] += len(numbers) - len(set(numbers))
+            row["out of order"] += int(numbers != sorted(numbers))
+
+
+def soak_simulation(seeds: list[int]) -> dict[str, Any]:
+    from tests.runtime.simulation import Simulation
+
+    row: dict[str, Any] = {"runs": 0, "passes": 0, "lost": 0, "duplicated": 0,
+                           "out of order": 0, "failed seeds": []}
+    for seed in seeds:
+        row["runs"] += 1
+        sim = Simulation(seed)
+        try:
+            for _ in range(400):
+                sim.random_step(faults=True)
+            sim.drain()
+            _count_numbers(sim, row)
+            sim.check_invariants()
+            row["passes"] += 1
+        except AssertionError as exc:
+            row["failed seeds"].append(f"{seed}: {str(exc)[:100]}")
+        finally:
+            sim.cleanup()
+    return row
+
+
+def soak_two_speeds(seeds: list[int]) -> dict[str, Any]:
+    from pyspark.sql import SparkSession
+
+    from tests.spark.scenarios import run_two_speeds
+
+    spark = (SparkSession.builder.master("local[2,4]").config("spark.ui.enabled", "false")
+             .config("spark.ui.showConsoleProgress", "false").getOrCreate())
+    spark.sparkContext.setLogLevel("FATAL")
+    row: dict[str, Any] = {"runs": 0, "passes": 0, "lost": 0, "duplicated": 0,
+                           "out of order": 0, "failed seeds": []}
+    try:
+        for seed in seeds:
+            workdir = tempfile.mkdtemp(prefix=f"soak-two-speeds-{seed}-")
+            row["runs"] += 1
+            try:
+                outcome = run_two_speeds(spark, workdir, seed)
+            except Exception as exc:  # noqa: BLE001 - a crash of the run is a failure to report
+                row["failed seeds"].append(f"{seed} ({type(exc).__name__})")
+                continue
+            row["lost"] += outcome.lost
+            row["duplicated"] += outcome.duplicated
+            row["out of order"] += outcome.out_of_order
+            if outcome.passed:
+                row["passes"] += 1
+                shutil.rmtree(workdir, ignore_errors=True)
+            else:
+                row["failed seeds"].append(f"{seed} ({workdir})")
+    finally:
+        spark.stop()
+    return row
+
+
+def soak_driver_kill(seeds: list[int]) -> dict[str, Any]:
+    import pathlib
+
+    from tests.spark.test_driver_kill import test_a_killed_driver_restarts_exactly_once as case
+
+    points = [("mid-batch", 0), ("sealing", 1), ("sealed", 1), ("mid-batch", 1),
+              ("sink-committed", 1)]
+    row: dict[str, Any] = {"runs": 0, "passes": 0, "lost": 0, "duplicated": 0,
+                           "out of order": 0, "failed seeds": []}
+    for seed in seeds:
+        point, epoch = points[seed % len(points)]
+        workdir = pathlib.Path(tempfile.mkdtemp(prefix=f"soak-kill-{seed}-"))
+        row["runs"] += 1
+        try:
+            case(workdir, point, epoch)
+            row["passes"] += 1
+            shutil.rmtree(workdir, ignore_errors=True)
+        except AssertionError as exc:
+            row["failed seeds"].append(f"{seed} {point}@{epoch} ({workdir}): {str(exc)[:80]}")
+    return row
+
+
+SCENARIOS = {"simulation": soak_simulation, "two-speeds": soak_two_speeds,
+             "driver-kill": soak_driver_kill}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description="run exactly-once scenarios with many seeds")
+    ap.add_argument("--scenario", choices=[*SCENARIOS, "all"], default="all")
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--first-seed", type=int, default=0)
+    args = ap.parse_args()
+    console = Console()
+    table = Table(title=f"soak: {args.seeds} seeds per scenario from {args.first_seed}")
+    for col in ("scenario", "runs", "passes", "lost", "duplicated", "out of order",
+                "failed seeds", "time"):
+        table.add_column(col)
+    names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
+    ok = True
+    for name in names:
+        seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+        t0 = time.monotonic()
+        row = SCENARIOS[name](seeds)
+        ok &= not row["failed seeds"]
+        table.add_row(name, str(row["runs"]), str(row["passes"]), str(row["lost"]),
+                      str(row["duplicated"]), str(row["out of order"]),
+                      ", ".join(map(str, row["failed seeds"])) or "-",
+                      f"{time.monotonic() - t0:.0f}s")
+        console.print(f"{name}: done")
+    console.print(table)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
