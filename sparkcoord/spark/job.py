@@ -49,7 +49,7 @@ class CoordinatedJob:
     def __init__(self, spark: Any, checkpoint_dir: str, *, config: ServiceConfig | None = None,
                  checkpoint_interval_s: float | None = None, channel_host: str = "127.0.0.1",
                  channel_advertised_host: str | None = None, retain: int = 3,
-                 fsync: bool = False) -> None:
+                 fsync: bool = False, channel_fault_plan: str | None = None) -> None:
         self.spark = spark
         self.checkpoint_dir = (os.path.abspath(checkpoint_dir) if "://" not in checkpoint_dir
                                else checkpoint_dir.rstrip("/"))
@@ -59,6 +59,7 @@ class CoordinatedJob:
         self.channel_advertised_host = channel_advertised_host
         self.retain = retain
         self.fsync = fsync
+        self.channel_fault_plan = channel_fault_plan  # tests only (sparkcoord.channel.faults)
         self._names: set[str] = set()
         self._specs: dict[str, SourceSpec] = {}
         spark.dataSource.register(CoordinatedSource)
@@ -91,7 +92,7 @@ class CoordinatedJob:
         spec = SourceSpec(name, self.coordination_url(name), list(operators), schema, self.config,
                           self.checkpoint_interval_s, self.channel_host,
                           self.channel_advertised_host, self.retain, self.fsync,
-                          list(recipients), self.spark_checkpoint)
+                          list(recipients), self.spark_checkpoint, self.channel_fault_plan)
         self._specs[name] = spec
         return self.spark.readStream.format(FORMAT).option("spec", spec.encode()).load()
 

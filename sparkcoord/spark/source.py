@@ -36,6 +36,7 @@ from typing import Any
 from pyspark import cloudpickle
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
+from sparkcoord.channel.faults import fault_plan
 from sparkcoord.channel.frames import Delivery
 from sparkcoord.channel.server import ChannelServer
 from sparkcoord.core.ids import NO_EPOCH, SubtaskId
@@ -86,6 +87,8 @@ class SourceSpec:
     recipients: Sequence[OperatorSpec] = ()
     #: the query's checkpoint location (its offset log maps batch ids to epochs)
     spark_checkpoint: str | None = None
+    #: tests only: a named fault plan for the channel server (sparkcoord.channel.faults)
+    channel_fault_plan: str | None = None
 
     def operator(self, name: str) -> OperatorSpec:
         for op in list(self.operators) + list(self.recipients):
@@ -145,6 +148,9 @@ class _DriverSide:
         self.server = ChannelServer(self.service, self.secret, host=spec.channel_host,
                                     max_frame_bytes=spec.config.max_event_bytes + 4096,
                                     deliveries=self).start()
+        if spec.channel_fault_plan is not None:
+            self.server.fault = self._counting(fault_plan(spec.channel_fault_plan),
+                                               f"{storage.root}/faults.json")
         host = spec.channel_advertised_host or self.server.address[0]
         self.address = (host, self.server.address[1])
         self.last_seal = time.monotonic()
@@ -160,6 +166,19 @@ class _DriverSide:
         storage.fs.pipe_file(path, json.dumps(info).encode())
         if os.path.exists(path):  # a local file: keep the secret to its owner
             os.chmod(path, 0o600)
+
+    def _counting(self, plan: Any, path: str) -> Any:
+        # tests only: record how many faults were injected, so a test can prove they happened
+        injected = {"count": 0}
+
+        def counted(message: object) -> str | None:
+            action: str | None = plan(message)
+            if action:
+                injected["count"] += 1
+                self.service.storage.fs.pipe_file(path, json.dumps(injected).encode())
+            return action
+
+        return counted
 
     def fetch(self, operator: str, index: int, epoch: int) -> Delivery:
         """A downstream subtask asks for its events of ``epoch`` (channel thread)."""

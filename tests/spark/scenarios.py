@@ -120,3 +120,26 @@ def run_two_speeds(spark: Any, workdir: str, seed: int, fast: int = 120, slow: i
     if failed != ["fail_job-fast", "fail_job-slow"]:
         outcome.detail.append(f"injected failures were {failed}, expected one fail_job each")
     return outcome
+
+
+class DecliningNumbers(NumbersCoordinator):
+    """Declines the checkpoints in ``decline`` and leaves ``time_out`` to time out, each once
+    per job (marker files), then behaves."""
+
+    def __init__(self, context: Any, decline: tuple[int, ...] = (), time_out: int | None = None,
+                 **kw: Any) -> None:
+        super().__init__(context, **kw)
+        self.decline = decline
+        self.time_out = time_out
+        self.abandoned: list[Future[Any]] = []
+
+    def checkpoint_coordinator(self, checkpoint_id: int, result: Future[Any]) -> None:
+        from sparkcoord.examples.numbers import _once
+
+        if checkpoint_id in self.decline and _once(self.marker_dir, f"decline-{checkpoint_id}"):
+            result.set_exception(RuntimeError(f"declining checkpoint {checkpoint_id} on purpose"))
+            return
+        if checkpoint_id == self.time_out and _once(self.marker_dir, f"timeout-{checkpoint_id}"):
+            self.abandoned.append(result)  # never completed: the service times it out
+            return
+        super().checkpoint_coordinator(checkpoint_id, result)

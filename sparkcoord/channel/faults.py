@@ -1,0 +1,44 @@
+"""Channel fault plans for tests (issue: channel faults must not cost the normal path).
+
+A plan is a function the channel server calls with each authenticated message when (and only
+when) ``ChannelServer.fault`` is set; it answers what to do to that message. The Spark
+adapter sets one from ``CoordinatedJob(channel_fault_plan=...)``; nothing else does.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+
+from sparkcoord.channel.frames import Event
+
+FaultPlan = Callable[[object], "str | None"]
+
+
+def _every(n: int, action: str) -> FaultPlan:
+    counter = itertools.count(1)
+
+    def plan(message: object) -> str | None:
+        if isinstance(message, Event) and next(counter) % n == 0:
+            return action
+        return None
+
+    return plan
+
+
+PLANS: dict[str, Callable[[], FaultPlan]] = {
+    # a subtask's connection dropped in the middle of sending (before the event is handled)
+    "drop-mid-send": lambda: _every(5, "drop-before"),
+    # an acknowledgement lost (the event is handled, the connection closes without a reply)
+    "lose-ack": lambda: _every(4, "drop-after"),
+    # an acknowledgement delayed by 1.5 s (several checkpoint intervals of the tests)
+    "delay-ack": lambda: _every(6, "delay:1.5"),
+}
+
+
+def fault_plan(name: str) -> FaultPlan:
+    """A fresh plan by name; a clear error for an unknown one."""
+    try:
+        return PLANS[name]()
+    except KeyError:
+        raise ValueError(f"unknown channel fault plan {name!r}; known: {sorted(PLANS)}") from None

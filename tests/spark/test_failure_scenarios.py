@@ -1,0 +1,77 @@
+"""Declined and timed-out checkpoints, and channel faults, on real Spark: nothing lost,
+nothing duplicated, no hang."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+
+import pytest
+
+from sparkcoord.examples.numbers import SCHEMA, NumberCollector, NumbersCoordinator
+from sparkcoord.runtime.service import ServiceConfig
+from sparkcoord.spark import CoordinatedJob
+from tests.spark.helpers import latest_snapshot, latest_state, sink_rows, values_by_subtask
+from tests.spark.scenarios import DecliningNumbers
+
+pytestmark = pytest.mark.spark
+N = 12
+
+
+def run_checked(spark, job: CoordinatedJob, df, out: str, **run_options):
+    """Run until the sink and the coordinator's checkpointed reports are complete; check both."""
+    def reports() -> list[list[int]]:
+        try:
+            snap = latest_snapshot(job, "numbers", "numbers")
+        except (ValueError, FileNotFoundError):
+            return [[], []]
+        return [[v for _, v in snap["reports"][s]] for s in (0, 1)]
+
+    writer = df.writeStream.format("parquet").option("path", out).trigger(processingTime="0 seconds")
+    report = job.run(writer, until=lambda: len(sink_rows(spark, out)) >= 2 * N
+                     and all(len(r) >= N for r in reports()), timeout_s=300, **run_options)
+    assert values_by_subtask(sink_rows(spark, out)) == {
+        ("numbers", 0): list(range(N)), ("numbers", 1): list(range(N))}
+    for s in (0, 1):
+        assert latest_state(job, "numbers", "numbers", s) == list(range(N))
+    assert reports() == [list(range(N)), list(range(N))]
+    return report
+
+
+@pytest.mark.parametrize("plan", ["drop-mid-send", "lose-ack", "delay-ack"])
+def test_channel_faults_lose_and_duplicate_nothing(spark, tmp_path, plan: str) -> None:
+    job = CoordinatedJob(spark, str(tmp_path / "ckpt"), checkpoint_interval_s=0.3,
+                         channel_fault_plan=plan)
+    coordinator = functools.partial(NumbersCoordinator, total=N, per_tick=2, interval_s=0.05)
+    df = job.source(NumberCollector, coordinator, 2, SCHEMA, name="numbers")
+    report = run_checked(spark, job, df, str(tmp_path / "out"))
+    assert report.restarts == 0
+    injected = json.loads(open(os.path.join(job.coordination_url("numbers"), "faults.json")).read())
+    assert injected["count"] >= 2, injected
+
+
+def test_declined_and_timed_out_checkpoints_within_the_tolerance_lose_nothing(spark, tmp_path) -> None:
+    markers = str(tmp_path / "markers")
+    job = CoordinatedJob(spark, str(tmp_path / "ckpt"), checkpoint_interval_s=0.3,
+                         config=ServiceConfig(checkpoint_timeout_s=1.0, tolerable_checkpoint_failures=2))
+    coordinator = functools.partial(DecliningNumbers, decline=(1, 3), time_out=5, total=N,
+                                    per_tick=1, interval_s=0.1, marker_dir=markers)
+    df = job.source(NumberCollector, coordinator, 2, SCHEMA, name="numbers")
+    report = run_checked(spark, job, df, str(tmp_path / "out"))
+    assert report.restarts == 0
+    assert sorted(os.listdir(markers)) == ["decline-1", "decline-3", "timeout-5"]
+
+
+def test_declines_past_the_tolerance_fail_over_globally_and_still_end_exactly_once(
+        spark, tmp_path) -> None:
+    markers = str(tmp_path / "markers")
+    job = CoordinatedJob(spark, str(tmp_path / "ckpt"), checkpoint_interval_s=0.3,
+                         config=ServiceConfig(checkpoint_timeout_s=1.0, tolerable_checkpoint_failures=1))
+    coordinator = functools.partial(DecliningNumbers, decline=(2, 3), total=N, per_tick=1,
+                                    interval_s=0.1, marker_dir=markers)
+    df = job.source(NumberCollector, coordinator, 2, SCHEMA, name="numbers")
+    failures: list[str] = []
+    report = run_checked(spark, job, df, str(tmp_path / "out"), on_failure=failures.append)
+    assert report.restarts == 1
+    assert "2 checkpoints failed in a row, more than the 1 tolerated" in failures[0]
