@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sparkcoord.core.ids import SubtaskId
-from sparkcoord.examples.numbers import SCHEMA, NumberCollector, NumbersCoordinator
+from sparkcoord.examples.numbers import SCHEMA, Number, NumberCollector, NumbersCoordinator
 from sparkcoord.runtime.restart import FixedDelay
 from sparkcoord.runtime.storage import CheckpointStorage
 from sparkcoord.spark import CoordinatedJob, OperatorSpec
@@ -143,3 +143,46 @@ class DecliningNumbers(NumbersCoordinator):
             self.abandoned.append(result)  # never completed: the service times it out
             return
         super().checkpoint_coordinator(checkpoint_id, result)
+
+
+class ResumingNumbers(NumbersCoordinator):
+    """Flink's subtask-failure pattern: after a subtask's attempt failed, stop sending to it
+    until the new attempt reports the last number it holds, then resume right after it."""
+
+    resets_per_subtask = True
+
+    def reset_to_checkpoint(self, checkpoint_id: int, state: Any) -> None:
+        super().reset_to_checkpoint(checkpoint_id, state)
+        self.paused: set[int] = set()
+        self.resumed_at: list[tuple[int, int]] = []
+
+    def subtask_reset(self, subtask: int, checkpoint_id: int) -> None:
+        self.paused.add(subtask)  # what it was sent after the boundary failed: wait for its report
+
+    def tick(self) -> None:
+        for subtask, gateway in self.ready_gateways():
+            if subtask in self.paused:
+                continue
+            for _ in range(self.per_tick):
+                k = self.next[subtask]
+                if k >= self.total:
+                    break
+                gateway.send_event(Number(subtask, k))
+                self.next[subtask] = k + 1
+
+    def handle_event_from_operator(self, subtask: int, attempt: int, event: Any) -> None:
+        if event[0] == "resume":
+            self.next[subtask] = event[1] + 1
+            self.paused.discard(subtask)
+            self.resumed_at.append((subtask, event[1]))
+            return
+        super().handle_event_from_operator(subtask, attempt, event)
+
+
+class ResumingCollector(NumberCollector):
+    """A retried task reports the last number it holds (after its epoch's events)."""
+
+    def process(self) -> Any:
+        if self.context.spark_attempt > 0:
+            self.context.send_event(("resume", self.seen[-1] if self.seen else -1))
+        return None

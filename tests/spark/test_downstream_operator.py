@@ -32,16 +32,20 @@ def epochs_by_batch(spark_checkpoint: str) -> list[int]:
     return out
 
 
+@pytest.mark.parametrize("failure", ["task-retry", "fail_job"])
 def test_a_downstream_recipient_gets_exactly_its_events_across_batches_without_new_epochs(
-        spark, tmp_path) -> None:
+        spark, tmp_path, failure: str) -> None:
     markers = str(tmp_path / "markers")
+    task_fail = N_DOWN // 2 if failure == "task-retry" else None
+    job_fail = N_DOWN // 2 if failure == "fail_job" else None
     job = CoordinatedJob(spark, str(tmp_path / "ckpt"))
     source = OperatorSpec("numbers", functools.partial(
         NumbersCoordinator, total=N_SOURCE, per_tick=1, interval_s=0.1),
         functools.partial(NumberCollector, report=False), 2)
     recipient = OperatorSpec("downstream", functools.partial(
-        NumbersCoordinator, total=N_DOWN, per_tick=1, interval_s=0.2),
-        functools.partial(DownstreamNumberCollector, fail_task_at=N_DOWN // 2, marker_dir=markers),
+        NumbersCoordinator, total=N_DOWN, per_tick=1, interval_s=0.2, fail_job_at=job_fail,
+        marker_dir=markers),
+        functools.partial(DownstreamNumberCollector, fail_task_at=task_fail, marker_dir=markers),
         2)
     df = job.sources([source], SCHEMA, name="src", recipients=[recipient])
     windows = (df.withColumn("ts", F.timestamp_seconds("value")).withWatermark("ts", "1 second")
@@ -67,8 +71,12 @@ def test_a_downstream_recipient_gets_exactly_its_events_across_batches_without_n
     rows = sink_rows(spark, out)
     got = {k: v for k, v in values_by_subtask(rows).items() if k[0] == "downstream"}
     assert got == {("downstream", 0): list(range(N_DOWN)), ("downstream", 1): list(range(N_DOWN))}
-    assert report.restarts == 0
-    assert os.path.exists(os.path.join(markers, "fail_task-downstream-0")), "no task retry happened"
+    if failure == "task-retry":
+        assert report.restarts == 0
+        assert os.path.exists(os.path.join(markers, "fail_task-downstream-0")), "no task retry"
+    else:
+        assert report.restarts == 1
+        assert os.path.exists(os.path.join(markers, "fail_job-downstream")), "no fail_job"
     # the shape this test is about: batches that carried no new epoch really ran
     epochs = epochs_by_batch(job.spark_checkpoint)
     assert any(a == b for a, b in zip(epochs, epochs[1:], strict=False)), f"no batch without a new epoch: {epochs}"

@@ -75,3 +75,29 @@ def test_declines_past_the_tolerance_fail_over_globally_and_still_end_exactly_on
     report = run_checked(spark, job, df, str(tmp_path / "out"), on_failure=failures.append)
     assert report.restarts == 1
     assert "2 checkpoints failed in a row, more than the 1 tolerated" in failures[0]
+
+
+def test_a_retried_subtask_reports_its_last_value_and_the_coordinator_resumes_from_there(
+        spark, tmp_path) -> None:
+    from tests.spark.scenarios import ResumingCollector, ResumingNumbers
+
+    markers = str(tmp_path / "markers")
+    job = CoordinatedJob(spark, str(tmp_path / "ckpt"), checkpoint_interval_s=0.3)
+    coordinator = functools.partial(ResumingNumbers, total=N, per_tick=1, interval_s=0.05)
+    operator = functools.partial(ResumingCollector, fail_task_at=N // 3, marker_dir=markers)
+    df = job.source(operator, coordinator, 2, SCHEMA, name="numbers")
+    report = run_checked_values(spark, job, df, str(tmp_path / "out"))
+    assert report.restarts == 0  # a Spark task retry, not a query restart
+    assert os.path.exists(os.path.join(markers, "fail_task-numbers-0")), "no task failed"
+    snap = latest_snapshot(job, "numbers", "numbers")
+    assert snap["next"] == [N, N]
+
+
+def run_checked_values(spark, job: CoordinatedJob, df, out: str):
+    writer = df.writeStream.format("parquet").option("path", out).trigger(processingTime="0 seconds")
+    report = job.run(writer, until=lambda: len(sink_rows(spark, out)) >= 2 * N, timeout_s=300)
+    assert values_by_subtask(sink_rows(spark, out)) == {
+        ("numbers", 0): list(range(N)), ("numbers", 1): list(range(N))}
+    for s in (0, 1):
+        assert latest_state(job, "numbers", "numbers", s) == list(range(N))
+    return report
