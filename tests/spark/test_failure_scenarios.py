@@ -19,8 +19,9 @@ pytestmark = pytest.mark.spark
 N = 12
 
 
-def run_checked(spark, job: CoordinatedJob, df, out: str, **run_options):
-    """Run until the sink and the coordinator's checkpointed reports are complete; check both."""
+def run_checked(spark, job: CoordinatedJob, df, out: str, also=lambda: True, **run_options):
+    """Run until the sink and the coordinator's checkpointed reports are complete and ``also()``
+    holds (the checkpoint interval keeps sealing epochs meanwhile); check sink, state, reports."""
     def reports() -> list[list[int]]:
         try:
             snap = latest_snapshot(job, "numbers", "numbers")
@@ -30,7 +31,8 @@ def run_checked(spark, job: CoordinatedJob, df, out: str, **run_options):
 
     writer = df.writeStream.format("parquet").option("path", out).trigger(processingTime="0 seconds")
     report = job.run(writer, until=lambda: len(sink_rows(spark, out)) >= 2 * N
-                     and all(len(r) >= N for r in reports()), timeout_s=300, **run_options)
+                     and all(len(r) >= N for r in reports()) and also(), timeout_s=300,
+                     **run_options)
     assert values_by_subtask(sink_rows(spark, out)) == {
         ("numbers", 0): list(range(N)), ("numbers", 1): list(range(N))}
     for s in (0, 1):
@@ -58,9 +60,11 @@ def test_declined_and_timed_out_checkpoints_within_the_tolerance_lose_nothing(sp
     coordinator = functools.partial(DecliningNumbers, decline=(1, 3), time_out=5, total=N,
                                     per_tick=1, interval_s=0.1, marker_dir=markers)
     df = job.source(NumberCollector, coordinator, 2, SCHEMA, name="numbers")
-    report = run_checked(spark, job, df, str(tmp_path / "out"))
+    expected = ["decline-1", "decline-3", "timeout-5"]
+    report = run_checked(spark, job, df, str(tmp_path / "out"),
+                         also=lambda: os.path.isdir(markers) and sorted(os.listdir(markers)) == expected)
     assert report.restarts == 0
-    assert sorted(os.listdir(markers)) == ["decline-1", "decline-3", "timeout-5"]
+    assert sorted(os.listdir(markers)) == expected
 
 
 def test_declines_past_the_tolerance_fail_over_globally_and_still_end_exactly_once(
@@ -72,7 +76,8 @@ def test_declines_past_the_tolerance_fail_over_globally_and_still_end_exactly_on
                                     interval_s=0.1, marker_dir=markers)
     df = job.source(NumberCollector, coordinator, 2, SCHEMA, name="numbers")
     failures: list[str] = []
-    report = run_checked(spark, job, df, str(tmp_path / "out"), on_failure=failures.append)
+    report = run_checked(spark, job, df, str(tmp_path / "out"), on_failure=failures.append,
+                         also=lambda: os.path.isdir(markers) and len(os.listdir(markers)) == 2)
     assert report.restarts == 1
     assert "2 checkpoints failed in a row, more than the 1 tolerated" in failures[0]
 
