@@ -57,6 +57,16 @@ def latest_state(job: CoordinatedJob, source: str, operator: str, subtask: int) 
     return pickle.loads(found[1]) if found else None
 
 
+def checkpointed_reports(job: CoordinatedJob, source: str = "numbers",
+                         operator: str = "numbers", parallelism: int = 2) -> list[list[int]]:
+    """The numbers each subtask reported, as the newest checkpointed coordinator state holds them."""
+    try:
+        snap = latest_snapshot(job, source, operator)
+    except (ValueError, FileNotFoundError):
+        return [[] for _ in range(parallelism)]
+    return [[v for _, v in snap["reports"][s]] for s in range(parallelism)]
+
+
 def latest_snapshot(job: CoordinatedJob, source: str, operator: str) -> Any:
     storage = CheckpointStorage(job.coordination_url(source))
     epochs = [int(p.rsplit("/", 1)[1][:-5]) for p in storage.fs.ls(f"{storage.root}/records", detail=False)

@@ -14,7 +14,7 @@ from sparkcoord.examples.numbers import SCHEMA
 from sparkcoord.runtime.restart import NoRestart
 from sparkcoord.spark import JobGaveUp, SubtaskOperator
 from tests.spark.helpers import (
-    latest_snapshot,
+    checkpointed_reports,
     latest_state,
     numbers_job,
     run_until_rows,
@@ -34,11 +34,7 @@ def test_every_subtask_gets_exactly_its_numbers_in_order_and_reports_reach_the_c
     out = str(tmp_path / "out")
 
     def reports() -> list[list[int]]:
-        try:
-            snap = latest_snapshot(job, "numbers", "numbers")
-        except (ValueError, FileNotFoundError):
-            return [[], []]
-        return [[v for _, v in snap["reports"][s]] for s in (0, 1)]
+        return checkpointed_reports(job)
 
     writer = df.writeStream.format("parquet").option("path", out).trigger(processingTime="0 seconds")
     report = job.run(writer, until=lambda: len(sink_rows(spark, out)) >= 2 * N

@@ -12,7 +12,13 @@ import pytest
 from sparkcoord.examples.numbers import SCHEMA, NumberCollector, NumbersCoordinator
 from sparkcoord.runtime.service import ServiceConfig
 from sparkcoord.spark import CoordinatedJob
-from tests.spark.helpers import latest_snapshot, latest_state, sink_rows, values_by_subtask
+from tests.spark.helpers import (
+    checkpointed_reports,
+    latest_snapshot,
+    latest_state,
+    sink_rows,
+    values_by_subtask,
+)
 from tests.spark.scenarios import DecliningNumbers
 
 pytestmark = pytest.mark.spark
@@ -23,11 +29,7 @@ def run_checked(spark, job: CoordinatedJob, df, out: str, also=lambda: True, **r
     """Run until the sink and the coordinator's checkpointed reports are complete and ``also()``
     holds (the checkpoint interval keeps sealing epochs meanwhile); check sink, state, reports."""
     def reports() -> list[list[int]]:
-        try:
-            snap = latest_snapshot(job, "numbers", "numbers")
-        except (ValueError, FileNotFoundError):
-            return [[], []]
-        return [[v for _, v in snap["reports"][s]] for s in (0, 1)]
+        return checkpointed_reports(job)
 
     writer = df.writeStream.format("parquet").option("path", out).trigger(processingTime="0 seconds")
     report = job.run(writer, until=lambda: len(sink_rows(spark, out)) >= 2 * N
