@@ -133,7 +133,7 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--first-seed", type=int, default=0)
     args = ap.parse_args()
-    console = Console()
+    console = Console(width=max(Console().width, 110))  # full columns in logs and pipes too
     table = Table(title=f"soak: {args.seeds} seeds per scenario from {args.first_seed}")
     for col in ("scenario", "runs", "passes", "lost", "duplicated", "out of order",
                 "failed seeds", "time"):

@@ -215,14 +215,18 @@ class CheckpointStorage:
                 self._rm_quiet(posixpath.join(self._state_dir(sid), f"{epoch}.state"))
         self._pruned_below = max(start, keep_from)
 
-    def _oldest_record_epoch(self, upto: int) -> int:
-        # One listing per run, bounded by retention plus garbage; never repeated.
+    def record_epochs(self) -> list[int]:
+        """The epochs that have a record, ascending (one listing; tools and tests, any thread)."""
         epochs = []
         for name in self.fs.ls(self._path("records"), detail=False):
             base = posixpath.basename(name)
             if base.endswith(".ckpt") and base[:-5].lstrip("-").isdigit():
                 epochs.append(int(base[:-5]))
-        return min([e for e in epochs if e < upto], default=upto)
+        return sorted(epochs)
+
+    def _oldest_record_epoch(self, upto: int) -> int:
+        # One listing per run, bounded by retention plus garbage; never repeated.
+        return min([e for e in self.record_epochs() if e < upto], default=upto)
 
     def _rm_quiet(self, path: str) -> None:
         try:

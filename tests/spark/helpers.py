@@ -69,6 +69,7 @@ def checkpointed_reports(job: CoordinatedJob, source: str = "numbers",
 
 def latest_snapshot(job: CoordinatedJob, source: str, operator: str) -> Any:
     storage = CheckpointStorage(job.coordination_url(source))
-    epochs = [int(p.rsplit("/", 1)[1][:-5]) for p in storage.fs.ls(f"{storage.root}/records", detail=False)
-              if p.endswith(".ckpt")]
-    return pickle.loads(storage.read_record(max(epochs)).snapshots[operator])
+    epochs = storage.record_epochs()
+    if not epochs:
+        raise FileNotFoundError(f"no checkpoint record under {storage.root}")
+    return pickle.loads(storage.read_record(epochs[-1]).snapshots[operator])

@@ -3,9 +3,11 @@
 Scenario ``two-speeds`` (after Flink's CoordinatorEventsExactlyOnceITCase): two coordinators,
 ``fast`` (many numbers, quickly) and ``slow`` (few, slowly), each sending to its own subtask;
 each completes its checkpoint futures one step late from its own thread (the next timer
-tick, after that tick's send), each calls ``fail_job`` once at a seeded random number, and each
-stalls briefly when an execution attempt fails so that sends race the failure. Every subtask's
-surviving state and the sink must hold exactly [0..N-1] in order.
+tick, after that tick's send), each calls ``fail_job`` once at a seeded random number, each subtask's task fails once at
+another seeded number (a Spark task retry: the coordinator stalls in
+``execution_attempt_failed`` so that its sends race the failure, then rewinds that subtask to its
+boundary in ``subtask_reset``). Every subtask's surviving state, the sink and the reports in the
+coordinators' checkpointed state must hold exactly [0..N-1] in order.
 """
 
 from __future__ import annotations
@@ -27,22 +29,34 @@ from sparkcoord.spark import CoordinatedJob, OperatorSpec
 
 
 class LateCompletingNumbers(NumbersCoordinator):
-    """Completes each checkpoint future at its next tick, on its own thread (the mailbox)."""
+    """Completes each checkpoint future at its next tick, on its own thread (the mailbox), and
+    rewinds a subtask to its checkpoint boundary when that subtask's task is retried."""
 
     resets_per_subtask = True
 
-    def __init__(self, context: Any, **kw: Any) -> None:
-        super().__init__(context, **kw)
+    def reset_to_checkpoint(self, checkpoint_id: int, state: Any) -> None:
+        super().reset_to_checkpoint(checkpoint_id, state)
         self.pending: tuple[int, Future[Any]] | None = None
+        # what each subtask had been sent and had reported at each boundary, for subtask_reset
+        self.boundaries: dict[int, tuple[list[int], list[int]]] = {}
+        self._remember_boundary(checkpoint_id)
+
+    def _remember_boundary(self, checkpoint_id: int) -> None:
+        self.boundaries[checkpoint_id] = (list(self.next), [len(r) for r in self.reports])
 
     def checkpoint_coordinator(self, checkpoint_id: int, result: Future[Any]) -> None:
         self.pending = (checkpoint_id, result)
 
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        for old in [c for c in self.boundaries if c < checkpoint_id]:
+            del self.boundaries[old]
+
     def tick(self) -> None:
         super().tick()
         if self.pending is not None:
-            _, result = self.pending
+            checkpoint_id, result = self.pending
             self.pending = None
+            self._remember_boundary(checkpoint_id)
             result.set_result({"next": list(self.next), "reports": [list(r) for r in self.reports]})
 
     def execution_attempt_failed(self, subtask: int, attempt: int, reason: str) -> None:
@@ -50,8 +64,11 @@ class LateCompletingNumbers(NumbersCoordinator):
         super().execution_attempt_failed(subtask, attempt, reason)
 
     def subtask_reset(self, subtask: int, checkpoint_id: int) -> None:
-        # per-subtask coordinator: nothing unsealed survives; the counter is the sent record
-        pass
+        # The retried task holds exactly what was sealed up to this boundary; what was sent to
+        # it afterwards failed, and it reports this epoch's numbers again: rewind both.
+        sent, reported = self.boundaries[checkpoint_id]
+        self.next[subtask] = sent[subtask]
+        del self.reports[subtask][reported[subtask]:]
 
 
 @dataclass
@@ -80,22 +97,26 @@ def check_sink(rows: list[Any], totals: dict[str, int], outcome: Outcome) -> Non
             outcome.detail.append(f"{op}: {values}")
 
 
-def run_two_speeds(spark: Any, workdir: str, seed: int, fast: int = 120, slow: int = 8) -> Outcome:
+def run_two_speeds(spark: Any, workdir: str, seed: int, fast: int = 120, slow: int = 8,
+                   master_url: str | None = None) -> Outcome:
+    """Run scenario two-speeds once with ``seed``; count what was lost, duplicated, reordered."""
     rng = random.Random(seed)
     markers = os.path.join(workdir, "markers")
     totals = {"fast": fast, "slow": slow}
-    job = CoordinatedJob(spark, os.path.join(workdir, "ckpt"))
-    operators = [
-        OperatorSpec("fast", functools.partial(
-            LateCompletingNumbers, total=fast, per_tick=4, interval_s=0.03,
-            fail_job_at=rng.randrange(fast // 4, fast - 1), marker_dir=markers), NumberCollector, 1),
-        OperatorSpec("slow", functools.partial(
-            LateCompletingNumbers, total=slow, per_tick=1, interval_s=0.3,
-            fail_job_at=rng.randrange(1, slow - 1), marker_dir=markers), NumberCollector, 1),
-    ]
+    # checkpoints keep being sealed after the last number, so the final reports get checkpointed
+    job = CoordinatedJob(spark, os.path.join(workdir, "ckpt"), checkpoint_interval_s=0.5)
+    operators = []
+    for name, total, per_tick, interval_s in (("fast", fast, 4, 0.03), ("slow", slow, 1, 0.3)):
+        coordinator = functools.partial(
+            LateCompletingNumbers, total=total, per_tick=per_tick, interval_s=interval_s,
+            fail_job_at=rng.randrange(total // 4, total - 1), marker_dir=markers)
+        collector = functools.partial(
+            NumberCollector, fail_task_at=rng.randrange(1, total - 1), marker_dir=markers)
+        operators.append(OperatorSpec(name, coordinator, collector, 1))
     df = job.sources(operators, SCHEMA, name="two-speeds")
     out = os.path.join(workdir, "out")
     writer = df.writeStream.format("parquet").option("path", out).trigger(processingTime="0 seconds")
+    storage = CheckpointStorage(job.coordination_url("two-speeds"))
 
     def rows() -> list[Any]:
         if not os.path.exists(os.path.join(out, "_spark_metadata")):
@@ -105,20 +126,34 @@ def run_two_speeds(spark: Any, workdir: str, seed: int, fast: int = 120, slow: i
         except Exception:  # noqa: BLE001 - nothing committed yet
             return []
 
+    def reports() -> dict[str, list[int]]:
+        epochs = storage.record_epochs()
+        if not epochs:
+            return {}
+        snapshots = storage.read_record(epochs[-1]).snapshots
+        return {op: [v for _, v in pickle.loads(snapshots[op])["reports"][0]] for op in totals}
+
+    def done() -> bool:
+        got = reports()
+        return len(rows()) >= fast + slow and all(len(got.get(op, ())) >= n for op, n in totals.items())
+
     outcome = Outcome(seed)
-    report = job.run(writer, restart=FixedDelay(attempts=4, delay_s=0.5),
-                     until=lambda: len(rows()) >= fast + slow, poll_s=0.5, timeout_s=400)
+    report = job.run(writer, restart=FixedDelay(attempts=4, delay_s=0.5), until=done, poll_s=0.5,
+                     timeout_s=400)
     outcome.restarts = report.restarts
     check_sink(rows(), totals, outcome)
-    storage = CheckpointStorage(job.coordination_url("two-speeds"))
+    final_reports = reports()
     for op, total in totals.items():
         found = storage.read_subtask_state(SubtaskId(op, 0), 1 << 62)
         state = pickle.loads(found[1]) if found else None
         if state != list(range(total)):
             outcome.detail.append(f"state of {op}[0]: {state}")
+        if final_reports.get(op) != list(range(total)):
+            outcome.detail.append(f"reports checkpointed by {op}: {final_reports.get(op)}")
     failed = sorted(m for m in os.listdir(markers)) if os.path.isdir(markers) else []
-    if failed != ["fail_job-fast", "fail_job-slow"]:
-        outcome.detail.append(f"injected failures were {failed}, expected one fail_job each")
+    expected = ["fail_job-fast", "fail_job-slow", "fail_task-fast-0", "fail_task-slow-0"]
+    if failed != expected:
+        outcome.detail.append(f"injected failures were {failed}, expected {expected}")
     return outcome
 
 
