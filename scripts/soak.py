@@ -8,6 +8,8 @@ Scenarios:
   simulation   the in-process simulated Spark lifecycle with every fault injected (fast)
   two-speeds   tests/spark/scenarios.py on local Spark (about a minute per seed)
   driver-kill  SIGKILL of the job at each kill point in turn, then a restart (~1 min per seed)
+  cluster      two-speeds on a standalone cluster (a master and two workers started from the
+               pyspark package on loopback; ~30 s per seed after a ~30 s start)
 
 Columns: runs, passes, lost, duplicated and out-of-order events, and the failing seeds.
 Run from the repository root with the project's interpreter.
@@ -23,7 +25,8 @@ import tempfile
 import time
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 from rich.console import Console  # noqa: E402
@@ -72,21 +75,35 @@ def soak_simulation(seeds: list[int]) -> dict[str, Any]:
 def soak_two_speeds(seeds: list[int]) -> dict[str, Any]:
     from pyspark.sql import SparkSession
 
+    builder = (SparkSession.builder.master("local[2,4]").config("spark.ui.enabled", "false")
+               .config("spark.ui.showConsoleProgress", "false"))
+    return _two_speeds_runs(builder, seeds, "two-speeds")
+
+
+def soak_cluster(seeds: list[int]) -> dict[str, Any]:
+    from sparkcoord.spark.cluster import LocalStandaloneCluster
+
+    with LocalStandaloneCluster(workers=2, cores_per_worker=1, memory_per_worker="1536m") as cluster:
+        # executors import the scenario's classes from this repository's tests package
+        builder = cluster.session_builder("soak-cluster").config("spark.executorEnv.PYTHONPATH", REPO)
+        return _two_speeds_runs(builder, seeds, "cluster")
+
+
+def _two_speeds_runs(builder: Any, seeds: list[int], name: str) -> dict[str, Any]:
     from tests.spark.scenarios import run_two_speeds
 
-    spark = (SparkSession.builder.master("local[2,4]").config("spark.ui.enabled", "false")
-             .config("spark.ui.showConsoleProgress", "false").getOrCreate())
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("FATAL")
     row: dict[str, Any] = {"runs": 0, "passes": 0, "lost": 0, "duplicated": 0,
                            "out of order": 0, "failed seeds": []}
     try:
         for seed in seeds:
-            workdir = tempfile.mkdtemp(prefix=f"soak-two-speeds-{seed}-")
+            workdir = tempfile.mkdtemp(prefix=f"soak-{name}-{seed}-")
             row["runs"] += 1
             try:
                 outcome = run_two_speeds(spark, workdir, seed)
             except Exception as exc:  # noqa: BLE001 - a crash of the run is a failure to report
-                row["failed seeds"].append(f"{seed} ({type(exc).__name__})")
+                row["failed seeds"].append(f"{seed} ({type(exc).__name__}: {str(exc)[:80]})")
                 continue
             row["lost"] += outcome.lost
             row["duplicated"] += outcome.duplicated
@@ -124,7 +141,7 @@ def soak_driver_kill(seeds: list[int]) -> dict[str, Any]:
 
 
 SCENARIOS = {"simulation": soak_simulation, "two-speeds": soak_two_speeds,
-             "driver-kill": soak_driver_kill}
+             "driver-kill": soak_driver_kill, "cluster": soak_cluster}
 
 
 def main() -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -19,6 +20,20 @@ def _java_version() -> str:
     return (out.stderr or out.stdout).splitlines()[0] if (out.stderr or out.stdout) else java
 
 
+def _run_cluster(args: argparse.Namespace) -> int:
+    from sparkcoord.spark.cluster import LocalStandaloneCluster
+
+    with LocalStandaloneCluster(args.workers, args.cores, args.memory, host=args.host) as cluster:
+        print(f"master  {cluster.master_url}  (status page {cluster.web_url})")
+        print(f"logs    {cluster.work_dir}/logs")
+        print(f"try     sparkcoord demo --master {cluster.master_url}")
+        print("Ctrl-C stops the workers, their executors and the master.", flush=True)
+        stop = {signal.SIGINT, signal.SIGTERM}
+        signal.pthread_sigmask(signal.SIG_BLOCK, stop)  # sigwait takes them instead of handlers
+        signal.sigwait(stop)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sparkcoord", description=sparkcoord.__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=sparkcoord.__version__)
@@ -27,6 +42,14 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--dir", default="sparkcoord-demo", help="work directory (wiped first)")
     demo.add_argument("--fast", type=int, default=200, help="numbers per subtask, fast coordinator")
     demo.add_argument("--slow", type=int, default=10, help="numbers per subtask, slow coordinator")
+    demo.add_argument("--master", default=None,
+                      help="a standalone master URL (spark://host:port) instead of local[2,4]")
+    cluster = sub.add_parser("cluster", help="start a Spark standalone cluster on this machine "
+                                             "and keep it up until Ctrl-C")
+    cluster.add_argument("--workers", type=int, default=2, help="number of workers")
+    cluster.add_argument("--cores", type=int, default=1, help="cores per worker")
+    cluster.add_argument("--memory", default="2g", help="memory per worker")
+    cluster.add_argument("--host", default="127.0.0.1", help="address everything binds to")
     sub.add_parser("env", help="show what sparkcoord runs on")
     args = parser.parse_args(argv)
     if args.command == "env":
@@ -39,7 +62,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "demo":
         from sparkcoord.demo import run_demo
 
-        return 0 if run_demo(os.path.abspath(args.dir), args.fast, args.slow) else 1
+        spark = None
+        if args.master:
+            from sparkcoord.spark.cluster import standalone_session_builder
+
+            spark = standalone_session_builder(args.master, "sparkcoord-demo").getOrCreate()
+        try:
+            return 0 if run_demo(os.path.abspath(args.dir), args.fast, args.slow, spark=spark) else 1
+        finally:
+            if spark is not None:
+                spark.stop()
+    if args.command == "cluster":
+        return _run_cluster(args)
     return 2  # pragma: no cover - argparse enforces a command
 
 
