@@ -67,6 +67,7 @@ class CheckpointStorage:
         self._log_file: Any = None
         self._segments = 0
         self._pruned_below: int | None = None
+        self._state_epochs: dict[SubtaskId, list[int]] = {}
         fs.makedirs(self._path("records"), exist_ok=True)
         fs.makedirs(self._path("inbound"), exist_ok=True)
 
@@ -175,27 +176,45 @@ class CheckpointStorage:
         return self._path("state", subtask.operator, str(subtask.index))
 
     def write_subtask_state(self, subtask: SubtaskId, epoch: int, state: bytes) -> None:
-        """Store ``subtask``'s state at the end of the batch of ``epoch`` (a retry overwrites)."""
-        self._write_atomic(posixpath.join(self._state_dir(subtask), f"{epoch}.state"),
+        """Store ``subtask``'s state at the end of the batch of ``epoch`` (a retry overwrites).
+
+        Then drop its states older than the ``retain`` newest before ``epoch``: a restore or a
+        retry only ever reads the newest state before the batch it runs, and Spark only reruns
+        its newest batch, so the directory stays at ``retain + 1`` files whatever the number of
+        past epochs. Called by the subtask's task at the end of each batch.
+        """
+        directory = self._state_dir(subtask)
+        self._write_atomic(posixpath.join(directory, f"{epoch}.state"),
                            encode_subtask_state(epoch, state))
+        known = self._state_epochs.pop(subtask, None)
+        if known is None:
+            known = self._list_state_epochs(directory)
+        older = sorted(e for e in known if e < epoch)
+        for stale in older[:-self.retain]:
+            self._rm_quiet(posixpath.join(directory, f"{stale}.state"))
 
     def read_subtask_state(self, subtask: SubtaskId, before_epoch: int) -> tuple[int, bytes] | None:
         """The newest state of ``subtask`` from an epoch before ``before_epoch``, if any."""
         directory = self._state_dir(subtask)
-        try:
-            names = self.fs.ls(directory, detail=False)
-        except FileNotFoundError:
-            return None
-        epochs = []
-        for name in names:
-            base = posixpath.basename(name)
-            if base.endswith(".state") and base[:-6].lstrip("-").isdigit():
-                epochs.append(int(base[:-6]))
+        epochs = self._list_state_epochs(directory)
+        self._state_epochs[subtask] = epochs  # the write at the end of the batch prunes with it
         older = [e for e in epochs if e < before_epoch]
         if not older:
             return None
         path = posixpath.join(directory, f"{max(older)}.state")
         return decode_subtask_state(self.fs.cat_file(path), path)
+
+    def _list_state_epochs(self, directory: str) -> list[int]:
+        try:
+            names = self.fs.ls(directory, detail=False)
+        except FileNotFoundError:
+            return []
+        epochs = []
+        for name in names:
+            base = posixpath.basename(name)
+            if base.endswith(".state") and base[:-6].lstrip("-").isdigit():
+                epochs.append(int(base[:-6]))
+        return epochs
 
     # ------------------------------------------------------------------------- retention
     def prune(self, committed_epoch: int, operators: Sequence[SubtaskId] = ()) -> None:

@@ -99,6 +99,22 @@ def test_pruning_at_completion_keeps_the_last_k_records_and_never_the_completed_
     assert [e for e in range(6) if storage.fs.exists(storage.record_path(e))] == [4, 5]
 
 
+def test_subtask_state_files_stay_bounded_by_retention_whatever_the_number_of_epochs(
+        tmp_path) -> None:
+    storage = CheckpointStorage(str(tmp_path), retain=2)
+    for epoch in range(50):
+        storage.read_subtask_state(SID, epoch)
+        storage.write_subtask_state(SID, epoch, f"s{epoch}".encode())
+    names = sorted(p.name for p in (tmp_path / "state" / SID.operator / str(SID.index)).iterdir())
+    assert names == ["47.state", "48.state", "49.state"]
+    # a rerun of the newest batch (restore or task retry) still finds the state before it
+    assert storage.read_subtask_state(SID, 49) == (48, b"s48")
+    fresh = CheckpointStorage(str(tmp_path), retain=2)  # another task: no cached listing
+    fresh.write_subtask_state(SID, 50, b"s50")
+    assert fresh.read_subtask_state(SID, 50) == (49, b"s49")
+    assert len(list((tmp_path / "state" / SID.operator / str(SID.index)).iterdir())) == 3
+
+
 def test_subtask_state_is_read_from_the_newest_earlier_epoch(storage: CheckpointStorage) -> None:
     assert storage.read_subtask_state(SID, 3) is None
     storage.write_subtask_state(SID, 0, b"s0")
