@@ -19,21 +19,19 @@ import time
 from collections import OrderedDict
 
 from sparkcoord.channel.frames import (
-    HEADER,
-    MAC_SIZE,
     Delivery,
-    Event,
+    EventFrames,
     Fetch,
     FrameError,
     FrameType,
     Register,
+    Replies,
     Reply,
     ReplyVerdict,
     authenticate_and_parse,
-    check_header,
     encode,
 )
-from sparkcoord.channel.server import recv_exact
+from sparkcoord.channel.server import FrameReader
 from sparkcoord.core.errors import SparkCoordError
 from sparkcoord.core.ids import TaskAttempt
 
@@ -60,7 +58,9 @@ class ChannelClient:
         self.execution_attempt = 0
         self.next_seq = 0
         self._unacked: OrderedDict[int, bytes] = OrderedDict()  # seq -> encoded frame
+        self._frames = EventFrames(attempt, secret)
         self._sock: socket.socket | None = None
+        self._reader: FrameReader | None = None
         self.reconnects = 0
 
     # ------------------------------------------------------------------------------- api
@@ -91,7 +91,7 @@ class ChannelClient:
         """Send one encoded event; returns its sequence number. May block on the window."""
         seq = self.next_seq
         self.next_seq += 1
-        frame = encode(Event(self.attempt, seq, payload), self.secret)
+        frame = self._frames.encode(seq, payload)
         self._unacked[seq] = frame
         try:
             self._connected().sendall(frame)
@@ -113,6 +113,7 @@ class ChannelClient:
                 self._sock.close()
             finally:
                 self._sock = None
+                self._reader = None
 
     # -------------------------------------------------------------------------- internals
     def _connected(self) -> socket.socket:
@@ -120,6 +121,7 @@ class ChannelClient:
             sock = socket.create_connection(self.address, timeout=self.ack_timeout_s)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._sock = sock
+            self._reader = FrameReader(sock, 1 << 30)
         return self._sock
 
     def _with_retries(self, action: object, resend: bool = True) -> None:
@@ -144,42 +146,45 @@ class ChannelClient:
 
     def _register_once(self) -> None:
         self._connected().sendall(encode(Register(self.attempt), self.secret))
-        reply = self._read_reply()
-        while reply.request is not FrameType.REGISTER:
-            self._apply(reply)
-            reply = self._read_reply()
-        self._apply(reply)
+        while not any(r.request is FrameType.REGISTER for r in self._read_replies()):
+            pass
 
     def _resend_all(self) -> None:
         # After a reconnect: register again (acknowledged as a duplicate), then every
         # unacknowledged event again, in order, with its own number.
         sock = self._connected()
         sock.sendall(encode(Register(self.attempt), self.secret))
-        reply = self._read_reply()
-        self._apply(reply)
+        self._read_replies()
         for frame in list(self._unacked.values()):
             sock.sendall(frame)
 
     def _read_one_reply(self) -> None:
-        self._apply(self._read_reply())
+        # one socket read usually brings a batch of replies: apply all that are buffered
+        self._read_replies()
+        reader = self._reader
+        while reader is not None and self._unacked and reader.frame_ready():
+            self._read_replies()
 
     def _read_message(self) -> object:
-        sock = self._connected()
-        head = recv_exact(sock, HEADER.size + MAC_SIZE)
-        if head is None:
+        self._connected()
+        assert self._reader is not None
+        frame = self._reader.read_frame()
+        if frame is None:
             raise OSError("the coordination service closed the connection")
-        header, mac = head[:HEADER.size], head[HEADER.size:]
-        _, length = check_header(header, 1 << 30)
-        body = recv_exact(sock, length)
-        if body is None:
-            raise OSError("connection closed in the middle of a reply")
-        return authenticate_and_parse(header, mac, body, self.secret)
+        return authenticate_and_parse(*frame, self.secret)
 
-    def _read_reply(self) -> Reply:
+    def _read_replies(self) -> list[Reply]:
+        """Read one REPLY or REPLIES frame and apply each reply in order."""
         message = self._read_message()
-        if not isinstance(message, Reply):
+        if isinstance(message, Reply):
+            replies = [message]
+        elif isinstance(message, Replies):
+            replies = list(message.replies)
+        else:
             raise FrameError(f"expected a reply, got {type(message).__name__}")
-        return message
+        for reply in replies:
+            self._apply(reply)
+        return replies
 
     def _apply(self, reply: Reply) -> None:
         if reply.verdict is ReplyVerdict.REJECT:

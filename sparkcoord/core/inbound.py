@@ -135,7 +135,8 @@ class InboundGate:
     def event_received(self, attempt: TaskAttempt, seq: int, payload: bytes) -> InboundDecision:
         """Event ``seq`` of ``attempt`` arrived. On ACCEPT the caller logs ``self.last_entry``."""
         sid = attempt.subtask
-        if self._live.get(sid) != attempt:
+        live = self._live.get(sid)
+        if live is not attempt and live != attempt:  # identity first: the channel interns attempts
             problem = self._check_identity(attempt) or (
                 f"{attempt} is not the live attempt of {sid} (live: {self._live.get(sid)})")
             return InboundDecision(Verdict.REJECT, problem)

@@ -15,6 +15,7 @@ Thread model: none (pure functions over bytes).
 
 from __future__ import annotations
 
+import functools
 import struct
 import zlib
 from collections.abc import Iterator, Mapping, Sequence
@@ -205,20 +206,23 @@ def decode_checkpoint(data: bytes, what: str) -> CheckpointRecord:
 def encode_log_entry(entry: LogEntry) -> bytes:
     """One framed inbound-log entry."""
     a = entry.attempt
-    w = _Writer()
     if isinstance(entry, EventEntry):
-        w.u32(1)
-        seq = entry.seq
+        payload = entry.payload
+        body = b"".join([_log_prefix(a, 1), _ATTEMPT.pack(a.subtask.index, a.epoch, a.number, entry.seq),
+                         _U32.pack(len(payload)), payload])
     else:
-        w.u32(0)
-        seq = 0
-    w.text(a.run)
-    w.text(a.subtask.operator)
-    w.parts.append(_ATTEMPT.pack(a.subtask.index, a.epoch, a.number, seq))
-    if isinstance(entry, EventEntry):
-        w.blob(entry.payload)
-    body = w.getvalue()
+        body = _log_prefix(a, 0) + _ATTEMPT.pack(a.subtask.index, a.epoch, a.number, 0)
     return _FRAME.pack(len(body), zlib.crc32(body)) + body
+
+
+@functools.lru_cache(maxsize=1024)
+def _log_prefix(attempt: TaskAttempt, kind: int) -> bytes:
+    # kind, run and operator of an entry: the same for every event of an attempt
+    w = _Writer()
+    w.u32(kind)
+    w.text(attempt.run)
+    w.text(attempt.subtask.operator)
+    return w.getvalue()
 
 
 def decode_log(data: bytes, what: str) -> tuple[list[LogEntry], int]:

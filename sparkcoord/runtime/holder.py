@@ -128,6 +128,14 @@ class CoordinatorHolder:
         """An accepted inbound event: hand it to the coordinator (inbound critical section)."""
         self._submit(lambda: self._callback("handle_event_from_operator", subtask, attempt, event))
 
+    def deliver_many(self, events: Sequence[tuple[int, int, Any]]) -> None:
+        """Accepted inbound events ``(subtask, attempt, event)``, in order, as one mailbox action
+        (inbound critical section; a batch read from one connection)."""
+        def run() -> None:
+            for subtask, attempt, event in events:
+                self._callback("handle_event_from_operator", subtask, attempt, event)
+        self._submit(run)
+
     def subtask_failed(self, subtask: int, old_attempt: int, reason: str, checkpoint_id: int,
                        snapshot: bytes | None, replay: Sequence[ReplayedEvent]) -> None:
         """A task of ``subtask`` was retried inside the batch of ``checkpoint_id`` (rule 7).

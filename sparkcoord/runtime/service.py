@@ -33,6 +33,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Any
 
 from sparkcoord.coordinator import Cancellable, CoordinatorProvider
 from sparkcoord.core.checkpoints import CheckpointAbort, CheckpointTracker
@@ -286,22 +287,64 @@ class CoordinationService:
     def event_received(self, attempt: TaskAttempt, seq: int, payload: bytes) -> InboundDecision:
         """Event ``seq`` of ``attempt`` arrived (channel thread). Acknowledge only on ACCEPT or
         DUPLICATE; the event is then logged durably and on the coordinator's mailbox."""
-        try:
-            event = self.codec.decode(payload)
-        except Exception as exc:  # noqa: BLE001 - unpickling raises anything
-            return InboundDecision(Verdict.REJECT, f"event {seq} of {attempt} cannot be "
-                                                   f"unpickled on the driver: {exc!r}")
+        return self.events_received([(attempt, seq, payload)])[0]
+
+    def events_received(self, events: list[tuple[TaskAttempt, int, bytes]]) -> list[InboundDecision]:
+        """Several events arrived together on one connection (channel thread), in send order.
+
+        The same critical section as one event, once for all of them: every accepted event is
+        in the gate, then all of them are appended to the inbound log with one write, then
+        put on the coordinators' mailboxes in order; the caller acknowledges them after this
+        returns. Decisions come back in the same order.
+        """
+        decoded: list[Any] = []
+        errors: dict[int, InboundDecision] = {}
+        decode = self.codec.decode
+        for i, (attempt, seq, payload) in enumerate(events):
+            try:
+                decoded.append(decode(payload))
+            except Exception as exc:  # noqa: BLE001 - unpickling raises anything
+                decoded.append(None)
+                errors[i] = InboundDecision(Verdict.REJECT, f"event {seq} of {attempt} cannot be "
+                                                            f"unpickled on the driver: {exc!r}")
         with self._lock:
             if self.failure is not None:
-                return InboundDecision(Verdict.REJECT, f"the job failed: {self.failure}")
-            if self._gate is None:
-                return InboundDecision(Verdict.REJECT, "the service has not been restored yet")
-            decision = self._gate.event_received(attempt, seq, payload)
-            if decision.verdict is Verdict.ACCEPT:
-                self._append(attempt.epoch)
-                self._holders[attempt.subtask.operator].deliver(
-                    attempt.subtask.index, decision.execution_attempt, event)
-            return decision
+                return [InboundDecision(Verdict.REJECT, f"the job failed: {self.failure}")] * len(events)
+            gate = self._gate
+            if gate is None:
+                return [InboundDecision(Verdict.REJECT, "the service has not been restored yet")] * len(events)
+            decisions: list[InboundDecision] = []
+            accepted: list[tuple[int, TaskAttempt, InboundDecision]] = []
+            entries: list[bytes] = []
+            for i, (attempt, seq, payload) in enumerate(events):
+                error = errors.get(i)
+                if error is not None:
+                    decisions.append(error)
+                    continue
+                decision = gate.event_received(attempt, seq, payload)
+                decisions.append(decision)
+                if decision.verdict is Verdict.ACCEPT:
+                    if entries and accepted[-1][1].epoch != attempt.epoch:
+                        self._append_many(accepted[-1][1].epoch, entries)
+                        entries = []
+                    entries.append(encode_log_entry(gate.last_entry))
+                    accepted.append((i, attempt, decision))
+            if entries:
+                self._append_many(accepted[-1][1].epoch, entries)
+            by_operator: dict[str, list[tuple[int, int, Any]]] = {}
+            for i, attempt, decision in accepted:  # one connection: normally one operator
+                by_operator.setdefault(attempt.subtask.operator, []).append(
+                    (attempt.subtask.index, decision.execution_attempt, decoded[i]))
+            for operator, items in by_operator.items():
+                self._holders[operator].deliver_many(items)
+            return decisions
+
+    def _append_many(self, epoch: int, entries: list[bytes]) -> None:
+        try:
+            self.storage.append_inbound(epoch, b"".join(entries))
+        except Exception as exc:
+            self._fail(f"cannot append to the inbound log of epoch {epoch}: {exc!r}")
+            raise
 
     def _append(self, epoch: int) -> None:
         assert self._gate is not None

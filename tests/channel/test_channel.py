@@ -20,8 +20,9 @@ from sparkcoord.channel.frames import (
     check_header,
     encode,
 )
-from sparkcoord.channel.server import ChannelServer
+from sparkcoord.channel.server import ChannelServer, FrameReader
 from sparkcoord.core.ids import SubtaskId, TaskAttempt
+from sparkcoord.core.inbound import EventEntry
 from sparkcoord.testing import CoordinatorHarness
 
 SECRET = b"s" * 32
@@ -186,3 +187,59 @@ def test_the_server_binds_to_loopback_by_default(setup) -> None:
 def test_a_short_secret_is_refused() -> None:
     with pytest.raises(ValueError, match="16 bytes"):
         ChannelServer(None, b"short")  # type: ignore[arg-type]
+
+
+def test_replies_frames_round_trip_and_a_truncated_one_is_named() -> None:
+    from sparkcoord.channel.frames import FrameType, Replies, Reply, ReplyVerdict
+
+    replies = Replies((Reply(FrameType.EVENT, 4, ReplyVerdict.ACCEPT, 1, ""),
+                       Reply(FrameType.EVENT, 5, ReplyVerdict.REJECT, 1, "gap: expected 4")))
+    frame = encode(replies, SECRET)
+    header, mac, body = frame[:HEADER.size], frame[HEADER.size:HEADER.size + 32], frame[HEADER.size + 32:]
+    assert authenticate_and_parse(header, mac, body, SECRET) == replies
+    short = body[:-3]
+    short_header = struct.pack(">2sBBI", b"SC", 1, int(FrameType.REPLIES), len(short))
+    import hmac as _hmac
+
+    short_mac = _hmac.digest(SECRET, short_header + short, "sha256")
+    with pytest.raises(FrameError, match="malformed REPLIES frame"):
+        authenticate_and_parse(short_header, short_mac, short, SECRET)
+
+
+def test_a_batch_of_events_is_decided_in_order_logged_once_and_delivered_in_order(setup) -> None:
+    h, _ = setup
+    a = attempt(h, 0)
+    assert h.service.attempt_registered(a).verdict.name == "ACCEPT"
+    decisions = h.service.events_received([(a, 0, pickle.dumps("e0")), (a, 2, pickle.dumps("gap")),
+                                           (a, 1, pickle.dumps("e1")), (a, 1, pickle.dumps("again")),
+                                           (a, 2, b"\x80\x05not a pickle")])
+    assert [d.verdict.name for d in decisions] == ["ACCEPT", "REJECT", "ACCEPT", "DUPLICATE", "REJECT"]
+    assert "arrived before event 1" in decisions[1].reason
+    assert "cannot be unpickled" in decisions[4].reason
+    h.run()
+    assert h.coordinator.got == [(0, "e0"), (0, "e1")]
+    logged = [(e.seq, pickle.loads(e.payload)) for e in h.service.storage.read_inbound_log(h.epoch)
+              if isinstance(e, EventEntry)]
+    assert logged == [(0, "e0"), (1, "e1")]
+
+
+def test_pipelined_frames_sent_together_are_all_answered_in_request_order(setup) -> None:
+    from sparkcoord.channel.frames import FrameType, Replies, Reply
+
+    h, server = setup
+    a = attempt(h, 1)
+    frames = [encode(Register(a), SECRET)] + [encode(Event(a, i, pickle.dumps(i)), SECRET)
+                                              for i in range(20)]
+    answers: list[Reply] = []
+    with socket.create_connection(server.address, timeout=5) as s:
+        s.sendall(b"".join(frames))
+        reader = FrameReader(s, 1 << 20)
+        while len(answers) < 21:
+            frame = reader.read_frame()
+            assert frame is not None, f"connection closed after {len(answers)} answers"
+            message = authenticate_and_parse(*frame, SECRET)
+            answers.extend(message.replies if isinstance(message, Replies) else [message])
+    assert [(r.request, r.seq, r.verdict.name) for r in answers] == (
+        [(FrameType.REGISTER, 0, "ACCEPT")] + [(FrameType.EVENT, i, "ACCEPT") for i in range(20)])
+    h.run()
+    assert h.coordinator.got == [(1, i) for i in range(20)]
