@@ -75,6 +75,45 @@ def baseline(n: int) -> float:
     return time.perf_counter() - t0
 
 
+def run(preset: str) -> dict[str, Any]:
+    """The benchmark runner's entry: figures for ``bench/run.py``."""
+    from bench.common import figure
+
+    n, p, rounds = 100_000, 8, (5 if preset == "quick" else 15)
+    result = measure(n, p, rounds)
+    events_per_s = result["events_per_s"]
+    notes = [f"- {n:,} events, P={p}, median of {rounds} rounds: send "
+             f"{result['median_s']['send'] * 1e3:.0f} ms, seal {result['median_s']['seal'] * 1e3:.0f} ms, "
+             f"delivery {result['median_s']['delivery'] * 1e3:.0f} ms; baseline pickle dumps+loads "
+             f"{result['baseline_pickle_roundtrip_s'] * 1e3:.0f} ms"]
+    return {"figures": [figure("core", "send -> seal -> delivery, events/s", events_per_s, "events/s",
+                               result["baseline_events_per_s"], ">= 500k events/s",
+                               events_per_s >= 500_000)],
+            "raw": result, "notes": notes}
+
+
+def measure(n: int, p: int, rounds: int) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        mailboxes = ManualMailboxes()
+        service = CoordinationService([CoordinatorSpec("bench", Burst, p)], CheckpointStorage(tmp),
+                                      clock=ManualClock(), mailbox_factory=mailboxes)
+        service.restore(FRESH)
+        mailboxes.run_all()
+        results, bases = [], []
+        for epoch in range(rounds):
+            bases.append(baseline(n))
+            results.append(one_round(service, mailboxes, epoch, n, p))
+        service.close()
+    med = {k: statistics.median(r[k] for r in results) for k in results[0]}
+    base = statistics.median(bases)
+    return {
+        "events": n, "parallelism": p, "rounds": rounds,
+        "median_s": med, "baseline_pickle_roundtrip_s": base,
+        "events_per_s": n / med["total"], "baseline_events_per_s": n / base,
+        "ratio_to_baseline": med["total"] / base, "target_events_per_s": 500_000,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--events", type=int, default=100_000)
@@ -83,25 +122,8 @@ def main() -> None:
     ap.add_argument("--json", help="write results here")
     args = ap.parse_args()
     n, p = args.events, args.parallelism
-    with tempfile.TemporaryDirectory() as tmp:
-        mailboxes = ManualMailboxes()
-        service = CoordinationService([CoordinatorSpec("bench", Burst, p)], CheckpointStorage(tmp),
-                                      clock=ManualClock(), mailbox_factory=mailboxes)
-        service.restore(FRESH)
-        mailboxes.run_all()
-        rounds, bases = [], []
-        for epoch in range(args.rounds):
-            bases.append(baseline(n))
-            rounds.append(one_round(service, mailboxes, epoch, n, p))
-        service.close()
-    med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
-    base = statistics.median(bases)
-    result = {
-        "events": n, "parallelism": p, "rounds": args.rounds,
-        "median_s": med, "baseline_pickle_roundtrip_s": base,
-        "events_per_s": n / med["total"], "baseline_events_per_s": n / base,
-        "ratio_to_baseline": med["total"] / base, "target_events_per_s": 500_000,
-    }
+    result = measure(n, p, args.rounds)
+    med, base = result["median_s"], result["baseline_pickle_roundtrip_s"]
     print(f"send->seal->delivery, {n} events, P={p}, median of {args.rounds} rounds")
     for k, v in med.items():
         print(f"  {k:<9} {v * 1e3:8.1f} ms  ({n / v / 1e3:8.0f}k events/s)")

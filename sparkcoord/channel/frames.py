@@ -257,7 +257,7 @@ def _parse(frame_type: FrameType, body: memoryview) -> Message:
 # A task sends its attempt in every frame: parse each distinct encoding once and hand out the
 # same object, so that the gate's "is this the live attempt" check is an identity check.
 _ATTEMPT_CACHE: dict[bytes, TaskAttempt] = {}
-_ATTEMPT_CACHE_LIMIT = 4096
+_ATTEMPT_CACHE_LIMIT = 256
 
 
 def _parse_attempt(body: memoryview) -> tuple[TaskAttempt, int]:

@@ -215,7 +215,7 @@ def encode_log_entry(entry: LogEntry) -> bytes:
     return _FRAME.pack(len(body), zlib.crc32(body)) + body
 
 
-@functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=256)
 def _log_prefix(attempt: TaskAttempt, kind: int) -> bytes:
     # kind, run and operator of an entry: the same for every event of an attempt
     w = _Writer()

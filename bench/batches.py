@@ -1,0 +1,92 @@
+"""Overhead per micro-batch: the coordinated source vs a plain Python streaming source.
+
+Both read the same values with the same partitions: the coordinated source's coordinator
+(sparkcoord.examples.steady) puts E events into every epoch, spread over P subtasks that emit
+one row each; the plain source (sparkcoord.examples.plain, ``carry=true``) hands each of its
+P partitions E/P pickled values that ``read`` unpickles. Noop sink, trigger "0 seconds", a
+checkpoint sealed at every ``latestOffset`` (checkpoint_interval_s=0), so every trigger is a
+batch of both. Blocks of batches alternate plain / coordinated / plain / ... in one session
+(each block a fresh query), and the figure is the median of Spark's own ``triggerExecution``
+over all measured batches, skipping each block's first batches.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import tempfile
+from typing import Any
+
+from bench.common import figure, wait_until
+
+
+def _durations(query: Any, skip: int) -> list[dict[str, Any]]:
+    return [p["durationMs"] for p in query.recentProgress if p["batchId"] >= skip]
+
+
+def _block(spark: Any, kind: str, parallelism: int, events: int, batches: int, tmp: str,
+           n: int, skip: int = 3) -> list[dict[str, Any]]:
+    from sparkcoord.examples.steady import SCHEMA, SteadyCoordinator, SteadyOperator
+    from sparkcoord.spark import CoordinatedJob
+
+    root = f"{tmp}/{kind}-{n}"
+    if kind == "plain":
+        df = (spark.readStream.format("sparkcoord-plain").option("parallelism", parallelism)
+              .option("rows", events // parallelism).option("carry", "true").load())
+        checkpoint = f"{root}/spark"
+    else:
+        job = CoordinatedJob(spark, root, checkpoint_interval_s=0.0)
+        coordinator = functools.partial(SteadyCoordinator, events_per_epoch=events)
+        df = job.source(SteadyOperator, coordinator, parallelism, SCHEMA, name="steady")
+        checkpoint = job.spark_checkpoint
+    query = (df.writeStream.format("noop").option("checkpointLocation", checkpoint)
+             .trigger(processingTime="0 seconds").start())
+    try:
+        wait_until(lambda: len(_durations(query, skip)) >= batches or query.exception() is not None,
+                   300, f"{batches} batches of the {kind} source")
+        if query.exception() is not None:
+            raise RuntimeError(f"{kind} query failed: {query.exception()}")
+    finally:
+        query.stop()
+    return _durations(query, skip)[:batches]
+
+
+def run(preset: str, spark: Any) -> dict[str, Any]:
+    from sparkcoord.examples.plain import PlainSource
+
+    spark.dataSource.register(PlainSource)
+    quick = preset == "quick"
+    rounds, batches = (2, 8) if quick else (4, 15)
+    configs = [(p, e) for p in (2, 8) for e in (0, 1_000, 10_000)]
+    series: dict[str, list[dict[str, Any]]] = {}
+    figures = []
+    notes = []
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
+        n = 0
+        for parallelism, events in configs:
+            got: dict[str, list[dict[str, Any]]] = {"plain": [], "coordinated": []}
+            for r in range(rounds):
+                order = ("plain", "coordinated") if r % 2 == 0 else ("coordinated", "plain")
+                for kind in order:
+                    n += 1
+                    got[kind] += _block(spark, kind, parallelism, events, batches, tmp, n)
+            med = {k: statistics.median(d["triggerExecution"] for d in v) for k, v in got.items()}
+            parts = {k: {part: statistics.median(d.get(part, 0) for d in v)
+                         for part in ("latestOffset", "queryPlanning", "addBatch", "walCommit",
+                                      "commitOffsets")}
+                     for k, v in got.items()}
+            row = {"events": events, "coordinated_ms": med["coordinated"], "plain_ms": med["plain"],
+                   "ratio": med["coordinated"] / med["plain"], "batches": len(got["coordinated"]),
+                   "parts_coordinated": parts["coordinated"], "parts_plain": parts["plain"]}
+            series.setdefault(str(parallelism), []).append(row)
+            target = met = None
+            if parallelism == 8 and events == 1_000:
+                target, met = "ratio <= 1.05", row["ratio"] <= 1.05
+            figures.append(figure("batches", f"median batch time P={parallelism}, {events:,} events/epoch",
+                                  med["coordinated"], "ms", med["plain"], target, met))
+            notes.append(f"- P={parallelism}, {events:,} events: coordinated {med['coordinated']:.0f} ms "
+                         f"(latestOffset {parts['coordinated']['latestOffset']:.0f}, addBatch "
+                         f"{parts['coordinated']['addBatch']:.0f}), plain {med['plain']:.0f} ms "
+                         f"(latestOffset {parts['plain']['latestOffset']:.0f}, addBatch "
+                         f"{parts['plain']['addBatch']:.0f}); {row['batches']} batches each")
+    return {"figures": figures, "series": series, "notes": notes}

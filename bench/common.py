@@ -1,0 +1,144 @@
+"""Shared pieces of the benchmarks: statistics, figures, the Spark session, and the report.
+
+A *figure* is one measured number set against a baseline measured in the same run:
+``{"bench", "what", "value", "unit", "baseline", "ratio", "target", "met"}``. ``ratio`` is
+value / baseline; ``met`` is None when the figure has no target.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def stats(samples: Sequence[float]) -> dict[str, float]:
+    """Median, p90, p99, min and count of ``samples`` (same unit as the samples)."""
+    s = sorted(samples)
+    if not s:
+        return {"n": 0}
+    return {"n": len(s), "median": statistics.median(s), "p90": s[min(len(s) - 1, int(0.9 * len(s)))],
+            "p99": s[min(len(s) - 1, int(0.99 * len(s)))], "min": s[0]}
+
+
+def figure(bench: str, what: str, value: float, unit: str, baseline: float | None = None,
+           target: str | None = None, met: bool | None = None, **extra: Any) -> dict[str, Any]:
+    ratio = value / baseline if baseline else None
+    return {"bench": bench, "what": what, "value": value, "unit": unit, "baseline": baseline,
+            "ratio": ratio, "target": target, "met": met, **extra}
+
+
+def spark_session(app: str = "sparkcoord-bench") -> Any:
+    """A local[2,4] session like the tests' (UI off, quiet)."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    spark = (SparkSession.builder.master("local[2,4]").appName(app)
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.shuffle.partitions", "2").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def wait_until(predicate: Any, timeout_s: float, what: str, poll_s: float = 0.2) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"benchmark waited {timeout_s}s for {what}")
+        time.sleep(poll_s)
+
+
+def _fmt(v: Any, unit: str = "") -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        text = f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.3g}" if abs(v) < 10 else f"{v:.1f}"
+    else:
+        text = str(v)
+    return f"{text} {unit}".strip()
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """The report: one table row per figure, then each benchmark's notes."""
+    lines = [f"# sparkcoord benchmarks ({results['preset']} preset)", "",
+             f"{results['started']}, {results['machine']}; total {results['elapsed_s']:.0f} s. "
+             "Medians; every ratio is against a baseline measured in the same run.", "",
+             "| benchmark | what | measured | baseline | ratio | target | met |",
+             "|---|---|---|---|---|---|---|"]
+    for f in results["figures"]:
+        met = {True: "yes", False: "**no**", None: "-"}[f["met"]]
+        ratio = f"{f['ratio']:.2f}x" if f["ratio"] is not None else "-"
+        lines.append(f"| {f['bench']} | {f['what']} | {_fmt(f['value'], f['unit'])} | "
+                     f"{_fmt(f['baseline'], f['unit'])} | {ratio} | {f['target'] or '-'} | {met} |")
+    for name, bench in results["benches"].items():
+        notes = bench.get("notes")
+        if notes:
+            lines += ["", f"## {name}", "", *notes]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(results: dict[str, Any], out_dir: str) -> list[str]:
+    """Write results.json, results.md and the plots into ``out_dir``; returns the paths."""
+    os.makedirs(out_dir, exist_ok=True)
+    paths = [os.path.join(out_dir, "results.json"), os.path.join(out_dir, "results.md")]
+    with open(paths[0], "w") as f:
+        json.dump(results, f, indent=2, default=str)
+    with open(paths[1], "w") as f:
+        f.write(markdown(results))
+    paths += plot(results, out_dir)
+    return paths
+
+
+def plot(results: dict[str, Any], out_dir: str) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    batches = results["benches"].get("batches", {}).get("series")
+    if batches:
+        fig, ax = plt.subplots(figsize=(6.4, 4.2))
+        for p, series in sorted(batches.items(), key=lambda kv: int(kv[0])):
+            xs = [row["events"] for row in series]
+            ax.plot(xs, [row["coordinated_ms"] for row in series], "o-", label=f"coordinated P={p}")
+            ax.plot(xs, [row["plain_ms"] for row in series], "s--", label=f"plain source P={p}")
+        ax.set_xscale("symlog", linthresh=1000)
+        ax.set_xlabel("events per epoch")
+        ax.set_ylabel("median batch time (triggerExecution), ms")
+        ax.set_title("Per micro-batch: coordinated vs plain source")
+        ax.legend()
+        ax.grid(alpha=0.3)
+        path = os.path.join(out_dir, "batch_time.png")
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    seal = results["benches"].get("seal", {}).get("series")
+    if seal:
+        fig, ax = plt.subplots(figsize=(6.4, 4.2))
+        for p, series in sorted(seal.items(), key=lambda kv: int(kv[0])):
+            xs = [row["events"] for row in series]
+            ax.plot(xs, [row["seal_ms"] for row in series], "o-", label=f"seal P={p}")
+        base = next(iter(seal.values()))
+        ax.plot([row["events"] for row in base], [row["baseline_ms"] for row in base], "k--",
+                label="baseline: pickle + atomic file write")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("events per epoch")
+        ax.set_ylabel("median time inside latestOffset's seal, ms")
+        ax.set_title("Sealing an epoch")
+        ax.legend()
+        ax.grid(alpha=0.3, which="both")
+        path = os.path.join(out_dir, "seal_time.png")
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
