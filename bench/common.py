@@ -2,7 +2,8 @@
 
 A *figure* is one measured number set against a baseline measured in the same run:
 ``{"bench", "what", "value", "unit", "baseline", "ratio", "target", "met"}``. ``ratio`` is
-value / baseline; ``met`` is None when the figure has no target.
+always a cost: our time / the baseline's time, or for rates the baseline's rate / ours (so
+2.0x means "twice as slow as the baseline" either way); ``met`` is None without a target.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ def stats(samples: Sequence[float]) -> dict[str, float]:
 
 def figure(bench: str, what: str, value: float, unit: str, baseline: float | None = None,
            target: str | None = None, met: bool | None = None, **extra: Any) -> dict[str, Any]:
-    ratio = value / baseline if baseline else None
+    rate = unit.endswith("/s")
+    ratio = (baseline / value if rate else value / baseline) if baseline and value else None
     return {"bench": bench, "what": what, "value": value, "unit": unit, "baseline": baseline,
             "ratio": ratio, "target": target, "met": met, **extra}
 
@@ -42,7 +44,7 @@ def spark_session(app: str = "sparkcoord-bench") -> Any:
     spark = (SparkSession.builder.master("local[2,4]").appName(app)
              .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
              .config("spark.sql.shuffle.partitions", "2").getOrCreate())
-    spark.sparkContext.setLogLevel("ERROR")
+    spark.sparkContext.setLogLevel("FATAL")  # stopping a running query logs cancelled tasks
     return spark
 
 
@@ -68,7 +70,8 @@ def markdown(results: dict[str, Any]) -> str:
     """The report: one table row per figure, then each benchmark's notes."""
     lines = [f"# sparkcoord benchmarks ({results['preset']} preset)", "",
              f"{results['started']}, {results['machine']}; total {results['elapsed_s']:.0f} s. "
-             "Medians; every ratio is against a baseline measured in the same run.", "",
+             "Medians. Ratio = our cost / the baseline's cost, measured in the same run (for rates: "
+             "the baseline's rate / ours), so 1.00x is free and 2.00x twice as slow.", "",
              "| benchmark | what | measured | baseline | ratio | target | met |",
              "|---|---|---|---|---|---|---|"]
     for f in results["figures"]:

@@ -4,6 +4,11 @@ Rules:
   1. Register the task attempt first; then send events numbered 0, 1, ... (no gaps).
   2. Up to ``window`` events may be unacknowledged; :meth:`flush` waits for every
      acknowledgement. The task must not finish its batch before ``flush`` returns.
+  2a. Coalescing (like Nagle's algorithm): an event sent while none is in flight goes out at
+     once; events sent while others are in flight wait in a burst buffer, which goes out as
+     one EVENTS frame when the in-flight ones are acknowledged, when it holds ``batch_max``
+     events or ``batch_max_bytes``, when the window is full, or at :meth:`flush`. So a lone
+     event costs one round trip, and a burst costs about one frame per round trip.
   3. A REJECT fails the task with the service's reason. A lost connection or a reply that does
      not come within ``ack_timeout_s`` is retried: reconnect, register again (a duplicate
      registration is acknowledged), re-send every unacknowledged event with its number; after
@@ -48,16 +53,21 @@ class ChannelClient:
     """Sends one task attempt's events to the coordination service."""
 
     def __init__(self, address: tuple[str, int], secret: bytes, attempt: TaskAttempt, *,
-                 window: int = 64, ack_timeout_s: float = 30.0, max_retries: int = 5) -> None:
+                 window: int = 1024, batch_max: int = 256, batch_max_bytes: int = 1 << 16,
+                 ack_timeout_s: float = 30.0, max_retries: int = 5) -> None:
         self.address = address
         self.secret = secret
         self.attempt = attempt
         self.window = window
+        self.batch_max = batch_max
+        self.batch_max_bytes = batch_max_bytes
         self.ack_timeout_s = ack_timeout_s
         self.max_retries = max_retries
         self.execution_attempt = 0
         self.next_seq = 0
-        self._unacked: OrderedDict[int, bytes] = OrderedDict()  # seq -> encoded frame
+        self._unacked: OrderedDict[int, bytes] = OrderedDict()  # seq -> payload
+        self._pending: list[bytes] = []  # the burst buffer: the newest unacked, not yet written
+        self._pending_bytes = 0
         self._frames = EventFrames(attempt, secret)
         self._sock: socket.socket | None = None
         self._reader: FrameReader | None = None
@@ -88,22 +98,30 @@ class ChannelClient:
         return self.execution_attempt
 
     def send(self, payload: bytes) -> int:
-        """Send one encoded event; returns its sequence number. May block on the window."""
+        """Send one encoded event; returns its sequence number. May block on the window.
+
+        Task thread. The event is on the wire now, or in the burst buffer (rule 2a).
+        """
         seq = self.next_seq
         self.next_seq += 1
-        frame = self._frames.encode(seq, payload)
-        self._unacked[seq] = frame
-        try:
-            self._connected().sendall(frame)
-        except OSError:
-            self.close()
-            self._with_retries(lambda: None)  # reconnects and re-sends everything unacked
+        self._unacked[seq] = payload
+        pending = self._pending
+        pending.append(payload)
+        self._pending_bytes += len(payload)
+        full = len(pending) >= self.batch_max or self._pending_bytes >= self.batch_max_bytes
+        if not full and len(self._unacked) > len(pending):  # others in flight: acks arrived?
+            self._poll_replies()
+        if full or len(self._unacked) == len(pending):
+            self._write_pending()
         while len(self._unacked) >= self.window:
             self._with_retries(self._read_one_reply)
         return seq
 
     def flush(self) -> None:
-        """Wait until every sent event is acknowledged (logged and on the coordinator's mailbox)."""
+        """Wait until every sent event is acknowledged (logged and on the coordinator's mailbox).
+
+        Task thread; the task calls it before it finishes its batch.
+        """
         while self._unacked:
             self._with_retries(self._read_one_reply)
 
@@ -116,6 +134,32 @@ class ChannelClient:
                 self._reader = None
 
     # -------------------------------------------------------------------------- internals
+    def _write_pending(self) -> None:
+        pending = self._pending
+        if not pending:
+            return
+        first = self.next_seq - len(pending)
+        frame = (self._frames.encode(first, pending[0]) if len(pending) == 1
+                 else self._frames.encode_many(first, pending))
+        self._pending = []
+        self._pending_bytes = 0
+        try:
+            self._connected().sendall(frame)
+        except OSError:
+            self.close()
+            self._with_retries(self._resend_all)  # reconnect, register, re-send every unacked
+
+    def _poll_replies(self) -> None:
+        reader = self._reader
+        if reader is None:
+            return
+        try:
+            if reader.poll():
+                while self._unacked and reader.frame_ready():
+                    self._read_replies()
+        except (OSError, FrameError):
+            pass  # the next blocking read meets the same problem and retries (rule 3)
+
     def _connected(self) -> socket.socket:
         if self._sock is None:
             sock = socket.create_connection(self.address, timeout=self.ack_timeout_s)
@@ -155,10 +199,23 @@ class ChannelClient:
         sock = self._connected()
         sock.sendall(encode(Register(self.attempt), self.secret))
         self._read_replies()
-        for frame in list(self._unacked.values()):
-            sock.sendall(frame)
+        self._pending = []
+        self._pending_bytes = 0
+        chunk: list[bytes] = []
+        first = size = 0
+        for seq, payload in list(self._unacked.items()):  # consecutive numbers, oldest first
+            if chunk and (len(chunk) >= self.batch_max or size + len(payload) > self.batch_max_bytes):
+                sock.sendall(self._frames.encode_many(first, chunk))
+                chunk, size = [], 0
+            if not chunk:
+                first = seq
+            chunk.append(payload)
+            size += len(payload)
+        if chunk:
+            sock.sendall(self._frames.encode_many(first, chunk))
 
     def _read_one_reply(self) -> None:
+        self._write_pending()  # never wait for acknowledgements of events still buffered here
         # one socket read usually brings a batch of replies: apply all that are buffered
         self._read_replies()
         reader = self._reader

@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 
-from sparkcoord.channel.frames import Event
+from sparkcoord.channel.frames import Event, Events
 
 FaultPlan = Callable[[object], "str | None"]
 
@@ -19,7 +19,8 @@ def _every(n: int, action: str) -> FaultPlan:
     counter = itertools.count(1)
 
     def plan(message: object) -> str | None:
-        if isinstance(message, Event) and next(counter) % n == 0:
+        # an EVENTS frame (a burst) counts as one: the fault hits the whole frame
+        if isinstance(message, (Event, Events)) and next(counter) % n == 0:
             return action
         return None
 

@@ -41,6 +41,7 @@ class FrameType(enum.IntEnum):
     FETCH = 4
     DELIVERY = 5
     REPLIES = 6  # several replies in one frame (the server's answer to a pipelined batch)
+    EVENTS = 7  # consecutive events of one attempt in one frame (a client's burst)
 
 
 class ReplyVerdict(enum.IntEnum):
@@ -91,13 +92,25 @@ class Delivery:
 
 
 @dataclass(frozen=True, slots=True)
+class Events:
+    """Events ``first_seq``, ``first_seq + 1``, ... of one attempt, in order."""
+
+    attempt: TaskAttempt
+    first_seq: int
+    payloads: tuple[bytes, ...]
+
+    def each(self) -> list[Event]:
+        return [Event(self.attempt, self.first_seq + i, p) for i, p in enumerate(self.payloads)]
+
+
+@dataclass(frozen=True, slots=True)
 class Replies:
     """The replies to several requests of one connection, in request order."""
 
     replies: tuple[Reply, ...]
 
 
-Message = Register | Event | Reply | Fetch | Delivery | Replies
+Message = Register | Event | Events | Reply | Fetch | Delivery | Replies
 _REASON = struct.Struct(">H")
 
 
@@ -121,6 +134,14 @@ class EventFrames:
         header = HEADER.pack(MAGIC, VERSION, FrameType.EVENT, len(body))
         return header + _mac(self.secret, header + body) + body
 
+    def encode_many(self, first_seq: int, payloads: list[bytes]) -> bytes:
+        """One authenticated EVENTS frame for events ``first_seq``, ``first_seq + 1``, ..."""
+        n = len(payloads)
+        body = b"".join([self.prefix, _SEQ.pack(first_seq),
+                         struct.pack(f">I{n}I", n, *map(len, payloads)), *payloads])
+        header = HEADER.pack(MAGIC, VERSION, FrameType.EVENTS, len(body))
+        return header + _mac(self.secret, header + body) + body
+
 
 def _text(s: str) -> bytes:
     b = s.encode()
@@ -142,6 +163,11 @@ def encode(message: Message, secret: bytes) -> bytes:
         kind = FrameType.REPLY
         body = _REPLY.pack(message.request, message.seq, message.verdict,
                            message.execution_attempt) + message.reason.encode()
+    elif isinstance(message, Events):
+        kind = FrameType.EVENTS
+        n = len(message.payloads)
+        body = b"".join([_attempt(message.attempt), _SEQ.pack(message.first_seq),
+                         struct.pack(f">I{n}I", n, *map(len, message.payloads)), *message.payloads])
     elif isinstance(message, Replies):
         kind = FrameType.REPLIES
         parts = [struct.pack(">I", len(message.replies))]
@@ -251,6 +277,20 @@ def _parse(frame_type: FrameType, body: memoryview) -> Message:
         return Register(attempt)
     (seq,) = _SEQ.unpack_from(body, pos)
     pos += _SEQ.size
+    if frame_type is FrameType.EVENTS:
+        (count,) = struct.unpack_from(">I", body, pos)
+        pos += 4
+        if pos + 4 * count > len(body):
+            raise ValueError("event count runs past the end of the frame")
+        lengths = struct.unpack_from(f">{count}I", body, pos)
+        pos += 4 * count
+        if pos + sum(lengths) != len(body):
+            raise ValueError("event lengths do not match the frame")
+        payloads = []
+        for n in lengths:
+            payloads.append(bytes(body[pos:pos + n]))
+            pos += n
+        return Events(attempt, seq, tuple(payloads))
     return Event(attempt, seq, bytes(body[pos:]))
 
 

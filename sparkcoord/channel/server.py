@@ -21,6 +21,7 @@ thread per connection serves. The handler must be thread-safe (the coordination 
 from __future__ import annotations
 
 import logging
+import select
 import socket
 import socketserver
 import threading
@@ -32,6 +33,7 @@ from sparkcoord.channel.frames import (
     MAC_SIZE,
     Delivery,
     Event,
+    Events,
     Fetch,
     FrameError,
     FrameType,
@@ -111,6 +113,20 @@ class FrameReader:
         self._pos = start + head + length
         return header, mac, body
 
+    def poll(self) -> bool:
+        """Buffer whatever the socket already has, without blocking; whether anything came.
+
+        Raises ``OSError`` when the peer closed the connection.
+        """
+        readable, _, _ = select.select([self.sock], [], [], 0)
+        if not readable:
+            return False
+        chunk = self.sock.recv(self._CHUNK)
+        if not chunk:
+            raise OSError("the peer closed the connection")
+        self._buf += chunk
+        return True
+
     def _fill(self, need: int) -> bool:
         """Make ``need`` bytes available from the read position; False on EOF before any."""
         if self._pos and self._pos >= len(self._buf) // 2:
@@ -187,7 +203,7 @@ class ChannelServer:
                 if self.fault is not None:  # test hook: one message at a time
                     if self._inject(batch[0], sock):
                         return
-                    sock.sendall(encode(self._dispatch(batch[0]), secret))
+                    sock.sendall(self._answer(self._dispatch_batch(batch)))
                     self.frames_served += 1
                     continue
                 while reader.frame_ready():
@@ -217,6 +233,8 @@ class ChannelServer:
         return b"".join(frames)
 
     def _dispatch_batch(self, batch: list[Message]) -> list[Reply | Delivery]:
+        if any(isinstance(m, Events) for m in batch):  # a burst: one event per reply
+            batch = [e for m in batch for e in (m.each() if isinstance(m, Events) else [m])]
         replies: list[Reply | Delivery] = []
         i = 0
         while i < len(batch):
@@ -243,7 +261,7 @@ class ChannelServer:
             sock.close()
             return True
         if action == "drop-after":
-            self._dispatch(message)
+            self._dispatch_batch([message])  # type: ignore[list-item]
             sock.close()
             return True
         if action and action.startswith("delay:"):

@@ -14,6 +14,7 @@ from sparkcoord.channel.client import ChannelClient, ChannelRejected
 from sparkcoord.channel.frames import (
     HEADER,
     Event,
+    Events,
     FrameError,
     Register,
     authenticate_and_parse,
@@ -84,13 +85,22 @@ def test_events_from_a_task_reach_the_coordinator_in_order_and_are_acknowledged(
     assert h.coordinator.got == [(1, i) for i in range(200)]
 
 
+def seqs_of(message: object) -> list[int]:
+    """The event numbers a frame carries (an EVENTS frame carries a client's burst)."""
+    if isinstance(message, Event):
+        return [message.seq]
+    if isinstance(message, Events):
+        return [e.seq for e in message.each()]
+    return []
+
+
 def test_a_lost_ack_is_retried_with_the_same_number_and_applied_once(setup) -> None:
     h, server = setup
     dropped = []
 
     def lose_ack_of_event_3(message: object) -> str | None:
-        if isinstance(message, Event) and message.seq == 3 and not dropped:
-            dropped.append(message.seq)
+        if 3 in seqs_of(message) and not dropped:
+            dropped.append(3)
             return "drop-after"
         return None
 
@@ -110,7 +120,7 @@ def test_a_connection_dropped_while_sending_loses_nothing(setup) -> None:
     drops = []
 
     def drop_event_2_once(message: object) -> str | None:
-        if isinstance(message, Event) and message.seq == 2 and not drops:
+        if 2 in seqs_of(message) and not drops:
             drops.append(1)
             return "drop-before"
         return None
@@ -243,3 +253,71 @@ def test_pipelined_frames_sent_together_are_all_answered_in_request_order(setup)
         [(FrameType.REGISTER, 0, "ACCEPT")] + [(FrameType.EVENT, i, "ACCEPT") for i in range(20)])
     h.run()
     assert h.coordinator.got == [(1, i) for i in range(20)]
+
+
+class _FailingOnce:
+    """A socket whose next sendall fails as if the connection had just broken."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+
+    def sendall(self, data: bytes) -> None:
+        self.sock.close()
+        raise BrokenPipeError("connection broke while writing")
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_a_write_that_fails_reconnects_and_resends_at_once_without_waiting_for_a_timeout(
+        setup) -> None:
+    h, server = setup
+    client = ChannelClient(server.address, SECRET, attempt(h, 0), ack_timeout_s=600)
+    client.register()
+    client.send(pickle.dumps("before"))
+    client.flush()
+    client._sock = _FailingOnce(client._sock)  # type: ignore[assignment]
+    client.send(pickle.dumps("after"))  # the write fails: reconnect, register, resend now
+    client.flush()  # with a 600 s ack timeout, a missed resend would hang here
+    h.run()
+    assert h.coordinator.got == [(0, "before"), (0, "after")]
+    assert client.reconnects == 0  # resent by the write's own recovery, not by a read timeout
+
+
+def test_events_sent_while_one_is_in_flight_travel_as_one_burst_frame(setup) -> None:
+    h, server = setup
+    seen: list[object] = []
+
+    def hold_the_first_ack(message: object) -> str | None:
+        seen.append(message)
+        return "delay:2" if isinstance(message, Event) and message.seq == 0 else None
+
+    server.fault = hold_the_first_ack
+    client = ChannelClient(server.address, SECRET, attempt(h, 1))
+    client.register()
+    for i in range(50):  # event 0 goes at once; 1..49 wait for its acknowledgement
+        client.send(pickle.dumps(i))
+    client.flush()
+    h.run()
+    assert h.coordinator.got == [(1, i) for i in range(50)]
+    assert [type(m).__name__ for m in seen] == ["Register", "Event", "Events"]
+    burst = seen[2]
+    assert isinstance(burst, Events) and burst.first_seq == 1 and len(burst.payloads) == 49
+
+
+def test_an_events_frame_round_trips_and_lengths_that_do_not_add_up_are_named() -> None:
+    from sparkcoord.channel.frames import EventFrames, FrameType
+
+    a = TaskAttempt("run", SubtaskId("op", 1), 4, 0)
+    frame = EventFrames(a, SECRET).encode_many(7, [b"a", b"bb", b""])
+    header, mac, body = frame[:HEADER.size], frame[HEADER.size:HEADER.size + 32], frame[HEADER.size + 32:]
+    parsed = authenticate_and_parse(header, mac, body, SECRET)
+    assert parsed == Events(a, 7, (b"a", b"bb", b""))
+    assert [(e.seq, e.payload) for e in parsed.each()] == [(7, b"a"), (8, b"bb"), (9, b"")]
+    assert encode(parsed, SECRET) == frame
+    bad = body + b"x"  # one byte more than the lengths say
+    bad_header = struct.pack(">2sBBI", b"SC", 1, int(FrameType.EVENTS), len(bad))
+    import hmac as _hmac
+
+    with pytest.raises(FrameError, match="malformed EVENTS frame: event lengths"):
+        authenticate_and_parse(bad_header, _hmac.digest(SECRET, bad_header + bad, "sha256"), bad, SECRET)

@@ -1,0 +1,81 @@
+"""Run the benchmarks and write results.json, results.md and the plots.
+
+    python bench/run.py                     # quick preset (under 15 minutes here)
+    python bench/run.py --preset full       # more rounds, 100k past epochs, 10k-epoch memory run
+    python bench/run.py --only seal,core    # a subset
+
+Benchmarks: core (in-process send -> seal -> delivery), seal (inside latestOffset), memory
+(runner RSS over many epochs), batches (per micro-batch vs a plain source, real Spark),
+channel (from Spark tasks), recovery (task failure, fail_job). Each measures its baseline in
+the same run; the report gives medians and ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+import time
+import traceback
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+IN_PROCESS = ["core", "seal", "memory"]
+ON_SPARK = ["batches", "channel", "recovery"]
+
+
+def main() -> int:
+    from rich.console import Console
+
+    from bench.common import markdown, spark_session, write_report
+
+    ap = argparse.ArgumentParser(description="sparkcoord benchmarks")
+    ap.add_argument("--preset", choices=["quick", "full"], default="quick")
+    ap.add_argument("--only", default="", help="comma-separated subset of "
+                    + ", ".join(IN_PROCESS + ON_SPARK))
+    ap.add_argument("--out", default=None, help="output directory (default bench/results/<preset>)")
+    args = ap.parse_args()
+    chosen = [n for n in IN_PROCESS + ON_SPARK if not args.only or n in args.only.split(",")]
+    out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", args.preset)
+    console = Console(width=max(Console().width, 120))
+    t0 = time.time()
+    results: dict[str, Any] = {
+        "preset": args.preset, "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "machine": f"{os.cpu_count()} cores, Python {platform.python_version()}, {platform.machine()}",
+        "figures": [], "benches": {}, "failed": {}}
+    spark = None
+    for name in chosen:
+        console.print(f"[bold]{name}[/] ...")
+        started = time.time()
+        try:
+            module = __import__(f"bench.{'core_throughput' if name == 'core' else name}",
+                                fromlist=["run"])
+            if name in ON_SPARK:
+                spark = spark or spark_session()
+                bench = module.run(args.preset, spark)
+            else:
+                bench = module.run(args.preset)
+        except Exception:  # noqa: BLE001 - report a broken benchmark, run the others
+            results["failed"][name] = traceback.format_exc()
+            console.print(f"[red]{name} failed[/]\n{results['failed'][name]}")
+            continue
+        bench["seconds"] = time.time() - started
+        results["benches"][name] = bench
+        results["figures"] += bench["figures"]
+        for line in bench.get("notes", []):
+            console.print(f"  {line}")
+        console.print(f"  ({bench['seconds']:.0f} s)")
+    if spark is not None:
+        spark.stop()
+    results["elapsed_s"] = time.time() - t0
+    paths = write_report(results, out)
+    console.print(markdown(results))
+    console.print("written: " + ", ".join(paths))
+    return 1 if results["failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
