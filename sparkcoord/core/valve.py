@@ -95,6 +95,21 @@ class OutboundValve:
         self._held[subtask].append((event_id, payload))
         return event_id
 
+    def events_sent(self, subtask: int, attempt: int, payloads: list[bytes]) -> int:
+        """Like :meth:`event_sent` for several events in order; returns the first one's id
+        (the others follow consecutively). All or nothing."""
+        if subtask < 0 or subtask >= self.parallelism:
+            self._check_subtask(subtask)
+        live = self._attempts[subtask]
+        if attempt != live:
+            raise AttemptNoLongerLive(
+                f"{self.operator}[{subtask}]: execution attempt {attempt} has failed "
+                f"(live attempt is {live}); the {len(payloads)} events were not sent")
+        first = self._next_id
+        self._next_id = first + len(payloads)
+        self._held[subtask].extend(zip(range(first, self._next_id), payloads, strict=True))
+        return first
+
     def checkpoint_triggered(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` was triggered on this coordinator."""
         if checkpoint_id <= self._last_checkpoint:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import pickle
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -280,6 +280,22 @@ class CoordinatorHolder:
             return
         self._futures[event_id] = fut
 
+    def _send_many(self, generation: int, subtask: int, attempt: int, payloads: list[bytes],
+                   futures: list[Future[None]]) -> None:
+        if generation != self.generation or self.coordinator is None:
+            error = CoordinatorFenced(
+                f"coordinator {self.name!r} was reset; this gateway belongs to its old instance")
+            for fut in futures:
+                fut.set_exception(error)
+            return
+        try:
+            first = self.valve.events_sent(subtask, attempt, payloads)
+        except AttemptNoLongerLive as exc:
+            for fut in futures:
+                fut.set_exception(exc)
+            return
+        self._futures.update(zip(range(first, first + len(futures)), futures, strict=True))
+
     def _fail_futures(self, ids: list[int], error: BaseException) -> None:
         for event_id in ids:
             fut = self._futures.pop(event_id, None)
@@ -325,6 +341,18 @@ class _Gateway(SubtaskGateway):
             holder.mailbox.execute(
                 lambda: holder._send(self._generation, self.subtask, self.attempt, payload, fut))
         return fut
+
+    def send_events(self, events: Iterable[Any]) -> list[Future[None]]:
+        holder = self._holder
+        encode = holder.codec.encode
+        payloads = [encode(e) for e in events]  # all pickled before any is sent
+        futures: list[Future[None]] = [SendFuture() for _ in payloads]
+        if holder.mailbox.in_mailbox_thread():
+            holder._send_many(self._generation, self.subtask, self.attempt, payloads, futures)
+        else:
+            holder.mailbox.execute(lambda: holder._send_many(
+                self._generation, self.subtask, self.attempt, payloads, futures))
+        return futures
 
     def __repr__(self) -> str:
         return f"SubtaskGateway({self._holder.name}[{self.subtask}], attempt {self.attempt})"

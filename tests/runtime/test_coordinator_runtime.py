@@ -344,3 +344,37 @@ def test_a_recording_gateway_records_events_and_checks_picklability() -> None:
     assert f.done()
     with pytest.raises(EventEncodingError):
         gw.send_event(lambda: None)
+
+
+def test_send_events_keeps_the_order_among_single_sends_and_completes_each_future_at_commit() -> None:
+    h = started()
+    gw = h.coordinator.gateway(0)
+    first = gw.send_event("a")
+    many = gw.send_events(iter(["b", "c", "d"]))
+    last = gw.send_event("e")
+    future = h.trigger_checkpoint()
+    h.run()
+    h.coordinator.results[0].set_result(None)
+    assert seal(h, future) == {0: ["a", "b", "c", "d", "e"], 1: []}
+    futures = [first, *many, last]
+    assert len(many) == 3 and not any(f.done() for f in futures)
+    h.commit()
+    assert all(f.done() and f.exception() is None for f in futures)
+
+
+def test_send_events_with_one_unpicklable_event_raises_and_sends_none_of_them() -> None:
+    h = started()
+    with pytest.raises(EventEncodingError, match="type lock cannot be pickled"):
+        h.coordinator.gateway(1).send_events(["fine", threading.Lock(), "also fine"])
+    h.run()
+    assert not h.service.has_held_events()
+
+
+def test_send_events_through_a_fenced_gateway_fail_every_future() -> None:
+    h = started()
+    gw = h.coordinator.gateway(0)
+    h.coordinator.context.fail_job("boom")
+    h.run()
+    refused = gw.send_events(["x", "y"])
+    h.run()
+    assert [type(f.exception(timeout=0)) for f in refused] == [CoordinatorFenced, CoordinatorFenced]
