@@ -7,7 +7,6 @@ adapter sets one from ``CoordinatedJob(channel_fault_plan=...)``; nothing else d
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable
 
 from sparkcoord.channel.frames import Event, Events
@@ -16,13 +15,25 @@ FaultPlan = Callable[[object], "str | None"]
 
 
 def _every(n: int, action: str) -> FaultPlan:
-    counter = itertools.count(1)
+    """Hit the frame that carries every ``n``-th new event. A burst frame counts all its new
+    events; resent events do not count, so a resent burst is not hit again and again."""
+    counted = [0]
+    newest: dict[object, int] = {}  # attempt -> highest event number seen
 
     def plan(message: object) -> str | None:
-        # an EVENTS frame (a burst) counts as one: the fault hits the whole frame
-        if isinstance(message, (Event, Events)) and next(counter) % n == 0:
-            return action
-        return None
+        if isinstance(message, Event):
+            attempt, last = message.attempt, message.seq
+        elif isinstance(message, Events):
+            attempt, last = message.attempt, message.first_seq + len(message.payloads) - 1
+        else:
+            return None
+        seen = newest.get(attempt, -1)
+        if last <= seen:
+            return None
+        newest[attempt] = last
+        before = counted[0]
+        counted[0] = before + (last - seen)
+        return action if counted[0] // n > before // n else None
 
     return plan
 

@@ -321,3 +321,17 @@ def test_an_events_frame_round_trips_and_lengths_that_do_not_add_up_are_named() 
 
     with pytest.raises(FrameError, match="malformed EVENTS frame: event lengths"):
         authenticate_and_parse(bad_header, _hmac.digest(SECRET, bad_header + bad, "sha256"), bad, SECRET)
+
+
+def test_a_fault_plan_hits_every_nth_new_event_and_never_a_resent_burst() -> None:
+    from sparkcoord.channel.faults import fault_plan
+
+    plan = fault_plan("drop-mid-send")  # every 5th new event
+    a = TaskAttempt("run", SubtaskId("op", 0), 0, 0)
+    assert [plan(Event(a, i, b"")) for i in range(4)] == [None] * 4
+    burst = Events(a, 4, (b"",) * 6)  # events 4..9 carry the 5th and the 10th
+    assert plan(burst) == "drop-before"
+    assert plan(burst) is None  # the same burst resent after the drop
+    assert plan(Register(a)) is None
+    with pytest.raises(ValueError, match="unknown channel fault plan 'nope'"):
+        fault_plan("nope")
