@@ -9,6 +9,11 @@ Rules:
      one EVENTS frame when the in-flight ones are acknowledged, when it holds ``batch_max``
      events or ``batch_max_bytes``, when the window is full, or at :meth:`flush`. So a lone
      event costs one round trip, and a burst costs about one frame per round trip.
+  1a. A first attempt may register lazily (:meth:`register_with_first_event`): the REGISTER
+     frame then travels just before its first event frame, on the same connection, so the
+     server still handles it first; a task that sends nothing never connects. A retried
+     attempt registers eagerly, so that the service resets the coordinator before anything
+     else even if the retry sends nothing.
   3. A REJECT fails the task with the service's reason. A lost connection or a reply that does
      not come within ``ack_timeout_s`` is retried: reconnect, register again (a duplicate
      registration is acknowledged), re-send every unacknowledged event with its number; after
@@ -64,6 +69,8 @@ class ChannelClient:
         self.ack_timeout_s = ack_timeout_s
         self.max_retries = max_retries
         self.execution_attempt = 0
+        self._register_pending = False  # lazy registration not written yet
+        self._register_acked = False
         self.next_seq = 0
         self._unacked: OrderedDict[int, bytes] = OrderedDict()  # seq -> payload
         self._pending: list[bytes] = []  # the burst buffer: the newest unacked, not yet written
@@ -94,7 +101,20 @@ class ChannelClient:
 
     def register(self) -> int:
         """Register the attempt; returns the coordinator-visible execution attempt number."""
+        self._register_pending = False
         self._with_retries(self._register_once)
+        return self.execution_attempt
+
+    def register_with_first_event(self) -> None:
+        """Register lazily: the REGISTER frame goes out with the first event (rule 1a)."""
+        self._register_pending = True
+
+    def registered_attempt(self) -> int:
+        """The coordinator-visible execution attempt; registers now if still lazy. Task thread."""
+        if self._register_pending and not self._unacked:
+            return self.register()
+        while not self._register_acked:
+            self._with_retries(self._read_one_reply)
         return self.execution_attempt
 
     def send(self, payload: bytes) -> int:
@@ -143,6 +163,9 @@ class ChannelClient:
                  else self._frames.encode_many(first, pending))
         self._pending = []
         self._pending_bytes = 0
+        if self._register_pending:  # rule 1a: the registration precedes the first event
+            frame = encode(Register(self.attempt), self.secret) + frame
+            self._register_pending = False
         try:
             self._connected().sendall(frame)
         except OSError:
@@ -249,5 +272,7 @@ class ChannelClient:
             raise ChannelRejected(f"{self.attempt}: the coordination service refused {what}: "
                                   f"{reply.reason}")
         self.execution_attempt = reply.execution_attempt
+        if reply.request is FrameType.REGISTER:
+            self._register_acked = True
         if reply.request is FrameType.EVENT:
             self._unacked.pop(reply.seq, None)

@@ -13,16 +13,27 @@ class SubtaskContext:
     """
 
     def __init__(self, operator_id: str, subtask: int, parallelism: int, epoch: int,
-                 attempt: int, spark_attempt: int, send: Callable[[Any], None]) -> None:
+                 attempt: int | Callable[[], int], spark_attempt: int,
+                 send: Callable[[Any], None]) -> None:
         self.operator_id = operator_id
         self.subtask = subtask
         self.parallelism = parallelism
         self.epoch = epoch
-        #: the execution attempt number the coordinator sees for this subtask
-        self.attempt = attempt
+        self._attempt = attempt
         #: Spark's task attempt number within this batch (0 = first try)
         self.spark_attempt = spark_attempt
         self._send = send
+
+    @property
+    def attempt(self) -> int:
+        """The execution attempt number the coordinator sees for this subtask. Task thread.
+
+        A first attempt registers with the coordinator lazily; reading this registers it (one
+        round trip) if it has not sent anything yet.
+        """
+        if callable(self._attempt):
+            self._attempt = self._attempt()
+        return self._attempt
 
     def send_event(self, event: Any) -> None:
         """Send ``event`` to the coordinator. Task thread.

@@ -5,6 +5,10 @@ there and handled before this attempt's events are accepted), restore the state 
 earlier epoch, open the operator, hand it every event of the epoch in send order before any
 data, ``process``, wait until every event sent to the coordinator is acknowledged, store the
 state for this epoch, close.
+
+A first attempt registers lazily (its REGISTER frame travels with its first event; a task
+that sends nothing never connects); a retry registers before anything else. See the rules of
+:mod:`sparkcoord.channel.client`.
 """
 
 from __future__ import annotations
@@ -29,14 +33,33 @@ def spark_attempt_number() -> int:
     return context.attemptNumber() if context is not None else 0
 
 
+_STORAGES: dict[tuple[str, int, bool], CheckpointStorage] = {}
+
+
+def _storage(spec: SourceSpec) -> CheckpointStorage:
+    # One per job per Python worker process (workers are reused across tasks; one task at a
+    # time): saves resolving the filesystem and creating directories in every task.
+    key = (spec.checkpoint_url, spec.retain, spec.fsync)
+    storage = _STORAGES.get(key)
+    if storage is None:
+        if len(_STORAGES) > 16:
+            _STORAGES.clear()
+        storage = _STORAGES[key] = CheckpointStorage(spec.checkpoint_url, retain=spec.retain,
+                                                     fsync=spec.fsync)
+    return storage
+
+
 def run_subtask(spec: SourceSpec, p: CoordinatedPartition) -> Iterator[tuple[Any, ...]]:
     """Generator of the subtask's rows for the batch of ``p.epoch`` (task thread)."""
     op_spec = spec.operator(p.operator)
     sid = SubtaskId(p.operator, p.index)
     number = spark_attempt_number()
     client = ChannelClient(p.address, p.secret, TaskAttempt(p.run_id, sid, p.epoch, number))
-    execution_attempt = client.register()
-    storage = CheckpointStorage(spec.checkpoint_url, retain=spec.retain, fsync=spec.fsync)
+    if number > 0:
+        client.register()  # a retry: the service resets the coordinator before anything else
+    else:
+        client.register_with_first_event()
+    storage = _storage(spec)
     restored = storage.read_subtask_state(sid, p.epoch)
     state = pickle.loads(restored[1]) if restored is not None else None
     codec = EventCodec(spec.config.max_event_bytes)
@@ -45,7 +68,7 @@ def run_subtask(spec: SourceSpec, p: CoordinatedPartition) -> Iterator[tuple[Any
         client.send(codec.encode(event))
 
     context = SubtaskContext(p.operator, p.index, op_spec.parallelism, p.epoch,
-                             execution_attempt, number, send)
+                             client.registered_attempt, number, send)
     operator: SubtaskOperator = op_spec.operator()
     try:
         operator.open(context, state)

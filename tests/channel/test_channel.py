@@ -335,3 +335,40 @@ def test_a_fault_plan_hits_every_nth_new_event_and_never_a_resent_burst() -> Non
     assert plan(Register(a)) is None
     with pytest.raises(ValueError, match="unknown channel fault plan 'nope'"):
         fault_plan("nope")
+
+
+def test_a_lazily_registered_first_attempt_that_sends_nothing_never_connects(setup) -> None:
+    h, server = setup
+    client = ChannelClient(server.address, SECRET, attempt(h, 0))
+    client.register_with_first_event()
+    client.flush()
+    client.close()
+    assert server.frames_served == 0
+    assert h.service.attempt_registered(attempt(h, 0)).verdict.name == "ACCEPT"  # not a duplicate
+
+
+def test_a_lazy_registration_travels_before_the_first_event_on_the_same_connection(setup) -> None:
+    h, server = setup
+    seen: list[str] = []
+
+    def record(message: object) -> None:
+        seen.append(type(message).__name__)
+
+    server.fault = record  # type: ignore[assignment]
+    client = ChannelClient(server.address, SECRET, attempt(h, 1))
+    client.register_with_first_event()
+    client.send(pickle.dumps("first"))
+    assert client.registered_attempt() == 0
+    client.send(pickle.dumps("second"))
+    client.flush()
+    h.run()
+    assert seen[:2] == ["Register", "Event"]
+    assert h.coordinator.got == [(1, "first"), (1, "second")]
+
+
+def test_reading_the_attempt_of_a_lazy_client_that_sent_nothing_registers_it(setup) -> None:
+    h, server = setup
+    client = ChannelClient(server.address, SECRET, attempt(h, 0))
+    client.register_with_first_event()
+    assert client.registered_attempt() == 0
+    assert h.service.attempt_registered(attempt(h, 0)).verdict.name == "DUPLICATE"
