@@ -81,8 +81,12 @@ def run_subtask(spec: SourceSpec, p: CoordinatedPartition) -> Iterator[tuple[Any
             yield from rows
         kill_point("mid-batch", p.epoch)
         client.flush()
-        storage.write_subtask_state(sid, p.epoch, pickle.dumps(operator.snapshot_state(),
-                                                               protocol=pickle.HIGHEST_PROTOCOL))
+        snapshot = operator.snapshot_state()
+        if snapshot is not None or restored is not None:
+            # a stateless subtask (None, restored from nothing) writes nothing: restoring
+            # "no state" gives None either way
+            storage.write_subtask_state(sid, p.epoch, pickle.dumps(
+                snapshot, protocol=pickle.HIGHEST_PROTOCOL))
     finally:
         try:
             operator.close()
