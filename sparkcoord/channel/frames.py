@@ -259,17 +259,8 @@ def _parse(frame_type: FrameType, body: memoryview) -> Message:
     if frame_type is FrameType.DELIVERY:
         run = text()
         reason = text()
-        epoch, count = struct.unpack_from(">qI", body, pos)
-        pos += 12
-        lengths = struct.unpack_from(f">{count}I", body, pos)
-        pos += 4 * count
-        if pos + sum(lengths) != len(body):
-            raise ValueError("delivery lengths do not match the frame")
-        events = []
-        for n in lengths:
-            events.append(bytes(body[pos:pos + n]))
-            pos += n
-        return Delivery(run, epoch, tuple(events), reason)
+        (epoch,) = struct.unpack_from(">q", body, pos)
+        return Delivery(run, epoch, _blobs(body, pos + 8, "delivery"), reason)
     attempt, pos = _parse_attempt(body)
     if frame_type is FrameType.REGISTER:
         if pos != len(body):
@@ -278,20 +269,25 @@ def _parse(frame_type: FrameType, body: memoryview) -> Message:
     (seq,) = _SEQ.unpack_from(body, pos)
     pos += _SEQ.size
     if frame_type is FrameType.EVENTS:
-        (count,) = struct.unpack_from(">I", body, pos)
-        pos += 4
-        if pos + 4 * count > len(body):
-            raise ValueError("event count runs past the end of the frame")
-        lengths = struct.unpack_from(f">{count}I", body, pos)
-        pos += 4 * count
-        if pos + sum(lengths) != len(body):
-            raise ValueError("event lengths do not match the frame")
-        payloads = []
-        for n in lengths:
-            payloads.append(bytes(body[pos:pos + n]))
-            pos += n
-        return Events(attempt, seq, tuple(payloads))
+        return Events(attempt, seq, _blobs(body, pos, "event"))
     return Event(attempt, seq, bytes(body[pos:]))
+
+
+def _blobs(body: memoryview, pos: int, what: str) -> tuple[bytes, ...]:
+    """``count | count lengths | the blobs`` from ``pos`` to the end of the frame."""
+    (count,) = struct.unpack_from(">I", body, pos)
+    pos += 4
+    if pos + 4 * count > len(body):
+        raise ValueError(f"{what} count runs past the end of the frame")
+    lengths = struct.unpack_from(f">{count}I", body, pos)
+    pos += 4 * count
+    if pos + sum(lengths) != len(body):
+        raise ValueError(f"{what} lengths do not match the frame")
+    blobs = []
+    for n in lengths:
+        blobs.append(bytes(body[pos:pos + n]))
+        pos += n
+    return tuple(blobs)
 
 
 # A task sends its attempt in every frame: parse each distinct encoding once and hand out the

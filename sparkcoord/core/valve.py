@@ -83,13 +83,9 @@ class OutboundValve:
 
         Raises :class:`AttemptNoLongerLive` if that attempt has failed (nothing is held).
         """
-        if subtask < 0 or subtask >= self.parallelism:  # inlined: this is the hot path
-            self._check_subtask(subtask)
-        live = self._attempts[subtask]
-        if attempt != live:
-            raise AttemptNoLongerLive(
-                f"{self.operator}[{subtask}]: execution attempt {attempt} has failed "
-                f"(live attempt is {live}); the event was not sent")
+        # inlined checks: this is the hot path
+        if subtask < 0 or subtask >= self.parallelism or attempt != self._attempts[subtask]:
+            self._refuse(subtask, attempt, "the event was")
         event_id = self._next_id
         self._next_id = event_id + 1
         self._held[subtask].append((event_id, payload))
@@ -98,17 +94,18 @@ class OutboundValve:
     def events_sent(self, subtask: int, attempt: int, payloads: list[bytes]) -> int:
         """Like :meth:`event_sent` for several events in order; returns the first one's id
         (the others follow consecutively). All or nothing."""
-        if subtask < 0 or subtask >= self.parallelism:
-            self._check_subtask(subtask)
-        live = self._attempts[subtask]
-        if attempt != live:
-            raise AttemptNoLongerLive(
-                f"{self.operator}[{subtask}]: execution attempt {attempt} has failed "
-                f"(live attempt is {live}); the {len(payloads)} events were not sent")
+        if subtask < 0 or subtask >= self.parallelism or attempt != self._attempts[subtask]:
+            self._refuse(subtask, attempt, f"the {len(payloads)} events were")
         first = self._next_id
         self._next_id = first + len(payloads)
         self._held[subtask].extend(zip(range(first, self._next_id), payloads, strict=True))
         return first
+
+    def _refuse(self, subtask: int, attempt: int, what: str) -> None:
+        self._check_subtask(subtask)
+        raise AttemptNoLongerLive(
+            f"{self.operator}[{subtask}]: execution attempt {attempt} has failed "
+            f"(live attempt is {self._attempts[subtask]}); {what} not sent")
 
     def checkpoint_triggered(self, checkpoint_id: int) -> None:
         """Checkpoint ``checkpoint_id`` was triggered on this coordinator."""
