@@ -124,12 +124,19 @@ class InboundGate:
         if live is not None and attempt.number < live.number:
             return InboundDecision(
                 Verdict.REJECT, f"{attempt} is older than the live attempt {live.number}")
-        if live is not None:
+        replaced = live
+        if replaced is None and attempt.number > 0:
+            # Spark numbers a task's attempts 0, 1, ...: an earlier attempt of this task ran
+            # in this epoch and failed before it registered (first attempts register lazily,
+            # with their first event). It is a retry all the same: the coordinator must hear
+            # of the failure before this attempt's events.
+            replaced = TaskAttempt(attempt.run, sid, attempt.epoch, attempt.number - 1)
+        if replaced is not None:
             self._execution_attempts[sid] = self.execution_attempt(sid) + 1
         self._live[sid] = attempt
         self._next_seq[attempt] = 0
         self._log.append(RegistrationEntry(attempt))
-        return InboundDecision(Verdict.ACCEPT, replaced=live,
+        return InboundDecision(Verdict.ACCEPT, replaced=replaced,
                                execution_attempt=self.execution_attempt(sid))
 
     def event_received(self, attempt: TaskAttempt, seq: int, payload: bytes) -> InboundDecision:

@@ -85,3 +85,19 @@ def test_a_restore_replays_only_the_last_registered_attempt_of_each_subtask() ->
     log = [RegistrationEntry(a0), EventEntry(a0, 0, b"dead"), RegistrationEntry(b),
            EventEntry(b, 0, b"b0"), RegistrationEntry(a1), EventEntry(a1, 0, b"live")]
     assert [e.payload for e in surviving_events(log)] == [b"b0", b"live"]
+
+
+def test_a_retry_whose_first_attempt_never_registered_still_replaces_it() -> None:
+    # A first attempt registers lazily (with its first event); one that failed before sending
+    # anything never registered. Its retry must still count as a retry (regression: it was
+    # taken for a fresh attempt, so a per-subtask coordinator never heard of the failure).
+    g = gate()
+    d = g.attempt_registered(attempt(S0, number=1))
+    assert d.verdict is Verdict.ACCEPT
+    assert d.replaced == attempt(S0, number=0)
+    assert d.execution_attempt == 1
+    # a first attempt needs no such inference
+    first = g.attempt_registered(attempt(S1, number=0))
+    assert first.replaced is None and first.execution_attempt == 0
+    # and the silent first attempt, should it still speak up, is older than the live one
+    assert g.attempt_registered(attempt(S0, number=0)).verdict is Verdict.REJECT

@@ -378,3 +378,34 @@ def test_send_events_through_a_fenced_gateway_fail_every_future() -> None:
     refused = gw.send_events(["x", "y"])
     h.run()
     assert [type(f.exception(timeout=0)) for f in refused] == [CoordinatorFenced, CoordinatorFenced]
+
+
+def test_a_retry_whose_first_attempt_failed_silently_runs_the_failure_sequence() -> None:
+    # Regression: a first attempt registers with its first event; one that failed before
+    # sending anything never registered, and its retry was taken for a fresh attempt, so a
+    # per-subtask coordinator kept sending into the failed attempt's epoch unaware.
+    class Enumerator(Recorder):
+        resets_per_subtask = True
+
+        def execution_attempt_failed(self, subtask: int, attempt: int, reason: str) -> None:
+            self.calls.append(("failed", subtask, attempt))
+            super().execution_attempt_failed(subtask, attempt, reason)
+
+        def subtask_reset(self, subtask: int, checkpoint_id: int) -> None:
+            self.calls.append(("subtask_reset", subtask, checkpoint_id))
+
+    h = CoordinatorHarness(Enumerator, 2)
+    h.start()
+    future = h.trigger_checkpoint()
+    h.run()
+    h.coordinator.results[0].set_result(None)
+    seal(h, future)
+    held = h.coordinator.gateway(0).send_event("sent while attempt 0 ran")
+    h.run()
+    from sparkcoord.core.ids import SubtaskId, TaskAttempt
+
+    retry = TaskAttempt(h.service.run_id, SubtaskId(h.name, 0), h.epoch, 1)
+    assert h.service.attempt_registered(retry).execution_attempt == 1
+    h.run()
+    assert h.coordinator.calls[-2:] == [("failed", 0, 0), ("subtask_reset", 0, 0)]
+    assert isinstance(held.exception(timeout=0), AttemptNoLongerLive)
