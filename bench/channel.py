@@ -162,7 +162,7 @@ def run(preset: str, spark: Any) -> dict[str, Any]:
     notes = [f"- round trip: {r['n']} samples from 2 tasks, median {r['median'] * 1e3:.3f} ms, "
              f"p90 {r['p90'] * 1e3:.3f} ms, p99 {r['p99'] * 1e3:.3f} ms (raw TCP echo median "
              f"{raw['median'] * 1e3:.3f} ms)",
-             f"- throughput: {n_tp:,} events per task, pipelined (window 64): one task "
+             f"- throughput: {n_tp:,} events per task, pipelined (window 1024, bursts coalesced): one task "
              f"{tp1:,.0f}/s, two tasks {', '.join(f'{v:,.0f}' for v in results['throughput_2'])}/s "
              f"(raw TCP sink of the same bytes: {results['raw_throughput_1'][0]:,.0f}/s)"]
     return {"figures": figures, "raw": results, "notes": notes}

@@ -129,7 +129,9 @@ class ChannelClient:
         pending.append(payload)
         self._pending_bytes += len(payload)
         full = len(pending) >= self.batch_max or self._pending_bytes >= self.batch_max_bytes
-        if not full and len(self._unacked) > len(pending):  # others in flight: acks arrived?
+        if not full and len(self._unacked) > len(pending) and len(pending) % 8 == 1:
+            # others in flight: have their acknowledgements arrived? (a non-blocking look,
+            # taken at the first buffered event and every 8th after it, not per event)
             self._poll_replies()
         if full or len(self._unacked) == len(pending):
             self._write_pending()

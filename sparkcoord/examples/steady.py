@@ -32,8 +32,8 @@ class SteadyCoordinator(OperatorCoordinator):
     def checkpoint_coordinator(self, checkpoint_id: int, result: Future[Any]) -> None:
         gateways = [g for _, g in self.ready_gateways()]
         p = len(gateways)
-        for k in range(self.events_per_epoch):
-            gateways[k % p].send_event(k // p)
+        for s, gateway in enumerate(gateways):  # event k goes to subtask k % p, value k // p
+            gateway.send_events(range((self.events_per_epoch - s + p - 1) // p))
         self.sent += self.events_per_epoch
         result.set_result((self.sent, self.reports))
 
