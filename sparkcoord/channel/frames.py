@@ -16,6 +16,7 @@ from __future__ import annotations
 import enum
 import hmac
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from sparkcoord.core.errors import SparkCoordError
@@ -114,6 +115,12 @@ Message = Register | Event | Events | Reply | Fetch | Delivery | Replies
 _REASON = struct.Struct(">H")
 
 
+def _events_body(prefix: bytes, first_seq: int, payloads: Sequence[bytes]) -> bytes:
+    n = len(payloads)
+    return b"".join([prefix, _SEQ.pack(first_seq), struct.pack(f">I{n}I", n, *map(len, payloads)),
+                     *payloads])
+
+
 def _mac(secret: bytes, data: bytes) -> bytes:
     return hmac.digest(secret, data, "sha256")  # one-shot OpenSSL call: the hot path's MAC
 
@@ -136,9 +143,7 @@ class EventFrames:
 
     def encode_many(self, first_seq: int, payloads: list[bytes]) -> bytes:
         """One authenticated EVENTS frame for events ``first_seq``, ``first_seq + 1``, ..."""
-        n = len(payloads)
-        body = b"".join([self.prefix, _SEQ.pack(first_seq),
-                         struct.pack(f">I{n}I", n, *map(len, payloads)), *payloads])
+        body = _events_body(self.prefix, first_seq, payloads)
         header = HEADER.pack(MAGIC, VERSION, FrameType.EVENTS, len(body))
         return header + _mac(self.secret, header + body) + body
 
@@ -165,9 +170,7 @@ def encode(message: Message, secret: bytes) -> bytes:
                            message.execution_attempt) + message.reason.encode()
     elif isinstance(message, Events):
         kind = FrameType.EVENTS
-        n = len(message.payloads)
-        body = b"".join([_attempt(message.attempt), _SEQ.pack(message.first_seq),
-                         struct.pack(f">I{n}I", n, *map(len, message.payloads)), *message.payloads])
+        body = _events_body(_attempt(message.attempt), message.first_seq, message.payloads)
     elif isinstance(message, Replies):
         kind = FrameType.REPLIES
         parts = [struct.pack(">I", len(message.replies))]

@@ -254,14 +254,14 @@ class ChannelServer:
                 i += 1
         return replies
 
-    def _inject(self, message: object, sock: socket.socket) -> bool:
+    def _inject(self, message: Message, sock: socket.socket) -> bool:
         assert self.fault is not None
         action = self.fault(message)
         if action == "drop-before":
             sock.close()
             return True
         if action == "drop-after":
-            self._dispatch_batch([message])  # type: ignore[list-item]
+            self._dispatch_batch([message])
             sock.close()
             return True
         if action and action.startswith("delay:"):

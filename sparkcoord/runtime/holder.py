@@ -124,10 +124,6 @@ class CoordinatorHolder:
                 self._callback("notify_checkpoint_complete", epoch)
         self._submit(run)
 
-    def deliver(self, subtask: int, attempt: int, event: Any) -> None:
-        """An accepted inbound event: hand it to the coordinator (inbound critical section)."""
-        self._submit(lambda: self._callback("handle_event_from_operator", subtask, attempt, event))
-
     def deliver_many(self, events: Sequence[tuple[int, int, Any]]) -> None:
         """Accepted inbound events ``(subtask, attempt, event)``, in order, as one mailbox action
         (inbound critical section; a batch read from one connection)."""

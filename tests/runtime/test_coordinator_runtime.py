@@ -296,22 +296,25 @@ def test_call_periodically_runs_on_the_mailbox_and_stops_when_cancelled() -> Non
     assert len(ticks) == 3
 
 
+class PerSubtaskRecorder(Recorder):
+    """A recorder in per-subtask mode that also records Flink's failure sequence."""
+
+    resets_per_subtask = True
+
+    def execution_attempt_failed(self, subtask: int, attempt: int, reason: str) -> None:
+        self.calls.append(("failed", subtask, attempt))
+        super().execution_attempt_failed(subtask, attempt, reason)
+
+    def subtask_reset(self, subtask: int, checkpoint_id: int) -> None:
+        self.calls.append(("subtask_reset", subtask, checkpoint_id))
+
+    def execution_attempt_ready(self, subtask: int, attempt: int, gateway: Any) -> None:
+        self.calls.append(("ready", subtask, attempt))
+        super().execution_attempt_ready(subtask, attempt, gateway)
+
+
 def test_per_subtask_mode_runs_flinks_failure_sequence_before_the_new_attempts_events() -> None:
-    class Enumerator(Recorder):
-        resets_per_subtask = True
-
-        def execution_attempt_failed(self, subtask: int, attempt: int, reason: str) -> None:
-            self.calls.append(("failed", subtask, attempt))
-            super().execution_attempt_failed(subtask, attempt, reason)
-
-        def subtask_reset(self, subtask: int, checkpoint_id: int) -> None:
-            self.calls.append(("subtask_reset", subtask, checkpoint_id))
-
-        def execution_attempt_ready(self, subtask: int, attempt: int, gateway: Any) -> None:
-            self.calls.append(("ready", subtask, attempt))
-            super().execution_attempt_ready(subtask, attempt, gateway)
-
-    h = CoordinatorHarness(Enumerator, 2)
+    h = CoordinatorHarness(PerSubtaskRecorder, 2)
     h.start()
     future = h.trigger_checkpoint()
     h.run()
@@ -384,17 +387,7 @@ def test_a_retry_whose_first_attempt_failed_silently_runs_the_failure_sequence()
     # Regression: a first attempt registers with its first event; one that failed before
     # sending anything never registered, and its retry was taken for a fresh attempt, so a
     # per-subtask coordinator kept sending into the failed attempt's epoch unaware.
-    class Enumerator(Recorder):
-        resets_per_subtask = True
-
-        def execution_attempt_failed(self, subtask: int, attempt: int, reason: str) -> None:
-            self.calls.append(("failed", subtask, attempt))
-            super().execution_attempt_failed(subtask, attempt, reason)
-
-        def subtask_reset(self, subtask: int, checkpoint_id: int) -> None:
-            self.calls.append(("subtask_reset", subtask, checkpoint_id))
-
-    h = CoordinatorHarness(Enumerator, 2)
+    h = CoordinatorHarness(PerSubtaskRecorder, 2)
     h.start()
     future = h.trigger_checkpoint()
     h.run()
@@ -407,5 +400,5 @@ def test_a_retry_whose_first_attempt_failed_silently_runs_the_failure_sequence()
     retry = TaskAttempt(h.service.run_id, SubtaskId(h.name, 0), h.epoch, 1)
     assert h.service.attempt_registered(retry).execution_attempt == 1
     h.run()
-    assert h.coordinator.calls[-2:] == [("failed", 0, 0), ("subtask_reset", 0, 0)]
+    assert h.coordinator.calls[-3:] == [("failed", 0, 0), ("subtask_reset", 0, 0), ("ready", 0, 1)]
     assert isinstance(held.exception(timeout=0), AttemptNoLongerLive)
