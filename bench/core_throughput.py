@@ -92,7 +92,7 @@ def run(preset: str) -> dict[str, Any]:
     """The benchmark runner's entry: figures for ``bench/run.py``."""
     from bench.common import figure
 
-    n, p, rounds = 100_000, 8, (5 if preset == "quick" else 15)
+    n, p, rounds = 100_000, 8, (9 if preset == "quick" else 21)
     figures, notes, raw = [], [], {}
     for label, batch_api in (("send_event per event", False), ("send_events per subtask", True)):
         result = measure(n, p, rounds, batch_api)

@@ -277,4 +277,6 @@ class ChannelClient:
         if reply.request is FrameType.REGISTER:
             self._register_acked = True
         if reply.request is FrameType.EVENT:
-            self._unacked.pop(reply.seq, None)
+            unacked = self._unacked
+            for seq in range(reply.seq, reply.seq + reply.count):
+                unacked.pop(seq, None)

@@ -23,12 +23,12 @@ from sparkcoord.core.errors import SparkCoordError
 from sparkcoord.core.ids import SubtaskId, TaskAttempt
 
 MAGIC = b"SC"
-VERSION = 1
+VERSION = 2  # 2: a reply covers a range of sequence numbers (count)
 HEADER = struct.Struct(">2sBBI")
 MAC_SIZE = 32
 _ATTEMPT = struct.Struct(">IqI")  # index, epoch, number
 _SEQ = struct.Struct(">Q")
-_REPLY = struct.Struct(">BQBI")  # request type, seq, verdict, execution attempt
+_REPLY = struct.Struct(">BQIBI")  # request type, first seq, count, verdict, execution attempt
 
 
 class FrameError(SparkCoordError):
@@ -65,11 +65,15 @@ class Event:
 
 @dataclass(frozen=True, slots=True)
 class Reply:
+    """The answer to a registration, or to events ``seq`` .. ``seq + count - 1`` of the
+    connection's attempt (one verdict for a run of events: an acknowledgement of a burst)."""
+
     request: FrameType
     seq: int
     verdict: ReplyVerdict
     execution_attempt: int
     reason: str
+    count: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +170,7 @@ def encode(message: Message, secret: bytes) -> bytes:
         body = _attempt(message.attempt) + _SEQ.pack(message.seq) + message.payload
     elif isinstance(message, Reply):
         kind = FrameType.REPLY
-        body = _REPLY.pack(message.request, message.seq, message.verdict,
+        body = _REPLY.pack(message.request, message.seq, message.count, message.verdict,
                            message.execution_attempt) + message.reason.encode()
     elif isinstance(message, Events):
         kind = FrameType.EVENTS
@@ -176,7 +180,7 @@ def encode(message: Message, secret: bytes) -> bytes:
         parts = [struct.pack(">I", len(message.replies))]
         for r in message.replies:
             reason = r.reason.encode()
-            parts.append(_REPLY.pack(r.request, r.seq, r.verdict, r.execution_attempt))
+            parts.append(_REPLY.pack(r.request, r.seq, r.count, r.verdict, r.execution_attempt))
             parts.append(_REASON.pack(len(reason)) + reason)
         body = b"".join(parts)
     elif isinstance(message, Fetch):
@@ -233,22 +237,22 @@ def _parse(frame_type: FrameType, body: memoryview) -> Message:
         return s
 
     if frame_type is FrameType.REPLY:
-        request, seq, verdict, execution_attempt = _REPLY.unpack_from(body, 0)
+        request, seq, count, verdict, execution_attempt = _REPLY.unpack_from(body, 0)
         return Reply(FrameType(request), seq, ReplyVerdict(verdict), execution_attempt,
-                     bytes(body[_REPLY.size:]).decode())
+                     bytes(body[_REPLY.size:]).decode(), count)
     if frame_type is FrameType.REPLIES:
         (count,) = struct.unpack_from(">I", body, 0)
         pos = 4
         replies = []
         for _ in range(count):
-            request, seq, verdict, execution_attempt = _REPLY.unpack_from(body, pos)
+            request, seq, count, verdict, execution_attempt = _REPLY.unpack_from(body, pos)
             pos += _REPLY.size
             (n,) = _REASON.unpack_from(body, pos)
             pos += _REASON.size
             if pos + n > len(body):
                 raise ValueError("reply reason runs past the end of the frame")
             replies.append(Reply(FrameType(request), seq, ReplyVerdict(verdict), execution_attempt,
-                                 bytes(body[pos:pos + n]).decode()))
+                                 bytes(body[pos:pos + n]).decode(), count))
             pos += n
         if pos != len(body):
             raise ValueError("trailing bytes after the replies")

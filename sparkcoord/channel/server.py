@@ -25,7 +25,7 @@ import select
 import socket
 import socketserver
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from sparkcoord.channel.frames import (
@@ -47,7 +47,7 @@ from sparkcoord.channel.frames import (
     encode,
 )
 from sparkcoord.core.ids import TaskAttempt
-from sparkcoord.core.inbound import InboundDecision, Verdict
+from sparkcoord.core.inbound import InboundDecision, RunDecision, Verdict
 
 log = logging.getLogger(__name__)
 
@@ -60,10 +60,10 @@ class InboundHandler(Protocol):
 
     def attempt_registered(self, attempt: TaskAttempt) -> InboundDecision: ...
 
-    def event_received(self, attempt: TaskAttempt, seq: int, payload: bytes) -> InboundDecision: ...
-
-    def events_received(self, events: list[tuple[TaskAttempt, int, bytes]]) -> list[InboundDecision]:
-        """Several consecutive events of one connection, decided in order."""
+    def event_runs_received(self, runs: Sequence[tuple[TaskAttempt, int, tuple[bytes, ...]]]
+                            ) -> list[RunDecision]:
+        """Runs of consecutive events ``(attempt, first_seq, payloads)`` of one connection,
+        decided in order."""
         ...
 
 
@@ -233,25 +233,33 @@ class ChannelServer:
         return b"".join(frames)
 
     def _dispatch_batch(self, batch: list[Message]) -> list[Reply | Delivery]:
-        if any(isinstance(m, Events) for m in batch):  # a burst: one event per reply
-            batch = [e for m in batch for e in (m.each() if isinstance(m, Events) else [m])]
+        # Consecutive event frames go to the service as one call of runs (an EVENTS frame is a
+        # run, a lone EVENT a run of one); each run is answered with at most three range
+        # replies (duplicates, accepted, rejected), and adjacent ranges with the same verdict
+        # are merged, so a burst of any size costs a few bytes of acknowledgement.
         replies: list[Reply | Delivery] = []
         i = 0
         while i < len(batch):
             j = i
-            while j < len(batch) and isinstance(batch[j], Event):
+            while j < len(batch) and isinstance(batch[j], (Event, Events)):
                 j += 1
-            if j - i > 1:
-                events = [e for e in batch[i:j] if isinstance(e, Event)]
-                decisions = self.handler.events_received(
-                    [(e.attempt, e.seq, e.payload) for e in events])
-                replies.extend(Reply(FrameType.EVENT, e.seq, _VERDICTS[d.verdict],
-                                     d.execution_attempt, d.reason)
-                               for e, d in zip(events, decisions, strict=True))
-                i = j
-            else:
+            if j == i:
                 replies.append(self._dispatch(batch[i]))
                 i += 1
+                continue
+            runs = [(m.attempt, m.first_seq, m.payloads) if isinstance(m, Events)
+                    else (m.attempt, m.seq, (m.payload,))
+                    for m in batch[i:j] if isinstance(m, (Event, Events))]
+            for (_, first, _), decision in zip(runs, self.handler.event_runs_received(runs), strict=True):
+                seq = first
+                for count, verdict, reason in ((decision.duplicates, ReplyVerdict.DUPLICATE, ""),
+                                               (decision.accepted, ReplyVerdict.ACCEPT, ""),
+                                               (decision.rejected, ReplyVerdict.REJECT, decision.reason)):
+                    if count:
+                        _add_range(replies, Reply(FrameType.EVENT, seq, verdict,
+                                                  decision.execution_attempt, reason, count))
+                        seq += count
+            i = j
         return replies
 
     def _inject(self, message: Message, sock: socket.socket) -> bool:
@@ -273,12 +281,21 @@ class ChannelServer:
             decision = self.handler.attempt_registered(message.attempt)
             return Reply(FrameType.REGISTER, 0, _VERDICTS[decision.verdict],
                          decision.execution_attempt, decision.reason)
-        if isinstance(message, Event):
-            decision = self.handler.event_received(message.attempt, message.seq, message.payload)
-            return Reply(FrameType.EVENT, message.seq, _VERDICTS[decision.verdict],
-                         decision.execution_attempt, decision.reason)
         if isinstance(message, Fetch):
             if self.deliveries is None:
                 return Delivery("", message.epoch, (), "this server serves no downstream operators")
             return self.deliveries.fetch(message.operator, message.index, message.epoch)
         raise FrameError(f"a client may not send {type(message).__name__} frames")
+
+
+def _add_range(replies: list[Reply | Delivery], reply: Reply) -> None:
+    """Append ``reply``, merged into the previous one if it continues its range alike."""
+    last = replies[-1] if replies else None
+    if (isinstance(last, Reply) and last.request is FrameType.EVENT and not last.reason
+            and not reply.reason and last.verdict is reply.verdict
+            and last.execution_attempt == reply.execution_attempt
+            and last.seq + last.count == reply.seq):
+        replies[-1] = Reply(FrameType.EVENT, last.seq, last.verdict, last.execution_attempt, "",
+                            last.count + reply.count)
+    else:
+        replies.append(reply)

@@ -15,6 +15,11 @@ from sparkcoord.core.errors import EventEncodingError, EventTooLarge
 
 DEFAULT_MAX_EVENT_BYTES = 1 << 20
 
+# bound once: encode is on every send's path, and a keyword argument costs more than the pickling
+# of a small event
+_dumps = pickle.dumps
+_PROTOCOL = pickle.HIGHEST_PROTOCOL
+
 
 class EventCodec:
     """Encodes operator events to bytes and back.
@@ -35,7 +40,7 @@ class EventCodec:
         Called by whoever sends an event (a coordinator's thread, a subtask's task thread).
         """
         try:
-            data = pickle.dumps(event, protocol=pickle.HIGHEST_PROTOCOL)
+            data = _dumps(event, _PROTOCOL)
         except Exception as exc:  # pickle raises many types: PicklingError, TypeError, ...
             raise EventEncodingError(
                 f"event of type {type(event).__qualname__} cannot be pickled: {exc}"

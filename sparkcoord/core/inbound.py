@@ -49,7 +49,28 @@ class EventEntry:
     payload: bytes
 
 
-LogEntry = RegistrationEntry | EventEntry
+@dataclass(frozen=True, slots=True)
+class EventRunEntry:
+    """Log entry: events ``first_seq``, ``first_seq + 1``, ... of ``attempt`` were accepted
+    together (a client's burst; one entry instead of one per event)."""
+
+    attempt: TaskAttempt
+    first_seq: int
+    payloads: tuple[bytes, ...]
+
+    def each(self) -> list[EventEntry]:
+        return [EventEntry(self.attempt, self.first_seq + i, p) for i, p in enumerate(self.payloads)]
+
+
+LogEntry = RegistrationEntry | EventEntry | EventRunEntry
+
+
+def _events_of(entry: LogEntry) -> list[EventEntry]:
+    if isinstance(entry, EventRunEntry):
+        return entry.each()
+    if isinstance(entry, EventEntry):
+        return [entry]
+    return []
 
 
 class Verdict(enum.Enum):
@@ -68,6 +89,28 @@ class InboundDecision:
     replaced: TaskAttempt | None = None
     #: the subtask's execution attempt number (the coordinator's view) after this input
     execution_attempt: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RunDecision:
+    """What to do with a run of consecutive events of one attempt, in order: the first
+    ``duplicates`` were logged before (acknowledge them again), the next ``accepted`` take
+    effect (log, enqueue, then acknowledge), the last ``rejected`` are dropped for ``reason``."""
+
+    duplicates: int
+    accepted: int
+    rejected: int
+    reason: str = ""
+    execution_attempt: int = 0
+
+    def of_one(self, seq: int, attempt: TaskAttempt) -> InboundDecision:
+        """The decision for event ``seq`` of ``attempt`` when the run holds only that event."""
+        if self.accepted:
+            return InboundDecision(Verdict.ACCEPT, execution_attempt=self.execution_attempt)
+        if self.duplicates:
+            return InboundDecision(Verdict.DUPLICATE, f"event {seq} of {attempt} already logged",
+                                   execution_attempt=self.execution_attempt)
+        return InboundDecision(Verdict.REJECT, self.reason)
 
 
 class InboundGate:
@@ -141,22 +184,36 @@ class InboundGate:
 
     def event_received(self, attempt: TaskAttempt, seq: int, payload: bytes) -> InboundDecision:
         """Event ``seq`` of ``attempt`` arrived. On ACCEPT the caller logs ``self.last_entry``."""
+        return self.event_run_received(attempt, seq, (payload,)).of_one(seq, attempt)
+
+    def event_run_received(self, attempt: TaskAttempt, first_seq: int,
+                           payloads: tuple[bytes, ...]) -> RunDecision:
+        """Events ``first_seq``, ``first_seq + 1``, ... of ``attempt`` arrived together, in order.
+
+        The same rules as :meth:`event_received` for each, decided once for the run: those below
+        the next expected number are duplicates, the rest are accepted, unless the run starts
+        past the expected number (a gap) or the attempt is not live (all rejected). If any is
+        accepted, the caller logs ``self.last_entry`` (one entry for the accepted ones).
+        """
         sid = attempt.subtask
         live = self._live.get(sid)
+        n = len(payloads)
         if live is not attempt and live != attempt:  # identity first: the channel interns attempts
             problem = self._check_identity(attempt) or (
                 f"{attempt} is not the live attempt of {sid} (live: {self._live.get(sid)})")
-            return InboundDecision(Verdict.REJECT, problem)
+            return RunDecision(0, 0, n, problem)
         expected = self._next_seq[attempt]
-        if seq < expected:
-            return InboundDecision(Verdict.DUPLICATE, f"event {seq} of {attempt} already logged",
-                                   execution_attempt=self.execution_attempt(sid))
-        if seq > expected:
-            return InboundDecision(
-                Verdict.REJECT, f"event {seq} of {attempt} arrived before event {expected}")
-        self._next_seq[attempt] = expected + 1
-        self._log.append(EventEntry(attempt, seq, payload))
-        return InboundDecision(Verdict.ACCEPT, execution_attempt=self.execution_attempt(sid))
+        execution_attempt = self._execution_attempts.get(sid, 0)
+        if first_seq > expected:
+            return RunDecision(0, 0, n, f"event {first_seq} of {attempt} arrived before event "
+                                        f"{expected}", execution_attempt)
+        duplicates = min(n, expected - first_seq)
+        accepted = n - duplicates
+        if accepted:
+            self._next_seq[attempt] = expected + accepted
+            self._log.append(EventEntry(attempt, expected, payloads[duplicates]) if accepted == 1
+                             else EventRunEntry(attempt, expected, payloads[duplicates:]))
+        return RunDecision(duplicates, accepted, 0, "", execution_attempt)
 
     @property
     def last_entry(self) -> LogEntry:
@@ -166,8 +223,8 @@ class InboundGate:
     def surviving_events(self, operator: str, excluding: SubtaskId | None = None
                          ) -> list[EventEntry]:
         """Accepted events of ``operator``'s live attempts, in log order (for a replay)."""
-        return [e for e in self._log
-                if isinstance(e, EventEntry) and e.attempt.subtask.operator == operator
+        return [e for entry in self._log for e in _events_of(entry)
+                if e.attempt.subtask.operator == operator
                 and e.attempt.subtask != excluding and self._live.get(e.attempt.subtask) == e.attempt]
 
     def _check_identity(self, attempt: TaskAttempt) -> str:
@@ -202,5 +259,5 @@ def surviving_events(entries: Iterable[LogEntry]) -> list[EventEntry]:
     for entry in entries:
         if isinstance(entry, RegistrationEntry):
             survivor[entry.attempt.subtask] = entry.attempt
-    return [e for e in entries
-            if isinstance(e, EventEntry) and survivor.get(e.attempt.subtask) == e.attempt]
+    return [e for entry in entries for e in _events_of(entry)
+            if survivor.get(e.attempt.subtask) == e.attempt]

@@ -6,9 +6,11 @@ and names the file and the problem when something is off. Bodies are plain lengt
 binary fields, not pickle: a checkpoint file is parsed without running code from it (event and
 snapshot payloads inside it stay opaque bytes until the user's code decodes them).
 
-Inbound logs are a sequence of *frames* (length, CRC-32, body) appended one by one. A frame cut
-short at the end of the log is a write torn by a crash; it was never acknowledged, so a reader
-drops it. A bad frame anywhere else is corruption and raises.
+Inbound logs are a sequence of *frames* (length, CRC-32, body) appended one by one. A frame holds
+a registration, one event, or a run of consecutive events of one attempt that were accepted
+together (acknowledged together, so they are durable together). A frame cut short at the end of
+the log is a write torn by a crash; it was never acknowledged, so a reader drops it. A bad frame
+anywhere else is corruption and raises.
 
 Thread model: none (pure functions over bytes).
 """
@@ -23,7 +25,7 @@ from dataclasses import dataclass, field
 
 from sparkcoord.core.errors import CorruptRecord, UnknownRecordVersion
 from sparkcoord.core.ids import SubtaskId, TaskAttempt
-from sparkcoord.core.inbound import EventEntry, LogEntry, RegistrationEntry
+from sparkcoord.core.inbound import EventEntry, EventRunEntry, LogEntry, RegistrationEntry
 
 MAGIC = b"SPCO"
 FORMAT_VERSION = 1
@@ -210,6 +212,13 @@ def encode_log_entry(entry: LogEntry) -> bytes:
         payload = entry.payload
         body = b"".join([_log_prefix(a, 1), _ATTEMPT.pack(a.subtask.index, a.epoch, a.number, entry.seq),
                          _U32.pack(len(payload)), payload])
+    elif isinstance(entry, EventRunEntry):
+        # a run of events under one frame and one checksum: count, every length, the payloads
+        payloads = entry.payloads
+        n = len(payloads)
+        body = b"".join([_log_prefix(a, 2),
+                         _ATTEMPT.pack(a.subtask.index, a.epoch, a.number, entry.first_seq),
+                         struct.pack(f">I{n}I", n, *map(len, payloads)), *payloads])
     else:
         body = _log_prefix(a, 0) + _ATTEMPT.pack(a.subtask.index, a.epoch, a.number, 0)
     return _FRAME.pack(len(body), zlib.crc32(body)) + body
@@ -268,6 +277,10 @@ def _decode_entry(r: _Reader) -> LogEntry:
         payload = r.blob()
         r.done()
         return EventEntry(attempt, seq, payload)
+    if kind == 2:
+        payloads = tuple(r.blobs(r.u32()))
+        r.done()
+        return EventRunEntry(attempt, seq, payloads)
     if kind == 0:
         r.done()
         return RegistrationEntry(attempt)

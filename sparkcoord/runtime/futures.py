@@ -42,6 +42,11 @@ class SendFuture(Future[Any]):
                 value = self.__dict__[name] = _LAZY[name]()
         return value
 
+    def cancel(self) -> bool:
+        """Always False: an event that was sent cannot be unsent, and events that share their
+        fate share one future (see the valve), so a cancel would speak for others too."""
+        return False
+
     def done(self) -> bool:
         return self._state not in (PENDING, "RUNNING")
 

@@ -80,11 +80,10 @@ class CoordinatorHolder:
         self.clock = clock
         self.codec = codec
         self.listener = listener
-        self.valve = OutboundValve(name, parallelism, last_checkpoint)
+        self.valve: OutboundValve[Future[None]] = OutboundValve(name, parallelism, last_checkpoint)
         self.generation = 0
         self.coordinator: OperatorCoordinator | None = None
         self._context: _Context | None = None
-        self._futures: dict[int, Future[None]] = {}
         self._closed = False
 
     # -------------------------------------------------------------------- service-facing API
@@ -116,20 +115,18 @@ class CoordinatorHolder:
     def batch_committed(self, epoch: int, notify: bool = True) -> None:
         """Spark committed the batch of ``epoch``: complete its futures, then notify."""
         def run() -> None:
-            pop = self._futures.pop
-            done = [pop(event_id) for event_id in self.valve.batch_committed(epoch)
-                    if event_id in self._futures]
-            SendFuture.complete_all(done)
+            SendFuture.complete_all(self.valve.batch_committed(epoch))
             if notify:
                 self._callback("notify_checkpoint_complete", epoch)
         self._submit(run)
 
-    def deliver_many(self, events: Sequence[tuple[int, int, Any]]) -> None:
-        """Accepted inbound events ``(subtask, attempt, event)``, in order, as one mailbox action
-        (inbound critical section; a batch read from one connection)."""
+    def deliver_many(self, runs: Sequence[tuple[int, int, list[Any]]]) -> None:
+        """Accepted inbound events as runs ``(subtask, attempt, events)``, in order, as one
+        mailbox action (inbound critical section; a batch read from one connection)."""
         def run() -> None:
-            for subtask, attempt, event in events:
-                self._callback("handle_event_from_operator", subtask, attempt, event)
+            for subtask, attempt, events in runs:
+                for event in events:
+                    self._callback("handle_event_from_operator", subtask, attempt, event)
         self._submit(run)
 
     def subtask_failed(self, subtask: int, old_attempt: int, reason: str, checkpoint_id: int,
@@ -161,9 +158,6 @@ class CoordinatorHolder:
             self._fence()
             error = CoordinatorFenced(f"global failover of coordinator {self.name!r}: {reason}")
             self._fail_futures(self.valve.globally_reset(), error)
-            for fut in self._futures.values():
-                fut.set_exception(error)
-            self._futures.clear()
         self._submit(run)
 
     def close(self) -> None:
@@ -253,8 +247,7 @@ class CoordinatorHolder:
                 return
             if self.valve.boundary_reached(checkpoint_id):
                 cut = self.valve.cut(checkpoint_id)
-                self.listener.coordinator_completed(
-                    self.name, checkpoint_id, snapshot, [[p for _, p in q] for q in cut])
+                self.listener.coordinator_completed(self.name, checkpoint_id, snapshot, cut)
         self._run_or_submit(boundary)
 
     def _run_or_submit(self, action: Callable[[], None]) -> None:
@@ -263,39 +256,29 @@ class CoordinatorHolder:
         else:
             self.mailbox.execute(action)
 
-    def _send(self, generation: int, subtask: int, attempt: int, payload: bytes,
-              fut: Future[None]) -> None:
+    def _send_many(self, generation: int, subtask: int, attempt: int, payloads: list[bytes],
+                   fut: Future[None]) -> None:
+        # ``fut`` was handed out already (a batch send, or a send from another thread): it
+        # starts a run of its own in the valve.
         if generation != self.generation or self.coordinator is None:
-            fut.set_exception(CoordinatorFenced(
-                f"coordinator {self.name!r} was reset; this gateway belongs to its old instance"))
+            fut.set_exception(self._fenced_error())
             return
         try:
-            event_id = self.valve.event_sent(subtask, attempt, payload)
+            self.valve.events_sent(subtask, attempt, payloads, fut)
         except AttemptNoLongerLive as exc:
             fut.set_exception(exc)
             return
-        self._futures[event_id] = fut
+        if not payloads:
+            fut.set_result(None)
 
-    def _send_many(self, generation: int, subtask: int, attempt: int, payloads: list[bytes],
-                   futures: list[Future[None]]) -> None:
-        if generation != self.generation or self.coordinator is None:
-            error = CoordinatorFenced(
-                f"coordinator {self.name!r} was reset; this gateway belongs to its old instance")
-            for fut in futures:
-                fut.set_exception(error)
-            return
-        try:
-            first = self.valve.events_sent(subtask, attempt, payloads)
-        except AttemptNoLongerLive as exc:
-            for fut in futures:
-                fut.set_exception(exc)
-            return
-        self._futures.update(zip(range(first, first + len(futures)), futures, strict=True))
+    def _fenced_error(self) -> CoordinatorFenced:
+        return CoordinatorFenced(
+            f"coordinator {self.name!r} was reset; this gateway belongs to its old instance")
 
-    def _fail_futures(self, ids: list[int], error: BaseException) -> None:
-        for event_id in ids:
-            fut = self._futures.pop(event_id, None)
-            if fut is not None:
+    @staticmethod
+    def _fail_futures(futures: list[Future[None]], error: BaseException) -> None:
+        for fut in futures:
+            if not fut.done():
                 fut.set_exception(error)
 
     def _callback(self, method: str, *args: Any) -> None:
@@ -318,37 +301,53 @@ class CoordinatorHolder:
         self.listener.coordinator_failed(self.name, cause)
 
 
+def _failed(error: BaseException) -> Future[None]:
+    fut: Future[None] = SendFuture()
+    fut.set_exception(error)
+    return fut
+
+
 class _Gateway(SubtaskGateway):
-    __slots__ = ("_holder", "_generation", "subtask", "attempt")
+    # The bound methods are looked up once here: send_event is the hot path of every coordinator.
+    __slots__ = ("_holder", "_generation", "subtask", "attempt", "_encode", "_on_mailbox")
 
     def __init__(self, holder: CoordinatorHolder, generation: int, subtask: int, attempt: int) -> None:
         self._holder = holder
         self._generation = generation
         self.subtask = subtask
         self.attempt = attempt
+        self._encode = holder.codec.encode
+        self._on_mailbox = holder.mailbox.in_mailbox_thread
 
     def send_event(self, event: Any) -> Future[None]:
+        payload = self._encode(event)
         holder = self._holder
-        payload = holder.codec.encode(event)
+        if self._on_mailbox():
+            # On the mailbox thread the send takes effect here. The event joins the future of
+            # the events held for its subtask (they share their fate; see the valve), so most
+            # sends allocate no future at all.
+            if self._generation != holder.generation or holder.coordinator is None:
+                return _failed(holder._fenced_error())
+            try:
+                return holder.valve.event_sent(self.subtask, self.attempt, payload, SendFuture)
+            except AttemptNoLongerLive as exc:
+                return _failed(exc)
         fut: Future[None] = SendFuture()
-        if holder.mailbox.in_mailbox_thread():
-            holder._send(self._generation, self.subtask, self.attempt, payload, fut)
-        else:
-            holder.mailbox.execute(
-                lambda: holder._send(self._generation, self.subtask, self.attempt, payload, fut))
+        holder.mailbox.execute(
+            lambda: holder._send_many(self._generation, self.subtask, self.attempt, [payload], fut))
         return fut
 
     def send_events(self, events: Iterable[Any]) -> list[Future[None]]:
         holder = self._holder
         encode = holder.codec.encode
         payloads = [encode(e) for e in events]  # all pickled before any is sent
-        futures: list[Future[None]] = [SendFuture() for _ in payloads]
+        fut: Future[None] = SendFuture()  # the events share their fate: one future for all
         if holder.mailbox.in_mailbox_thread():
-            holder._send_many(self._generation, self.subtask, self.attempt, payloads, futures)
+            holder._send_many(self._generation, self.subtask, self.attempt, payloads, fut)
         else:
             holder.mailbox.execute(lambda: holder._send_many(
-                self._generation, self.subtask, self.attempt, payloads, futures))
-        return futures
+                self._generation, self.subtask, self.attempt, payloads, fut))
+        return [fut] * len(payloads)
 
     def __repr__(self) -> str:
         return f"SubtaskGateway({self._holder.name}[{self.subtask}], attempt {self.attempt})"

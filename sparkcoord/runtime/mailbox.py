@@ -45,13 +45,15 @@ class ThreadMailbox(Mailbox):
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=f"mailbox-{name}", daemon=True)
         self._thread.start()
+        # compared on every send: an ident comparison is cheaper than current_thread()
+        self._ident = self._thread.ident
 
     def execute(self, action: Action) -> None:
         if not self._closed:
             self._queue.put(action)
 
     def in_mailbox_thread(self) -> bool:
-        return threading.current_thread() is self._thread
+        return threading.get_ident() == self._ident
 
     def close(self) -> None:
         if not self._closed:

@@ -40,7 +40,13 @@ from sparkcoord.core.checkpoints import CheckpointAbort, CheckpointTracker
 from sparkcoord.core.codec import DEFAULT_MAX_EVENT_BYTES, EventCodec
 from sparkcoord.core.errors import IllegalTransition, SparkCoordError
 from sparkcoord.core.ids import NO_EPOCH, SubtaskId, TaskAttempt
-from sparkcoord.core.inbound import InboundDecision, InboundGate, Verdict, surviving_events
+from sparkcoord.core.inbound import (
+    InboundDecision,
+    InboundGate,
+    RunDecision,
+    Verdict,
+    surviving_events,
+)
 from sparkcoord.core.records import CheckpointRecord, encode_log_entry
 from sparkcoord.core.restore import RestorePoint, RestorePointDetector
 from sparkcoord.runtime.clock import Clock, SystemClock
@@ -287,54 +293,69 @@ class CoordinationService:
     def event_received(self, attempt: TaskAttempt, seq: int, payload: bytes) -> InboundDecision:
         """Event ``seq`` of ``attempt`` arrived (channel thread). Acknowledge only on ACCEPT or
         DUPLICATE; the event is then logged durably and on the coordinator's mailbox."""
-        return self.events_received([(attempt, seq, payload)])[0]
+        return self.event_runs_received([(attempt, seq, (payload,))])[0].of_one(seq, attempt)
 
-    def events_received(self, events: list[tuple[TaskAttempt, int, bytes]]) -> list[InboundDecision]:
-        """Several events arrived together on one connection (channel thread), in send order.
+    def event_runs_received(self, runs: Sequence[tuple[TaskAttempt, int, tuple[bytes, ...]]]
+                            ) -> list[RunDecision]:
+        """Runs of consecutive events ``(attempt, first_seq, payloads)`` arrived together on one
+        connection (channel thread), in send order.
 
-        The same critical section as one event, once for all of them: every accepted event is
-        in the gate, then all of them are appended to the inbound log with one write, then
-        put on the coordinators' mailboxes in order; the caller acknowledges them after this
-        returns. Decisions come back in the same order.
+        The critical section of one event, once for all of them: every run is decided by the
+        gate, every accepted event is appended to the inbound log with one write, then put on
+        its coordinator's mailbox in order; the caller acknowledges after this returns. A run is
+        cut at an event that cannot be unpickled: those before it count, it and the rest are
+        rejected. Decisions come back in the same order as the runs.
         """
-        decoded: list[Any] = []
-        errors: dict[int, InboundDecision] = {}
         decode = self.codec.decode
-        for i, (attempt, seq, payload) in enumerate(events):
+        decoded: list[list[Any]] = []
+        unreadable: list[tuple[int, str] | None] = []
+        for attempt, first_seq, payloads in runs:
             try:
-                decoded.append(decode(payload))
-            except Exception as exc:  # noqa: BLE001 - unpickling raises anything
-                decoded.append(None)
-                errors[i] = InboundDecision(Verdict.REJECT, f"event {seq} of {attempt} cannot be "
-                                                            f"unpickled on the driver: {exc!r}")
+                decoded.append(list(map(decode, payloads)))
+                unreadable.append(None)
+            except Exception:  # noqa: BLE001 - unpickling raises anything: find the culprit
+                decoded.append(good := [])
+                for i, payload in enumerate(payloads):
+                    try:
+                        good.append(decode(payload))
+                    except Exception as exc:  # noqa: BLE001
+                        unreadable.append((i, f"event {first_seq + i} of {attempt} cannot be "
+                                              f"unpickled on the driver: {exc!r}"))
+                        break
         with self._lock:
             if self.failure is not None:
-                return [InboundDecision(Verdict.REJECT, f"the job failed: {self.failure}")] * len(events)
+                reason = f"the job failed: {self.failure}"
+                return [RunDecision(0, 0, len(p), reason) for _, _, p in runs]
             gate = self._gate
             if gate is None:
-                return [InboundDecision(Verdict.REJECT, "the service has not been restored yet")] * len(events)
-            decisions: list[InboundDecision] = []
-            accepted: list[tuple[int, TaskAttempt, InboundDecision]] = []
+                reason = "the service has not been restored yet"
+                return [RunDecision(0, 0, len(p), reason) for _, _, p in runs]
+            decisions: list[RunDecision] = []
+            accepted: list[tuple[TaskAttempt, int, list[Any]]] = []
             entries: list[bytes] = []
-            for i, (attempt, seq, payload) in enumerate(events):
-                error = errors.get(i)
-                if error is not None:
-                    decisions.append(error)
-                    continue
-                decision = gate.event_received(attempt, seq, payload)
+            for (attempt, first_seq, payloads), events, bad in zip(runs, decoded, unreadable, strict=True):
+                readable = payloads if bad is None else payloads[:bad[0]]
+                decision = (gate.event_run_received(attempt, first_seq, readable) if readable
+                            else RunDecision(0, 0, 0))
+                if bad is not None and not decision.rejected:
+                    decision = RunDecision(decision.duplicates, decision.accepted,
+                                           len(payloads) - len(readable), bad[1],
+                                           decision.execution_attempt)
                 decisions.append(decision)
-                if decision.verdict is Verdict.ACCEPT:
-                    if entries and accepted[-1][1].epoch != attempt.epoch:
-                        self._append_many(accepted[-1][1].epoch, entries)
+                if decision.accepted:
+                    if entries and accepted[-1][0].epoch != attempt.epoch:
+                        self._append_many(accepted[-1][0].epoch, entries)
                         entries = []
                     entries.append(encode_log_entry(gate.last_entry))
-                    accepted.append((i, attempt, decision))
+                    start = decision.duplicates
+                    accepted.append((attempt, decision.execution_attempt,
+                                     events[start:start + decision.accepted]))
             if entries:
-                self._append_many(accepted[-1][1].epoch, entries)
-            by_operator: dict[str, list[tuple[int, int, Any]]] = {}
-            for i, attempt, decision in accepted:  # one connection: normally one operator
+                self._append_many(accepted[-1][0].epoch, entries)
+            by_operator: dict[str, list[tuple[int, int, list[Any]]]] = {}
+            for attempt, execution_attempt, events in accepted:  # one connection: one operator
                 by_operator.setdefault(attempt.subtask.operator, []).append(
-                    (attempt.subtask.index, decision.execution_attempt, decoded[i]))
+                    (attempt.subtask.index, execution_attempt, events))
             for operator, items in by_operator.items():
                 self._holders[operator].deliver_many(items)
             return decisions

@@ -32,6 +32,8 @@ from sparkcoord.runtime.service import (
 )
 from sparkcoord.runtime.storage import CheckpointStorage
 
+_get_ident = threading.get_ident
+
 
 class ManualMailbox(Mailbox):
     """A mailbox whose actions run only inside :meth:`run_one` / :meth:`run_all`.
@@ -50,7 +52,7 @@ class ManualMailbox(Mailbox):
             self._queue.append(action)
 
     def in_mailbox_thread(self) -> bool:
-        return self._running_in == threading.get_ident()
+        return self._running_in == _get_ident()
 
     def close(self) -> None:
         self.closed = True

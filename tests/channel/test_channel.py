@@ -13,6 +13,7 @@ from sparkcoord import OperatorCoordinator
 from sparkcoord.channel.client import ChannelClient, ChannelRejected
 from sparkcoord.channel.frames import (
     HEADER,
+    VERSION,
     Event,
     Events,
     FrameError,
@@ -23,7 +24,7 @@ from sparkcoord.channel.frames import (
 )
 from sparkcoord.channel.server import ChannelServer, FrameReader
 from sparkcoord.core.ids import SubtaskId, TaskAttempt
-from sparkcoord.core.inbound import EventEntry
+from sparkcoord.core.inbound import EventRunEntry, surviving_events
 from sparkcoord.testing import CoordinatorHarness
 
 SECRET = b"s" * 32
@@ -68,9 +69,9 @@ def test_bad_headers_are_named() -> None:
     with pytest.raises(FrameError, match="version 9"):
         check_header(struct.pack(">2sBBI", b"SC", 9, 1, 0), 100)
     with pytest.raises(FrameError, match="unknown frame type 77"):
-        check_header(struct.pack(">2sBBI", b"SC", 1, 77, 0), 100)
+        check_header(struct.pack(">2sBBI", b"SC", VERSION, 77, 0), 100)
     with pytest.raises(FrameError, match="exceeds the limit"):
-        check_header(struct.pack(">2sBBI", b"SC", 1, 2, 101), 100)
+        check_header(struct.pack(">2sBBI", b"SC", VERSION, 2, 101), 100)
 
 
 def test_events_from_a_task_reach_the_coordinator_in_order_and_are_acknowledged(setup) -> None:
@@ -208,7 +209,7 @@ def test_replies_frames_round_trip_and_a_truncated_one_is_named() -> None:
     header, mac, body = frame[:HEADER.size], frame[HEADER.size:HEADER.size + 32], frame[HEADER.size + 32:]
     assert authenticate_and_parse(header, mac, body, SECRET) == replies
     short = body[:-3]
-    short_header = struct.pack(">2sBBI", b"SC", 1, int(FrameType.REPLIES), len(short))
+    short_header = struct.pack(">2sBBI", b"SC", VERSION, int(FrameType.REPLIES), len(short))
     import hmac as _hmac
 
     short_mac = _hmac.digest(SECRET, short_header + short, "sha256")
@@ -216,31 +217,37 @@ def test_replies_frames_round_trip_and_a_truncated_one_is_named() -> None:
         authenticate_and_parse(short_header, short_mac, short, SECRET)
 
 
-def test_a_batch_of_events_is_decided_in_order_logged_once_and_delivered_in_order(setup) -> None:
+def test_runs_of_events_are_decided_in_order_logged_once_and_delivered_in_order(setup) -> None:
     h, _ = setup
     a = attempt(h, 0)
     assert h.service.attempt_registered(a).verdict.name == "ACCEPT"
-    decisions = h.service.events_received([(a, 0, pickle.dumps("e0")), (a, 2, pickle.dumps("gap")),
-                                           (a, 1, pickle.dumps("e1")), (a, 1, pickle.dumps("again")),
-                                           (a, 2, b"\x80\x05not a pickle")])
-    assert [d.verdict.name for d in decisions] == ["ACCEPT", "REJECT", "ACCEPT", "DUPLICATE", "REJECT"]
-    assert "arrived before event 1" in decisions[1].reason
-    assert "cannot be unpickled" in decisions[4].reason
+    d = pickle.dumps
+    decisions = h.service.event_runs_received([
+        (a, 0, (d("e0"), d("e1"))),
+        (a, 3, (d("gap"),)),
+        (a, 1, (d("e1 again"), d("e2"))),
+        (a, 3, (d("e3"), b"\x80\x05not a pickle", d("after the bad one"))),
+    ])
+    assert [(x.duplicates, x.accepted, x.rejected) for x in decisions] == [
+        (0, 2, 0), (0, 0, 1), (1, 1, 0), (0, 1, 2)]
+    assert "event 3 of" in decisions[1].reason and "arrived before event 2" in decisions[1].reason
+    assert "event 4 of" in decisions[3].reason and "cannot be unpickled" in decisions[3].reason
     h.run()
-    assert h.coordinator.got == [(0, "e0"), (0, "e1")]
-    logged = [(e.seq, pickle.loads(e.payload)) for e in h.service.storage.read_inbound_log(h.epoch)
-              if isinstance(e, EventEntry)]
-    assert logged == [(0, "e0"), (1, "e1")]
+    assert h.coordinator.got == [(0, "e0"), (0, "e1"), (0, "e2"), (0, "e3")]
+    log = h.service.storage.read_inbound_log(h.epoch)
+    assert sum(isinstance(e, EventRunEntry) for e in log) == 1  # the first run: one entry
+    assert [(e.seq, pickle.loads(e.payload)) for e in surviving_events(log)] == [
+        (0, "e0"), (1, "e1"), (2, "e2"), (3, "e3")]
 
 
 def test_pipelined_frames_sent_together_are_all_answered_in_request_order(setup) -> None:
-    from sparkcoord.channel.frames import FrameType, Replies, Reply
+    from sparkcoord.channel.frames import FrameType, Replies
 
     h, server = setup
     a = attempt(h, 1)
     frames = [encode(Register(a), SECRET)] + [encode(Event(a, i, pickle.dumps(i)), SECRET)
                                               for i in range(20)]
-    answers: list[Reply] = []
+    answers: list[tuple[FrameType, int, str]] = []  # one per request: ranges expanded
     with socket.create_connection(server.address, timeout=5) as s:
         s.sendall(b"".join(frames))
         reader = FrameReader(s, 1 << 20)
@@ -248,8 +255,9 @@ def test_pipelined_frames_sent_together_are_all_answered_in_request_order(setup)
             frame = reader.read_frame()
             assert frame is not None, f"connection closed after {len(answers)} answers"
             message = authenticate_and_parse(*frame, SECRET)
-            answers.extend(message.replies if isinstance(message, Replies) else [message])
-    assert [(r.request, r.seq, r.verdict.name) for r in answers] == (
+            for r in (message.replies if isinstance(message, Replies) else [message]):
+                answers.extend((r.request, seq, r.verdict.name) for seq in range(r.seq, r.seq + r.count))
+    assert answers == (
         [(FrameType.REGISTER, 0, "ACCEPT")] + [(FrameType.EVENT, i, "ACCEPT") for i in range(20)])
     h.run()
     assert h.coordinator.got == [(1, i) for i in range(20)]
@@ -316,7 +324,7 @@ def test_an_events_frame_round_trips_and_lengths_that_do_not_add_up_are_named() 
     assert [(e.seq, e.payload) for e in parsed.each()] == [(7, b"a"), (8, b"bb"), (9, b"")]
     assert encode(parsed, SECRET) == frame
     bad = body + b"x"  # one byte more than the lengths say
-    bad_header = struct.pack(">2sBBI", b"SC", 1, int(FrameType.EVENTS), len(bad))
+    bad_header = struct.pack(">2sBBI", b"SC", VERSION, int(FrameType.EVENTS), len(bad))
     import hmac as _hmac
 
     with pytest.raises(FrameError, match="malformed EVENTS frame: event lengths"):

@@ -1,6 +1,7 @@
 from sparkcoord.core.ids import SubtaskId, TaskAttempt
 from sparkcoord.core.inbound import (
     EventEntry,
+    EventRunEntry,
     InboundGate,
     RegistrationEntry,
     Verdict,
@@ -27,6 +28,35 @@ def test_a_registered_attempts_events_are_accepted_in_sequence_and_logged() -> N
     assert g.last_entry == RegistrationEntry(a)
     assert g.event_received(a, 0, b"e0").verdict is Verdict.ACCEPT
     assert g.last_entry == EventEntry(a, 0, b"e0")
+
+
+def test_a_run_of_events_is_split_into_resent_duplicates_and_newly_accepted_ones() -> None:
+    g = gate()
+    a = attempt(S0)
+    g.attempt_registered(a)
+    d = g.event_run_received(a, 0, (b"e0", b"e1"))
+    assert (d.duplicates, d.accepted, d.rejected) == (0, 2, 0)
+    assert g.last_entry == EventRunEntry(a, 0, (b"e0", b"e1"))
+    # a resend after a lost acknowledgement overlaps what was logged: only the new part counts
+    d = g.event_run_received(a, 1, (b"e1", b"e2", b"e3"))
+    assert (d.duplicates, d.accepted, d.rejected) == (1, 2, 0)
+    assert g.last_entry == EventRunEntry(a, 2, (b"e2", b"e3"))
+    d = g.event_run_received(a, 0, (b"e0",))
+    assert (d.duplicates, d.accepted, d.rejected) == (1, 0, 0)
+    assert [e.payload for e in g.surviving_events("op")] == [b"e0", b"e1", b"e2", b"e3"]
+
+
+def test_a_run_that_starts_past_a_gap_or_comes_from_a_dead_attempt_is_rejected_whole() -> None:
+    g = gate()
+    a0, a1 = attempt(S0, 0), attempt(S0, 1)
+    g.attempt_registered(a0)
+    g.event_run_received(a0, 0, (b"e0",))
+    d = g.event_run_received(a0, 2, (b"e2", b"e3"))
+    assert (d.duplicates, d.accepted, d.rejected) == (0, 0, 2) and "before event 1" in d.reason
+    g.attempt_registered(a1)
+    d = g.event_run_received(a0, 1, (b"late", b"later"))
+    assert (d.accepted, d.rejected) == (0, 2) and "not the live attempt" in d.reason
+    assert [e.payload for e in g.surviving_events("op")] == []  # a0 died; a1 sent nothing
 
 
 def test_a_resent_event_is_a_duplicate_and_a_gap_is_rejected() -> None:
@@ -83,8 +113,9 @@ def test_the_replay_takes_the_other_subtasks_live_events_in_log_order() -> None:
 def test_a_restore_replays_only_the_last_registered_attempt_of_each_subtask() -> None:
     a0, a1, b = attempt(S0, 0), attempt(S0, 1), attempt(S1)
     log = [RegistrationEntry(a0), EventEntry(a0, 0, b"dead"), RegistrationEntry(b),
-           EventEntry(b, 0, b"b0"), RegistrationEntry(a1), EventEntry(a1, 0, b"live")]
-    assert [e.payload for e in surviving_events(log)] == [b"b0", b"live"]
+           EventEntry(b, 0, b"b0"), RegistrationEntry(a1), EventEntry(a1, 0, b"live"),
+           EventRunEntry(b, 1, (b"b1", b"b2"))]
+    assert [e.payload for e in surviving_events(log)] == [b"b0", b"live", b"b1", b"b2"]
 
 
 def test_a_retry_whose_first_attempt_never_registered_still_replaces_it() -> None:

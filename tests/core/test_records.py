@@ -5,7 +5,7 @@ import pytest
 
 from sparkcoord.core.errors import CorruptRecord, UnknownRecordVersion
 from sparkcoord.core.ids import SubtaskId, TaskAttempt
-from sparkcoord.core.inbound import EventEntry, RegistrationEntry
+from sparkcoord.core.inbound import EventEntry, EventRunEntry, RegistrationEntry
 from sparkcoord.core.records import (
     CheckpointRecord,
     decode_checkpoint,
@@ -64,12 +64,13 @@ def test_a_body_with_a_valid_checksum_but_bad_structure_is_corrupt() -> None:
 
 def test_the_inbound_log_round_trips_and_drops_a_torn_last_frame() -> None:
     a = TaskAttempt("run", SubtaskId("op", 1), 4, 2)
-    entries = [RegistrationEntry(a), EventEntry(a, 0, b"p0"), EventEntry(a, 1, b"p1")]
+    entries = [RegistrationEntry(a), EventEntry(a, 0, b"p0"), EventEntry(a, 1, b"p1"),
+               EventRunEntry(a, 2, (b"p2", b"", b"p4"))]
     data = b"".join(encode_log_entry(e) for e in entries)
     assert decode_log(data, "log") == (entries, len(data))
     torn = data[:-2]
     back, valid = decode_log(torn, "log")
-    assert back == entries[:2] and valid == len(encode_log_entry(entries[0])) + len(encode_log_entry(entries[1]))
+    assert back == entries[:3] and valid == sum(len(encode_log_entry(e)) for e in entries[:3])
 
 
 def test_a_damaged_frame_in_the_middle_of_the_log_is_corruption() -> None:
