@@ -47,7 +47,9 @@ class SubtaskGateway(abc.ABC):
         :class:`~sparkcoord.core.errors.EventTooLarge` in the caller and nothing is sent.
         The returned future completes when the batch that delivered the event commits; it
         fails if the event was still held when its attempt failed or the coordinator was
-        reset, and on a global failover.
+        reset, and on a global failover. Events that share their fate (sent to the same subtask
+        and held together) may share one future object; ``cancel()`` returns False (a sent
+        event cannot be unsent).
         """
 
     def send_events(self, events: Iterable[Any]) -> list[Future[None]]:
@@ -55,7 +57,7 @@ class SubtaskGateway(abc.ABC):
         :meth:`send_event` for each, at a fraction of the cost. Any thread; returns at once.
 
         Every event is pickled first: if one cannot be, the error names it and none is sent.
-        One future per event, in order.
+        Returns one future per event, in order (the same future for all: they share their fate).
         """
         return [self.send_event(e) for e in list(events)]
 
