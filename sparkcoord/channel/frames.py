@@ -104,9 +104,6 @@ class Events:
     first_seq: int
     payloads: tuple[bytes, ...]
 
-    def each(self) -> list[Event]:
-        return [Event(self.attempt, self.first_seq + i, p) for i, p in enumerate(self.payloads)]
-
 
 @dataclass(frozen=True, slots=True)
 class Replies:

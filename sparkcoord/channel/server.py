@@ -3,16 +3,17 @@
 Rules:
   1. Binds to loopback unless a host is configured (clusters set the driver's address).
   2. One thread per connection reads frames; each frame is authenticated before its body is
-     parsed; the handler's decision is written back as a REPLY frame, in request order.
+     parsed; the handler's decisions are written back as replies, in request order.
   3. A malformed, oversized or unauthenticated frame, or a connection closed mid-frame, drops
      that connection only; the server and the other connections carry on.
 
-Theory of operation: a client pipelines up to its window of events. The connection thread
-reads the socket in large chunks (:class:`FrameReader`), authenticates every complete frame
-in its buffer, hands a run of consecutive events to the service in one call (one lock, one
-log write: the service's critical section is per batch, in frame order), and writes all the
-replies with one ``sendall``. A frame is acknowledged only after the service logged it, so a
-batch changes the cost, not the guarantee.
+Theory of operation: a client pipelines up to its window of events, in bursts (EVENTS frames).
+The connection thread reads the socket in large chunks (:class:`FrameReader`), authenticates
+every complete frame in its buffer, and hands the consecutive event frames to the service as
+runs in one call (one lock, one log write: the service's critical section is per batch, in
+frame order). Each run is answered by range replies (duplicates, accepted, rejected: a count
+each, adjacent ranges merged), all written with one ``sendall``. A frame is acknowledged only
+after the service logged it, so batching changes the cost, not the guarantee.
 
 Thread model: ``start``/``close`` from the owner's thread; one daemon thread accepts, one daemon
 thread per connection serves. The handler must be thread-safe (the coordination service is).

@@ -279,10 +279,10 @@ class CoordinationService:
     def attempt_registered(self, attempt: TaskAttempt) -> InboundDecision:
         """A task announced its attempt (channel thread). Answer the task with the verdict."""
         with self._lock:
-            if self.failure is not None:
-                return InboundDecision(Verdict.REJECT, f"the job failed: {self.failure}")
-            if self._gate is None:
-                return InboundDecision(Verdict.REJECT, "the service has not been restored yet")
+            refusal = self._inbound_refusal()
+            if refusal:
+                return InboundDecision(Verdict.REJECT, refusal)
+            assert self._gate is not None
             decision = self._gate.attempt_registered(attempt)
             if decision.verdict is Verdict.ACCEPT:
                 if decision.replaced is not None:
@@ -323,13 +323,11 @@ class CoordinationService:
                                               f"unpickled on the driver: {exc!r}"))
                         break
         with self._lock:
-            if self.failure is not None:
-                reason = f"the job failed: {self.failure}"
-                return [RunDecision(0, 0, len(p), reason) for _, _, p in runs]
+            refusal = self._inbound_refusal()
+            if refusal:
+                return [RunDecision(0, 0, len(p), refusal) for _, _, p in runs]
             gate = self._gate
-            if gate is None:
-                reason = "the service has not been restored yet"
-                return [RunDecision(0, 0, len(p), reason) for _, _, p in runs]
+            assert gate is not None
             decisions: list[RunDecision] = []
             accepted: list[tuple[TaskAttempt, int, list[Any]]] = []
             entries: list[bytes] = []
@@ -359,6 +357,17 @@ class CoordinationService:
             for operator, items in by_operator.items():
                 self._holders[operator].deliver_many(items)
             return decisions
+
+    def _inbound_refusal(self) -> str:
+        # Under the lock. A closed service refuses too: a straggler task of an ended run must
+        # never append to the logs that the next run of the job writes.
+        if self._closed:
+            return "the coordination service of this run is closed"
+        if self.failure is not None:
+            return f"the job failed: {self.failure}"
+        if self._gate is None:
+            return "the service has not been restored yet"
+        return ""
 
     def _append_many(self, epoch: int, entries: list[bytes]) -> None:
         try:

@@ -175,6 +175,41 @@ def test_futures_of_sealed_events_complete_when_their_batch_commits() -> None:
     assert ("complete", 0) in h.coordinator.calls
 
 
+def test_sends_held_together_share_a_future_and_a_send_after_the_boundary_gets_its_own() -> None:
+    h = started()
+    futures: dict[str, Future[None]] = {}
+
+    def send(subtask: int, *names: str) -> None:
+        for name in names:
+            futures[name] = h.coordinator.gateway(subtask).send_event(name)
+
+    h.coordinator.context.run_in_coordinator_thread(lambda: (send(0, "a", "b"), send(1, "x")))
+    h.run()
+    assert futures["a"] is futures["b"]  # held together for subtask 0: one fate, one future
+    assert futures["x"] is not futures["a"]  # another subtask
+    future = h.trigger_checkpoint()
+    h.run()
+    h.coordinator.results[0].set_result(None)  # the boundary, from another thread
+    h.coordinator.context.run_in_coordinator_thread(lambda: send(0, "c"))
+    assert seal(h, future) == {0: ["a", "b"], 1: ["x"]}
+    assert futures["c"] is not futures["a"]
+    assert futures["a"].cancel() is False  # a sent event cannot be unsent
+    h.commit()
+    assert futures["a"].done() and futures["x"].done() and not futures["c"].done()
+
+
+def test_a_straggler_task_of_a_closed_service_is_refused_and_nothing_is_logged() -> None:
+    h = started()
+    from sparkcoord.core.ids import SubtaskId, TaskAttempt
+
+    h.service.close()
+    straggler = TaskAttempt(h.service.run_id, SubtaskId(h.name, 0), h.epoch, 0)
+    assert h.service.attempt_registered(straggler).verdict.name == "REJECT"
+    decision = h.service.event_received(straggler, 0, h.service.codec.encode("late"))
+    assert decision.verdict.name == "REJECT" and "closed" in decision.reason
+    assert h.service.storage.read_inbound_log(h.epoch) == []
+
+
 def test_a_global_failover_fails_held_and_sealed_futures_and_fences_the_coordinator() -> None:
     h = started()
     gw = h.coordinator.gateway(0)
