@@ -34,7 +34,7 @@ import fsspec
 
 from sparkcoord.coordinator import CoordinatorContext, OperatorCoordinator
 from sparkcoord.core.ids import NO_EPOCH, SubtaskId, TaskAttempt
-from sparkcoord.core.inbound import Verdict
+from sparkcoord.core.inbound import RunDecision, Verdict
 from sparkcoord.runtime.service import (
     CheckpointDeclined,
     CoordinationService,
@@ -340,8 +340,10 @@ class Simulation:
             task.phase = "send"
         elif task.phase == "send":
             if task.seq < len(task.sends):
-                self._send(task, task.seq)
-                task.seq += 1
+                # a lone event or a burst (a run of consecutive events, as the channel sends)
+                count = min(len(task.sends) - task.seq, self.rng.choice((1, 1, 2, 3)))
+                self._send_run(task, task.seq, count)
+                task.seq += count
             else:
                 task.phase = "snapshot"
         elif task.phase == "snapshot":
@@ -350,10 +352,12 @@ class Simulation:
         elif task.phase == "finish":
             task.done = True
 
-    def _send(self, task: Task, seq: int) -> None:
-        decision = self.service.event_received(task.attempt, seq, pickle.dumps(task.sends[seq]))
-        if decision.verdict is Verdict.REJECT:
+    def _send_run(self, task: Task, first: int, count: int) -> RunDecision:
+        payloads = tuple(pickle.dumps(task.sends[i]) for i in range(first, first + count))
+        decision = self.service.event_runs_received([(task.attempt, first, payloads)])[0]
+        if decision.rejected:
             raise TaskFailed(decision.reason)
+        return decision
 
     def fail_task(self, sid: SubtaskId, why: str) -> None:
         """The running attempt of ``sid`` fails; Spark retries it (or fails the query)."""
@@ -417,11 +421,14 @@ class Simulation:
             self.fail_task(task.sid, str(exc))
             return
         if faults and task.phase == "send" and task.seq > 0 and self.rng.random() < 0.1:
-            # an acknowledgement was lost: the task sends the same event again
+            # acknowledgements were lost: the task sends its last events again, maybe in one
+            # burst with new ones (a resend after a reconnect)
             self.stats["resend"] += 1
-            decision = self.service.event_received(task.attempt, task.seq - 1,
-                                                   pickle.dumps(task.sends[task.seq - 1]))
-            assert decision.verdict is Verdict.DUPLICATE, decision
+            again = self.rng.randint(1, min(task.seq, 3))
+            new = self.rng.randint(0, min(2, len(task.sends) - task.seq))
+            decision = self._send_run(task, task.seq - again, again + new)
+            assert (decision.duplicates, decision.accepted) == (again, new), decision
+            task.seq += new
 
     def _inject_fault(self) -> None:
         rng = self.rng
