@@ -301,6 +301,10 @@ class CoordinatorHolder:
         self.listener.coordinator_failed(self.name, cause)
 
 
+_dumps = pickle.dumps
+_PROTOCOL = pickle.HIGHEST_PROTOCOL
+
+
 def _failed(error: BaseException) -> Future[None]:
     fut: Future[None] = SendFuture()
     fut.set_exception(error)
@@ -308,8 +312,9 @@ def _failed(error: BaseException) -> Future[None]:
 
 
 class _Gateway(SubtaskGateway):
-    # The bound methods are looked up once here: send_event is the hot path of every coordinator.
-    __slots__ = ("_holder", "_generation", "subtask", "attempt", "_encode", "_on_mailbox")
+    # What send_event needs is looked up once here: it is the hot path of every coordinator.
+    __slots__ = ("_holder", "_generation", "subtask", "attempt", "_encode", "_max_bytes",
+                 "_on_mailbox", "_event_sent")
 
     def __init__(self, holder: CoordinatorHolder, generation: int, subtask: int, attempt: int) -> None:
         self._holder = holder
@@ -317,10 +322,19 @@ class _Gateway(SubtaskGateway):
         self.subtask = subtask
         self.attempt = attempt
         self._encode = holder.codec.encode
+        self._max_bytes = holder.codec.max_event_bytes
         self._on_mailbox = holder.mailbox.in_mailbox_thread
+        self._event_sent = holder.valve.event_sent  # the valve lives as long as its holder
 
     def send_event(self, event: Any) -> Future[None]:
-        payload = self._encode(event)
+        # the codec's encode, inlined for the common case; on any problem the codec itself
+        # runs again and raises its error naming the event
+        try:
+            payload = _dumps(event, _PROTOCOL)
+        except Exception:  # noqa: BLE001 - pickle raises many types
+            payload = self._encode(event)
+        if len(payload) > self._max_bytes:
+            payload = self._encode(event)
         holder = self._holder
         if self._on_mailbox():
             # On the mailbox thread the send takes effect here. The event joins the future of
@@ -329,7 +343,7 @@ class _Gateway(SubtaskGateway):
             if self._generation != holder.generation or holder.coordinator is None:
                 return _failed(holder._fenced_error())
             try:
-                return holder.valve.event_sent(self.subtask, self.attempt, payload, SendFuture)
+                return self._event_sent(self.subtask, self.attempt, payload, SendFuture)
             except AttemptNoLongerLive as exc:
                 return _failed(exc)
         fut: Future[None] = SendFuture()
