@@ -242,14 +242,14 @@ def _parse(frame_type: FrameType, body: memoryview) -> Message:
         pos = 4
         replies = []
         for _ in range(count):
-            request, seq, count, verdict, execution_attempt = _REPLY.unpack_from(body, pos)
+            request, seq, covered, verdict, execution_attempt = _REPLY.unpack_from(body, pos)
             pos += _REPLY.size
             (n,) = _REASON.unpack_from(body, pos)
             pos += _REASON.size
             if pos + n > len(body):
                 raise ValueError("reply reason runs past the end of the frame")
             replies.append(Reply(FrameType(request), seq, ReplyVerdict(verdict), execution_attempt,
-                                 bytes(body[pos:pos + n]).decode(), count))
+                                 bytes(body[pos:pos + n]).decode(), covered))
             pos += n
         if pos != len(body):
             raise ValueError("trailing bytes after the replies")

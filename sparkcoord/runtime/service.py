@@ -322,6 +322,8 @@ class CoordinationService:
                         unreadable.append((i, f"event {first_seq + i} of {attempt} cannot be "
                                               f"unpickled on the driver: {exc!r}"))
                         break
+                else:  # the second pass read them all (an unpickler that failed only once)
+                    unreadable.append(None)
         with self._lock:
             refusal = self._inbound_refusal()
             if refusal:
