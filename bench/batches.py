@@ -10,13 +10,22 @@ one session (each block a fresh query, its first 3 batches skipped; one warm-up 
 each kind first, discarded), and the figure is the median of Spark's own
 ``triggerExecution`` over all measured batches of each kind; the notes also give the median
 of the per-round ratios (robust to the machine drifting between rounds).
+
+Also measured: what one task of each source leaves in a Python worker, in fresh interpreters
+(PySpark's worker daemon runs a full ``gc.collect()`` after every task, which walks every
+object the worker's imports created: decision 32): objects tracked by the collector and the
+time of one full collection, coordinated vs plain.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import statistics
+import subprocess
+import sys
 import tempfile
+import textwrap
 from typing import Any
 
 from bench.common import figure, wait_until
@@ -53,6 +62,51 @@ def _block(spark: Any, kind: str, parallelism: int, events: int, batches: int, t
     return _durations(query, skip)[:batches]
 
 
+_WORKER_TASK = """
+import gc, json, pickle, sys, time
+import pyspark.worker, pyspark.sql.worker.plan_data_source_read  # what every worker has
+reader, partition = pickle.loads(sys.stdin.buffer.read())
+rows = list(reader.read(partition))  # one task of the source, imports included
+assert rows, "the task produced no rows"
+gc.collect()
+samples = []
+for _ in range(30):  # the fastest of 30: the collection's own cost, without the machine's noise
+    t = time.perf_counter()
+    gc.collect()
+    samples.append(time.perf_counter() - t)
+print(json.dumps({"objects": len(gc.get_objects()), "gc_ms": min(samples) * 1e3}))
+"""
+
+
+def _worker_footprint(tmp: str) -> dict[str, dict[str, float]]:
+    """Objects and full-collection time in a fresh Python worker after one task of each kind."""
+    from pyspark import cloudpickle
+
+    from sparkcoord.examples.plain import PlainReader
+    from sparkcoord.examples.steady import SCHEMA, SteadyCoordinator, SteadyOperator
+    from sparkcoord.spark.source import (
+        CoordinatedPartition,
+        CoordinatedStreamReader,
+        OperatorSpec,
+        SourceSpec,
+    )
+
+    plain = PlainReader(8, 125, carry=True)
+    spec = SourceSpec("steady", f"{tmp}/footprint", [OperatorSpec("steady", SteadyCoordinator,
+                                                                  SteadyOperator, 8)], SCHEMA)
+    events = [cloudpickle.dumps(k) for k in range(125)]
+    tasks = {"plain": (plain, plain.partitions({"batch": 0}, {"batch": 1})[0]),
+             "coordinated": (CoordinatedStreamReader(spec), CoordinatedPartition(
+                 "steady", 0, 1, events, ("127.0.0.1", 9), b"s" * 32, "footprint"))}
+    out = {}
+    for kind, task in tasks.items():
+        proc = subprocess.run([sys.executable, "-c", textwrap.dedent(_WORKER_TASK)],
+                              input=cloudpickle.dumps(task), capture_output=True, check=True,
+                              timeout=120)
+        out[kind] = json.loads(proc.stdout)
+    return out
+
+
 def run(preset: str, spark: Any) -> dict[str, Any]:
     from sparkcoord.examples.plain import PlainSource
 
@@ -66,6 +120,15 @@ def run(preset: str, spark: Any) -> dict[str, Any]:
     figures = []
     notes = []
     with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
+        fp = _worker_footprint(tmp)
+        figures.append(figure("batches", "objects a task leaves in a Python worker (gc-tracked)",
+                              fp["coordinated"]["objects"], "objects", fp["plain"]["objects"]))
+        figures.append(figure("batches", "full gc.collect() the worker daemon runs after each task (fastest of 30)",
+                              fp["coordinated"]["gc_ms"], "ms", fp["plain"]["gc_ms"]))
+        notes.append(f"- Python worker after one task: coordinated {fp['coordinated']['objects']:,} "
+                     f"objects, gc.collect {fp['coordinated']['gc_ms']:.1f} ms; plain "
+                     f"{fp['plain']['objects']:,} objects, {fp['plain']['gc_ms']:.1f} ms (PySpark's "
+                     "daemon collects after every task: decision 32)")
         n = 0
         for kind in ("plain", "coordinated"):  # warm-up: JIT, workers, imports
             n += 1

@@ -37,7 +37,7 @@ from typing import Any
 
 from sparkcoord.coordinator import Cancellable, CoordinatorProvider
 from sparkcoord.core.checkpoints import CheckpointAbort, CheckpointTracker
-from sparkcoord.core.codec import DEFAULT_MAX_EVENT_BYTES, EventCodec
+from sparkcoord.core.codec import EventCodec
 from sparkcoord.core.errors import IllegalTransition, SparkCoordError
 from sparkcoord.core.ids import NO_EPOCH, SubtaskId, TaskAttempt
 from sparkcoord.core.inbound import (
@@ -50,6 +50,7 @@ from sparkcoord.core.inbound import (
 from sparkcoord.core.records import CheckpointRecord, encode_log_entry
 from sparkcoord.core.restore import RestorePoint, RestorePointDetector
 from sparkcoord.runtime.clock import Clock, SystemClock
+from sparkcoord.runtime.config import ServiceConfig as ServiceConfig  # re-exported: its old home
 from sparkcoord.runtime.holder import CoordinatorHolder, ReplayedEvent
 from sparkcoord.runtime.mailbox import Mailbox, ThreadMailbox
 from sparkcoord.runtime.storage import CheckpointStorage
@@ -72,15 +73,6 @@ class CoordinatorSpec:
     name: str
     provider: CoordinatorProvider
     parallelism: int
-
-
-@dataclass(frozen=True)
-class ServiceConfig:
-    """Settings of the coordination service (see docs/configuration.md)."""
-
-    checkpoint_timeout_s: float = 60.0
-    tolerable_checkpoint_failures: int = 0
-    max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES
 
 
 @dataclass

@@ -25,12 +25,10 @@ from __future__ import annotations
 
 import os
 import posixpath
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
 import fsspec
-from fsspec.implementations.local import LocalFileSystem
 
 from sparkcoord.core.errors import CorruptRecord
 from sparkcoord.core.ids import SubtaskId
@@ -39,10 +37,10 @@ from sparkcoord.core.records import (
     CheckpointRecord,
     decode_checkpoint,
     decode_log,
-    decode_subtask_state,
     encode_checkpoint,
-    encode_subtask_state,
 )
+from sparkcoord.runtime.files import Files, FsspecFiles, LocalFiles
+from sparkcoord.runtime.subtask_state import SubtaskStateStore
 
 
 class RecordNotFound(CorruptRecord):
@@ -56,18 +54,21 @@ class CheckpointStorage:
                  storage_options: dict[str, Any] | None = None) -> None:
         if retain < 1:
             raise ValueError(f"retain must be >= 1, got {retain}")
+        # The driver side keeps an fsspec filesystem (tools and tests use ``fs``); the file
+        # operations themselves go through ``files`` (os calls for a local directory).
         fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
         self.fs = fs
+        self.files: Files = LocalFiles() if type(fs).__name__ == "LocalFileSystem" else FsspecFiles(fs)
         self.url = url
         self.root = root.rstrip("/") or "/"
         self.retain = retain
         self.fsync = fsync
-        self._local = isinstance(fs, LocalFileSystem)
+        self._local = self.files.local
         self._log_epoch: int | None = None
         self._log_file: Any = None
         self._segments = 0
         self._pruned_below: int | None = None
-        self._state_epochs: dict[SubtaskId, list[int]] = {}
+        self.states = SubtaskStateStore(self.files, self.root, retain=retain, fsync=fsync)
         fs.makedirs(self._path("records"), exist_ok=True)
         fs.makedirs(self._path("inbound"), exist_ok=True)
 
@@ -92,7 +93,7 @@ class CheckpointStorage:
     def read_record(self, epoch: int) -> CheckpointRecord:
         path = self.record_path(epoch)
         try:
-            data = self.fs.cat_file(path)
+            data = self.files.read(path)
         except FileNotFoundError:
             raise RecordNotFound(f"checkpoint record of epoch {epoch} not found at {path}") from None
         record = decode_checkpoint(data, path)
@@ -137,22 +138,22 @@ class CheckpointStorage:
         if self._local:
             self._log_file = open(self._log_path(epoch), "ab")  # noqa: SIM115 - kept open
         else:
-            seg_dir = self._segment_dir(epoch)
-            self._segments = len(self.fs.ls(seg_dir)) if self.fs.exists(seg_dir) else 0
+            self._segments = len(self.files.names(self._segment_dir(epoch)))
 
     def read_inbound_log(self, epoch: int) -> list[LogEntry]:
         """Every entry of the inbound log of ``epoch`` (a torn last frame is dropped)."""
         path = self._log_path(epoch)
-        if self.fs.exists(path):
-            entries, _ = decode_log(self.fs.cat_file(path), path)
+        try:
+            entries, _ = decode_log(self.files.read(path), path)
             return entries
+        except (FileNotFoundError, IsADirectoryError):
+            pass
         seg_dir = self._segment_dir(epoch)
-        if not self.fs.exists(seg_dir):
-            return []
         entries = []
-        for seg in sorted(self.fs.ls(seg_dir, detail=False)):
-            if seg.endswith(".seg"):
-                entries.extend(decode_log(self.fs.cat_file(seg), seg)[0])
+        for name in sorted(self.files.names(seg_dir)):
+            if name.endswith(".seg"):
+                seg = posixpath.join(seg_dir, name)
+                entries.extend(decode_log(self.files.read(seg), seg)[0])
         return entries
 
     def truncate_inbound_log(self, epoch: int) -> None:
@@ -160,10 +161,7 @@ class CheckpointStorage:
         if self._log_epoch == epoch:
             self._close_log()
         for path in (self._log_path(epoch), self._segment_dir(epoch)):
-            try:
-                self.fs.rm(path, recursive=True)
-            except FileNotFoundError:
-                pass
+            self.files.remove(path)
 
     def _close_log(self) -> None:
         if self._log_file is not None:
@@ -172,49 +170,14 @@ class CheckpointStorage:
         self._log_epoch = None
 
     # ---------------------------------------------------------------------- subtask state
-    def _state_dir(self, subtask: SubtaskId) -> str:
-        return self._path("state", subtask.operator, str(subtask.index))
-
     def write_subtask_state(self, subtask: SubtaskId, epoch: int, state: bytes) -> None:
-        """Store ``subtask``'s state at the end of the batch of ``epoch`` (a retry overwrites).
-
-        Then drop its states older than the ``retain`` newest before ``epoch``: a restore or a
-        retry only ever reads the newest state before the batch it runs, and Spark only reruns
-        its newest batch, so the directory stays at ``retain + 1`` files whatever the number of
-        past epochs. Called by the subtask's task at the end of each batch.
-        """
-        directory = self._state_dir(subtask)
-        self._write_atomic(posixpath.join(directory, f"{epoch}.state"),
-                           encode_subtask_state(epoch, state))
-        known = self._state_epochs.pop(subtask, None)
-        if known is None:
-            known = self._list_state_epochs(directory)
-        older = sorted(e for e in known if e < epoch)
-        for stale in older[:-self.retain]:
-            self._rm_quiet(posixpath.join(directory, f"{stale}.state"))
+        """Store ``subtask``'s state at the end of the batch of ``epoch`` (a retry overwrites);
+        see :meth:`SubtaskStateStore.write` (executors use that store directly)."""
+        self.states.write(subtask, epoch, state)
 
     def read_subtask_state(self, subtask: SubtaskId, before_epoch: int) -> tuple[int, bytes] | None:
         """The newest state of ``subtask`` from an epoch before ``before_epoch``, if any."""
-        directory = self._state_dir(subtask)
-        epochs = self._list_state_epochs(directory)
-        self._state_epochs[subtask] = epochs  # the write at the end of the batch prunes with it
-        older = [e for e in epochs if e < before_epoch]
-        if not older:
-            return None
-        path = posixpath.join(directory, f"{max(older)}.state")
-        return decode_subtask_state(self.fs.cat_file(path), path)
-
-    def _list_state_epochs(self, directory: str) -> list[int]:
-        try:
-            names = self.fs.ls(directory, detail=False)
-        except FileNotFoundError:
-            return []
-        epochs = []
-        for name in names:
-            base = posixpath.basename(name)
-            if base.endswith(".state") and base[:-6].lstrip("-").isdigit():
-                epochs.append(int(base[:-6]))
-        return epochs
+        return self.states.read_before(subtask, before_epoch)
 
     # ------------------------------------------------------------------------- retention
     def prune(self, committed_epoch: int, operators: Sequence[SubtaskId] = ()) -> None:
@@ -231,14 +194,13 @@ class CheckpointStorage:
                 self._rm_quiet(self._segment_dir(epoch))
         for sid in operators:
             for epoch in range(start, keep_from - 1):
-                self._rm_quiet(posixpath.join(self._state_dir(sid), f"{epoch}.state"))
+                self.states.remove(sid, epoch)
         self._pruned_below = max(start, keep_from)
 
     def record_epochs(self) -> list[int]:
         """The epochs that have a record, ascending (one listing; tools and tests, any thread)."""
         epochs = []
-        for name in self.fs.ls(self._path("records"), detail=False):
-            base = posixpath.basename(name)
+        for base in self.files.names(self._path("records")):
             if base.endswith(".ckpt") and base[:-5].lstrip("-").isdigit():
                 epochs.append(int(base[:-5]))
         return sorted(epochs)
@@ -248,32 +210,11 @@ class CheckpointStorage:
         return min([e for e in self.record_epochs() if e < upto], default=upto)
 
     def _rm_quiet(self, path: str) -> None:
-        try:
-            self.fs.rm(path, recursive=True)
-        except FileNotFoundError:
-            pass
+        self.files.remove(path)
 
     # ------------------------------------------------------------------------- low level
     def _write_atomic(self, path: str, data: bytes) -> None:
-        parent = posixpath.dirname(path)
-        self.fs.makedirs(parent, exist_ok=True)
-        tmp = posixpath.join(parent, f".{posixpath.basename(path)}.{uuid.uuid4().hex}.tmp")
-        if self._local:
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                if self.fsync:
-                    os.fsync(f.fileno())
-            os.replace(tmp, path)
-            return
-        self.fs.pipe_file(tmp, data)
-        try:
-            self.fs.mv(tmp, path)
-        except (FileExistsError, OSError):
-            # Some stores refuse to rename over an existing object: the existing one is a
-            # garbage record of an epoch Spark never logged, so delete it and rename again.
-            self._rm_quiet(path)
-            self.fs.mv(tmp, path)
+        self.files.write_atomic(path, data, fsync=self.fsync)
 
     def close(self) -> None:
         self._close_log()

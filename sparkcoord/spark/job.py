@@ -15,8 +15,8 @@ from typing import Any
 
 from sparkcoord.coordinator import CoordinatorProvider
 from sparkcoord.core.errors import SparkCoordError
+from sparkcoord.runtime.config import ServiceConfig
 from sparkcoord.runtime.restart import FixedDelay, RestartStrategy
-from sparkcoord.runtime.service import ServiceConfig
 from sparkcoord.spark.operator import SubtaskOperator
 from sparkcoord.spark.source import FORMAT, CoordinatedSource, OperatorSpec, SourceSpec
 

@@ -23,15 +23,14 @@ import posixpath
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-import fsspec
-
 from sparkcoord.channel.client import ChannelClient
 from sparkcoord.core.codec import EventCodec
 from sparkcoord.core.errors import SparkCoordError
 from sparkcoord.core.ids import SubtaskId, TaskAttempt
-from sparkcoord.runtime.storage import CheckpointStorage
+from sparkcoord.runtime.files import files_for
 from sparkcoord.spark.operator import SubtaskContext, SubtaskOperator
 from sparkcoord.spark.source import MARKER, SourceSpec
+from sparkcoord.spark.subtask import state_store
 
 
 class NoEpochInThisBatch(SparkCoordError):
@@ -40,12 +39,12 @@ class NoEpochInThisBatch(SparkCoordError):
 
 def epoch_of_batch(spark_checkpoint: str, source: str, batch: int) -> tuple[int, bool]:
     """(epoch of ``batch``, whether it is new in that batch), from Spark's offset log."""
-    fs, root = fsspec.core.url_to_fs(spark_checkpoint)
+    files, root = files_for(spark_checkpoint)
 
     def read(b: int) -> int:
         path = posixpath.join(root, "offsets", str(b))
         try:
-            lines = fs.cat_file(path).decode().splitlines()
+            lines = files.read(path).decode().splitlines()
         except FileNotFoundError:
             raise SparkCoordError(f"Spark's offset log has no batch {b} at {path}") from None
         if not lines or lines[0] != "v1":
@@ -98,13 +97,12 @@ class RecipientFunction:
         assert self.spec.spark_checkpoint is not None
         epoch, fresh = epoch_of_batch(self.spec.spark_checkpoint, self.spec.name, batch)
         sid = SubtaskId(op.name, index)
-        storage = CheckpointStorage(self.spec.checkpoint_url, retain=self.spec.retain,
-                                    fsync=self.spec.fsync)
+        store = state_store(self.spec)
         client: ChannelClient | None = None
         events: tuple[bytes, ...] = ()
         execution_attempt = 0
         if fresh:
-            info = json.loads(storage.fs.cat_file(f"{storage.root}/channel.json"))
+            info = json.loads(store.files.read(f"{store.root}/channel.json"))
             address = (info["host"], int(info["port"]))
             secret = bytes.fromhex(info["secret"])
             client = ChannelClient(address, secret, TaskAttempt(info["run"], sid, epoch, number))
@@ -121,7 +119,7 @@ class RecipientFunction:
                     f"{epoch} was delivered earlier), so it cannot send events to the coordinator")
             client.send(codec.encode(event))
 
-        restored = storage.read_subtask_state(sid, batch)
+        restored = store.read_before(sid, batch)
         state = pickle.loads(restored[1]) if restored is not None else None
         context = SubtaskContext(op.name, index, op.parallelism, epoch, execution_attempt,
                                  number, send)
@@ -137,7 +135,7 @@ class RecipientFunction:
             yield from self._to_arrow(operator.process(), names)
             if client is not None:
                 client.flush()
-            storage.write_subtask_state(sid, batch, pickle.dumps(
+            store.write(sid, batch, pickle.dumps(
                 operator.snapshot_state(), protocol=pickle.HIGHEST_PROTOCOL))
         finally:
             try:

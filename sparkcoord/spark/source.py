@@ -5,7 +5,9 @@ Rules (DESIGN.md sections 2-3, SPARK_NOTES.md):
   1. The reader is created twice per run: in Spark's short planning process (pickled to the
      executors) and in the long-lived source runner process. It starts nothing until its
      first driver-side call; then, in the runner process only, it creates the coordination
-     service and the channel server (``_DriverSide``).
+     service and the channel server (:class:`sparkcoord.spark.driver.DriverSide`, imported
+     only there: Spark's Python workers import this module to unpickle the reader and its
+     partitions, and must not load the service, its storage and fsspec; decision 32).
   2. Offsets are ``{"sparkcoord": <source name>, "epoch": N}``; ``initialOffset`` is always
      epoch -1 and decides nothing.
   3. ``latestOffset(start)``: the run's first call restores; later ones signal that the batch
@@ -22,34 +24,18 @@ Rules (DESIGN.md sections 2-3, SPARK_NOTES.md):
 from __future__ import annotations
 
 import base64
-import json
-import logging
-import os
-import secrets
-import signal
-import threading
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark import cloudpickle
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
-from sparkcoord.channel.faults import fault_plan
-from sparkcoord.channel.frames import Delivery
-from sparkcoord.channel.server import ChannelServer
 from sparkcoord.core.ids import NO_EPOCH, SubtaskId
-from sparkcoord.runtime.service import (
-    CheckpointDeclined,
-    CoordinationService,
-    CoordinatorSpec,
-    ServiceConfig,
-)
-from sparkcoord.runtime.storage import CheckpointStorage
-from sparkcoord.spark.faults import kill_point
+from sparkcoord.runtime.config import ServiceConfig
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from sparkcoord.spark.driver import DriverSide
 
 FORMAT = "sparkcoord"
 MARKER = "sparkcoord"
@@ -134,100 +120,22 @@ class CoordinatedPartition(InputPartition):
         self.run_id = run_id
 
 
-class _DriverSide:
-    """The coordination service and channel server of one run (runner process only)."""
-
-    def __init__(self, spec: SourceSpec) -> None:
-        storage = CheckpointStorage(spec.checkpoint_url, retain=spec.retain, fsync=spec.fsync)
-        self.spec = spec
-        self.service = CoordinationService(
-            [CoordinatorSpec(op.name, op.coordinator, op.parallelism)
-             for op in list(spec.operators) + list(spec.recipients)],
-            storage, config=spec.config)
-        self.secret = secrets.token_bytes(32)
-        self.server = ChannelServer(self.service, self.secret, host=spec.channel_host,
-                                    max_frame_bytes=spec.config.max_event_bytes + 4096,
-                                    deliveries=self).start()
-        if spec.channel_fault_plan is not None:
-            self.server.fault = self._counting(fault_plan(spec.channel_fault_plan),
-                                               f"{storage.root}/faults.json")
-        host = spec.channel_advertised_host or self.server.address[0]
-        self.address = (host, self.server.address[1])
-        self.last_seal = time.monotonic()
-        self.closed = False
-        # Where this run listens. Downstream subtasks learn the address and the secret here
-        # (they have no InputPartition of ours); the file is written before the run's first
-        # batch plans, and is as private as the checkpoint directory that holds it.
-        info: dict[str, Any] = {"host": self.address[0], "port": self.address[1],
-                                "pid": os.getpid(), "run": self.service.run_id}
-        if spec.recipients:
-            info["secret"] = self.secret.hex()
-        path = f"{storage.root}/channel.json"
-        storage.fs.pipe_file(path, json.dumps(info).encode())
-        if os.path.exists(path):  # a local file: keep the secret to its owner
-            os.chmod(path, 0o600)
-
-    def _counting(self, plan: Any, path: str) -> Any:
-        # tests only: record how many faults were injected, so a test can prove they happened
-        injected = {"count": 0}
-
-        def counted(message: object) -> str | None:
-            action: str | None = plan(message)
-            if action:
-                injected["count"] += 1
-                self.service.storage.fs.pipe_file(path, json.dumps(injected).encode())
-            return action
-
-        return counted
-
-    def fetch(self, operator: str, index: int, epoch: int) -> Delivery:
-        """A downstream subtask asks for its events of ``epoch`` (channel thread)."""
-        svc = self.service
-        if operator not in {op.name for op in self.spec.recipients}:
-            return Delivery("", epoch, (), f"{operator!r} is not a downstream operator of "
-                                           f"source {self.spec.name!r}")
-        if epoch != svc.last_sealed or svc.last_committed >= epoch:
-            return Delivery("", epoch, (), f"epoch {epoch} is not running (last sealed "
-                                           f"{svc.last_sealed}, last committed {svc.last_committed})")
-        record = svc.record_for(epoch)
-        events = tuple(record.events_for(SubtaskId(operator, index))) if record else ()
-        return Delivery(svc.run_id, epoch, events)
-
-    def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self.server.close()
-            self.service.close()
-
-
-def _install_sigterm_handler(on_term: Any) -> None:
-    # The JVM stops the runner with SIGTERM (sometimes twice); ignore repeats, then exit
-    # through SystemExit so that stop() and the finally blocks run.
-    if threading.current_thread() is not threading.main_thread():
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        on_term()
-        raise SystemExit(0)
-
-    signal.signal(signal.SIGTERM, handler)
-
-
 class CoordinatedStreamReader(DataSourceStreamReader):
     """Driver side: hosts the coordination service; executor side: runs the subtasks."""
 
     def __init__(self, spec: SourceSpec) -> None:
         self.spec = spec
-        self._driver: _DriverSide | None = None
+        self._driver: DriverSide | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {"spec": self.spec, "_driver": None}
 
-    def _driver_side(self) -> _DriverSide:
+    def _driver_side(self) -> DriverSide:
         if self._driver is None:
-            self._driver = _DriverSide(self.spec)
-            _install_sigterm_handler(self.stop)
+            from sparkcoord.spark.driver import DriverSide, install_sigterm_handler
+
+            self._driver = DriverSide(self.spec)
+            install_sigterm_handler(self.stop)
         return self._driver
 
     # ------------------------------------------------------------- driver: runner process
@@ -239,23 +147,8 @@ class CoordinatedStreamReader(DataSourceStreamReader):
         """Spark asks for the next batch's end: complete the previous epoch, maybe seal one."""
         d = self._driver_side()
         start_epoch = epoch_of(self.spec.name, start)
-        d.service.latest_offset_called(start_epoch)
-        interval = self.spec.checkpoint_interval_s
-        due = interval is not None and time.monotonic() - d.last_seal >= interval
-        if not (due or d.service.has_held_events()):
-            return start
-        future = d.service.trigger_checkpoint(d.service.next_checkpoint_id)
-        try:
-            prepared = future.result()
-        except CheckpointDeclined as exc:
-            log.warning("%s", exc)
-            d.service.raise_if_failed()
-            return start  # declined: held events stay queued; Spark asks again
-        kill_point("sealing", prepared.checkpoint_id)
-        record = d.service.seal(prepared)
-        kill_point("sealed", record.epoch)
-        d.last_seal = time.monotonic()
-        return offset(self.spec.name, record.epoch)
+        end_epoch = d.latest_epoch(start_epoch)
+        return start if end_epoch == start_epoch else offset(self.spec.name, end_epoch)
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         """The batch (start, end]: one partition per subtask, with its epoch's events."""
@@ -263,7 +156,7 @@ class CoordinatedStreamReader(DataSourceStreamReader):
         start_epoch, end_epoch = epoch_of(self.spec.name, start), epoch_of(self.spec.name, end)
         if start_epoch == end_epoch:
             return []
-        record = d.service.partitions_called(start_epoch, end_epoch)
+        record = d.record_of_batch(start_epoch, end_epoch)
         parts = []
         for op in self.spec.operators:
             for index in range(op.parallelism):

@@ -20,7 +20,7 @@ from typing import Any
 from sparkcoord.channel.client import ChannelClient
 from sparkcoord.core.codec import EventCodec
 from sparkcoord.core.ids import SubtaskId, TaskAttempt
-from sparkcoord.runtime.storage import CheckpointStorage
+from sparkcoord.runtime.subtask_state import SubtaskStateStore
 from sparkcoord.spark.faults import kill_point
 from sparkcoord.spark.operator import SubtaskContext, SubtaskOperator
 from sparkcoord.spark.source import CoordinatedPartition, SourceSpec
@@ -33,20 +33,20 @@ def spark_attempt_number() -> int:
     return context.attemptNumber() if context is not None else 0
 
 
-_STORAGES: dict[tuple[str, int, bool], CheckpointStorage] = {}
+_STORES: dict[tuple[str, int, bool], SubtaskStateStore] = {}
 
 
-def _storage(spec: SourceSpec) -> CheckpointStorage:
-    # One per job per Python worker process (workers are reused across tasks; one task at a
-    # time): saves resolving the filesystem and creating directories in every task.
+def state_store(spec: SourceSpec) -> SubtaskStateStore:
+    """The subtask-state store of ``spec``'s job, one per Python worker process (workers are
+    reused across tasks, one task at a time): saves resolving the store in every task."""
     key = (spec.checkpoint_url, spec.retain, spec.fsync)
-    storage = _STORAGES.get(key)
-    if storage is None:
-        if len(_STORAGES) > 16:
-            _STORAGES.clear()
-        storage = _STORAGES[key] = CheckpointStorage(spec.checkpoint_url, retain=spec.retain,
-                                                     fsync=spec.fsync)
-    return storage
+    store = _STORES.get(key)
+    if store is None:
+        if len(_STORES) > 16:
+            _STORES.clear()
+        store = _STORES[key] = SubtaskStateStore.for_url(spec.checkpoint_url, retain=spec.retain,
+                                                         fsync=spec.fsync)
+    return store
 
 
 def run_subtask(spec: SourceSpec, p: CoordinatedPartition) -> Iterator[tuple[Any, ...]]:
@@ -59,8 +59,8 @@ def run_subtask(spec: SourceSpec, p: CoordinatedPartition) -> Iterator[tuple[Any
         client.register()  # a retry: the service resets the coordinator before anything else
     else:
         client.register_with_first_event()
-    storage = _storage(spec)
-    restored = storage.read_subtask_state(sid, p.epoch)
+    store = state_store(spec)
+    restored = store.read_before(sid, p.epoch)
     state = pickle.loads(restored[1]) if restored is not None else None
     codec = EventCodec(spec.config.max_event_bytes)
 
@@ -85,7 +85,7 @@ def run_subtask(spec: SourceSpec, p: CoordinatedPartition) -> Iterator[tuple[Any
         if snapshot is not None or restored is not None:
             # a stateless subtask (None, restored from nothing) writes nothing: restoring
             # "no state" gives None either way
-            storage.write_subtask_state(sid, p.epoch, pickle.dumps(
+            store.write(sid, p.epoch, pickle.dumps(
                 snapshot, protocol=pickle.HIGHEST_PROTOCOL))
     finally:
         try:

@@ -1,0 +1,135 @@
+"""The few file operations sparkcoord needs, on a local directory or any fsspec URL.
+
+Why a local directory does not go through fsspec: this module is imported by the parts of
+sparkcoord that run in Spark's Python workers (a subtask reading and writing its state, a
+downstream operator reading Spark's offset log), and importing fsspec brings asyncio, ssl,
+email and importlib.metadata: about 5,600 objects the garbage collector tracks. PySpark's
+worker daemon runs a full ``gc.collect()`` after every task, so every task of a worker that
+imported fsspec paid ~6 ms walking them (measured: docs/decisions.md 32). A path or a
+``file://`` URL is served with ``os`` calls; any other URL goes through fsspec, imported only
+then.
+
+Thread model: no state of its own beyond the fsspec filesystem (thread-safe for our use); any
+thread.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import uuid
+from typing import Any
+
+
+class Files:
+    """File operations on one store. Paths are absolute within the store (posix style)."""
+
+    local = False
+
+    def read(self, path: str) -> bytes:
+        """The whole file; ``FileNotFoundError`` if it does not exist."""
+        raise NotImplementedError
+
+    def names(self, directory: str) -> list[str]:
+        """The base names in ``directory``; empty if it does not exist."""
+        raise NotImplementedError
+
+    def write_atomic(self, path: str, data: bytes, *, fsync: bool = False) -> None:
+        """Write ``data`` under a temporary name and rename it over ``path`` (creating parents)."""
+        raise NotImplementedError
+
+    def remove(self, path: str) -> None:
+        """Delete a file or a directory tree; nothing if it does not exist."""
+        raise NotImplementedError
+
+
+class LocalFiles(Files):
+    """A local directory, through ``os`` (no fsspec import)."""
+
+    local = True
+
+    def read(self, path: str) -> bytes:
+        with open(path, "rb") as f:
+            return f.read()
+
+    def names(self, directory: str) -> list[str]:
+        try:
+            return os.listdir(directory)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+
+    def write_atomic(self, path: str, data: bytes, *, fsync: bool = False) -> None:
+        parent = posixpath.dirname(path)
+        os.makedirs(parent, exist_ok=True)
+        tmp = posixpath.join(parent, f".{posixpath.basename(path)}.{uuid.uuid4().hex}.tmp")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            if fsync:
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+    def remove(self, path: str) -> None:
+        try:
+            os.remove(path)
+        except FileNotFoundError:
+            return
+        except (IsADirectoryError, PermissionError):
+            if not os.path.isdir(path):
+                raise
+            import shutil
+
+            shutil.rmtree(path, ignore_errors=True)
+
+
+class FsspecFiles(Files):
+    """Any fsspec filesystem (object stores, HDFS, memory://)."""
+
+    def __init__(self, fs: Any) -> None:
+        self.fs = fs
+        self.local = type(fs).__name__ == "LocalFileSystem"
+
+    def read(self, path: str) -> bytes:
+        data: bytes = self.fs.cat_file(path)
+        return data
+
+    def names(self, directory: str) -> list[str]:
+        try:
+            return [posixpath.basename(p.rstrip("/")) for p in self.fs.ls(directory, detail=False)]
+        except FileNotFoundError:
+            return []
+
+    def write_atomic(self, path: str, data: bytes, *, fsync: bool = False) -> None:
+        parent = posixpath.dirname(path)
+        self.fs.makedirs(parent, exist_ok=True)
+        tmp = posixpath.join(parent, f".{posixpath.basename(path)}.{uuid.uuid4().hex}.tmp")
+        self.fs.pipe_file(tmp, data)
+        try:
+            self.fs.mv(tmp, path)
+        except (FileExistsError, OSError):
+            # Some stores refuse to rename over an existing object: the existing one is
+            # replaced anyway (a garbage record or a retried state), so delete it and rename.
+            self.remove(path)
+            self.fs.mv(tmp, path)
+
+    def remove(self, path: str) -> None:
+        try:
+            self.fs.rm(path, recursive=True)
+        except FileNotFoundError:
+            pass
+
+
+def is_local_url(url: str) -> bool:
+    """A plain path or a ``file://`` URL (served without fsspec)."""
+    return "://" not in url or url.startswith("file://")
+
+
+def files_for(url: str, storage_options: dict[str, Any] | None = None) -> tuple[Files, str]:
+    """The store of ``url`` and the root path within it (no trailing slash)."""
+    if is_local_url(url) and not storage_options:
+        path = url[len("file://"):] if url.startswith("file://") else url
+        return LocalFiles(), os.path.abspath(path).rstrip("/") or "/"
+    import fsspec  # only for remote stores: see the module docstring
+
+    fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
+    return FsspecFiles(fs), root.rstrip("/") or "/"

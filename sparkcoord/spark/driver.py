@@ -1,0 +1,149 @@
+"""The driver side of a coordinated source: the coordination service and the channel server of
+one run, in Spark's long-lived Python source runner process.
+
+Rules (see also :mod:`sparkcoord.spark.source`, whose reader delegates here):
+  1. Created at the reader's first driver-side call, in the runner process only; never in
+     Spark's Python workers (this module imports the service, its storage and fsspec, which the
+     workers must not pay for: docs/decisions.md 32).
+  2. ``latest_epoch(start)``: the run's first call restores; later ones signal that the batch
+     of ``start`` committed. A new epoch is sealed only when there is something to carry (held
+     events) or the checkpoint interval passed, and its record is durable before its epoch is
+     returned; otherwise ``start`` is returned and Spark runs no batch.
+  3. A global failure makes the next call raise, failing the query with the failure's text.
+
+Thread model: Spark's runner calls the reader from its main thread, one call at a time; the
+channel server and the coordinators' mailboxes run on their own threads inside the service.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import signal
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from sparkcoord.channel.faults import fault_plan
+from sparkcoord.channel.frames import Delivery
+from sparkcoord.channel.server import ChannelServer
+from sparkcoord.core.ids import SubtaskId
+from sparkcoord.core.records import CheckpointRecord
+from sparkcoord.runtime.service import CheckpointDeclined, CoordinationService, CoordinatorSpec
+from sparkcoord.runtime.storage import CheckpointStorage
+from sparkcoord.spark.faults import kill_point
+from sparkcoord.spark.source import SourceSpec
+
+log = logging.getLogger(__name__)
+
+
+class DriverSide:
+    """The coordination service and channel server of one run (runner process only)."""
+
+    def __init__(self, spec: SourceSpec) -> None:
+        storage = CheckpointStorage(spec.checkpoint_url, retain=spec.retain, fsync=spec.fsync)
+        self.spec = spec
+        self.service = CoordinationService(
+            [CoordinatorSpec(op.name, op.coordinator, op.parallelism)
+             for op in list(spec.operators) + list(spec.recipients)],
+            storage, config=spec.config)
+        self.secret = secrets.token_bytes(32)
+        self.server = ChannelServer(self.service, self.secret, host=spec.channel_host,
+                                    max_frame_bytes=spec.config.max_event_bytes + 4096,
+                                    deliveries=self).start()
+        if spec.channel_fault_plan is not None:
+            self.server.fault = self._counting(fault_plan(spec.channel_fault_plan),
+                                               f"{storage.root}/faults.json")
+        host = spec.channel_advertised_host or self.server.address[0]
+        self.address = (host, self.server.address[1])
+        self.last_seal = time.monotonic()
+        self.closed = False
+        # Where this run listens. Downstream subtasks learn the address and the secret here
+        # (they have no InputPartition of ours); the file is written before the run's first
+        # batch plans, and is as private as the checkpoint directory that holds it.
+        info: dict[str, Any] = {"host": self.address[0], "port": self.address[1],
+                                "pid": os.getpid(), "run": self.service.run_id}
+        if spec.recipients:
+            info["secret"] = self.secret.hex()
+        path = f"{storage.root}/channel.json"
+        storage.fs.pipe_file(path, json.dumps(info).encode())
+        if os.path.exists(path):  # a local file: keep the secret to its owner
+            os.chmod(path, 0o600)
+
+    def _counting(self, plan: Any, path: str) -> Any:
+        # tests only: record how many faults were injected, so a test can prove they happened
+        injected = {"count": 0}
+
+        def counted(message: object) -> str | None:
+            action: str | None = plan(message)
+            if action:
+                injected["count"] += 1
+                self.service.storage.fs.pipe_file(path, json.dumps(injected).encode())
+            return action
+
+        return counted
+
+    def fetch(self, operator: str, index: int, epoch: int) -> Delivery:
+        """A downstream subtask asks for its events of ``epoch`` (channel thread)."""
+        svc = self.service
+        if operator not in {op.name for op in self.spec.recipients}:
+            return Delivery("", epoch, (), f"{operator!r} is not a downstream operator of "
+                                           f"source {self.spec.name!r}")
+        if epoch != svc.last_sealed or svc.last_committed >= epoch:
+            return Delivery("", epoch, (), f"epoch {epoch} is not running (last sealed "
+                                           f"{svc.last_sealed}, last committed {svc.last_committed})")
+        record = svc.record_for(epoch)
+        events = tuple(record.events_for(SubtaskId(operator, index))) if record else ()
+        return Delivery(svc.run_id, epoch, events)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.server.close()
+            self.service.close()
+
+    def latest_epoch(self, start_epoch: int) -> int:
+        """The end epoch of the next batch after ``start_epoch`` (``start_epoch``: no batch).
+
+        Called by the reader's ``latestOffset`` (runner process, Spark's calling thread)."""
+        self.service.latest_offset_called(start_epoch)
+        interval = self.spec.checkpoint_interval_s
+        due = interval is not None and time.monotonic() - self.last_seal >= interval
+        if not (due or self.service.has_held_events()):
+            return start_epoch
+        future = self.service.trigger_checkpoint(self.service.next_checkpoint_id)
+        try:
+            prepared = future.result()
+        except CheckpointDeclined as exc:
+            log.warning("%s", exc)
+            self.service.raise_if_failed()
+            return start_epoch  # declined: held events stay queued; Spark asks again
+        kill_point("sealing", prepared.checkpoint_id)
+        record = self.service.seal(prepared)
+        kill_point("sealed", record.epoch)
+        self.last_seal = time.monotonic()
+        return record.epoch
+
+    def record_of_batch(self, start_epoch: int, end_epoch: int) -> CheckpointRecord | None:
+        """The record whose events the batch (start, end] carries (reader's ``partitions``)."""
+        return self.service.partitions_called(start_epoch, end_epoch)
+
+
+def install_sigterm_handler(on_term: Callable[[], None]) -> None:
+    """Stop the run on SIGTERM (runner process, main thread; elsewhere nothing).
+
+    The JVM stops the runner with SIGTERM (sometimes twice): repeats are ignored, and the
+    handler exits through SystemExit so that ``stop()`` and the finally blocks run.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        on_term()
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, handler)

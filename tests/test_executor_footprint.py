@@ -1,0 +1,76 @@
+"""What a coordinated source's task loads into Spark's Python worker.
+
+PySpark's worker daemon runs a full ``gc.collect()`` after every task, so every object a
+worker's imports leave behind is walked once per task (decision 32). A task of a coordinated
+source (unpickle the reader and the partition, run the subtask) must therefore not import
+fsspec or the driver's service, storage and job runner. Each check runs in a fresh interpreter.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+DRIVER_ONLY = ["fsspec", "asyncio", "sparkcoord.runtime.service", "sparkcoord.runtime.storage",
+               "sparkcoord.spark.driver", "sparkcoord.spark.job", "sparkcoord.runtime.holder"]
+
+
+def modules_after(script: str) -> set[str]:
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent(script)
+                          + "\nimport sys\nprint('\\n'.join(sys.modules))"],
+                         check=True, capture_output=True, text=True, timeout=120)
+    return set(out.stdout.split())
+
+
+def test_a_subtask_task_runs_without_importing_fsspec_or_the_drivers_modules(tmp_path) -> None:
+    from pyspark import cloudpickle
+
+    from sparkcoord.examples.steady import SCHEMA, SteadyCoordinator, SteadyOperator
+    from sparkcoord.spark.source import (
+        CoordinatedPartition,
+        CoordinatedStreamReader,
+        OperatorSpec,
+        SourceSpec,
+    )
+
+    spec = SourceSpec("steady", str(tmp_path / "coordination"),
+                      [OperatorSpec("steady", SteadyCoordinator, SteadyOperator, 2)], SCHEMA)
+    reader = cloudpickle.dumps(CoordinatedStreamReader(spec))
+    # events for subtask 1 of epoch 4; the operator reports nothing, so no connection is made
+    partition = cloudpickle.dumps(CoordinatedPartition(
+        "steady", 1, 4, [cloudpickle.dumps(k) for k in (7, 9)], ("127.0.0.1", 9), b"s" * 32, "run"))
+    loaded = modules_after(f"""
+        import pickle
+        reader = pickle.loads({reader!r})
+        rows = list(reader.read(pickle.loads({partition!r})))
+        assert rows == [("steady", 1, 7, 7, 4), ("steady", 1, 9, 9, 4)], rows
+    """)
+    assert "sparkcoord.spark.subtask" in loaded  # the task really ran the subtask runtime
+    assert not loaded & set(DRIVER_ONLY), sorted(loaded & set(DRIVER_ONLY))
+
+
+def test_a_stateful_subtask_writes_and_restores_its_state_without_fsspec(tmp_path) -> None:
+    url = str(tmp_path / "job")
+    loaded = modules_after(f"""
+        from sparkcoord.core.ids import SubtaskId
+        from sparkcoord.runtime.subtask_state import SubtaskStateStore
+        store = SubtaskStateStore.for_url({url!r}, retain=1)
+        sid = SubtaskId("op", 3)
+        for epoch in range(5):
+            store.read_before(sid, epoch)
+            store.write(sid, epoch, b"state%d" % epoch)
+        assert store.read_before(sid, 4) == (3, b"state3")
+        assert sorted(store.epochs(sid)) == [3, 4], store.epochs(sid)
+    """)
+    assert "fsspec" not in loaded
+
+
+def test_the_driver_still_reads_what_a_worker_wrote(tmp_path) -> None:
+    from sparkcoord.core.ids import SubtaskId
+    from sparkcoord.runtime.storage import CheckpointStorage
+    from sparkcoord.runtime.subtask_state import SubtaskStateStore
+
+    url = f"file://{tmp_path}/job"
+    SubtaskStateStore.for_url(url).write(SubtaskId("op", 0), 2, b"from a worker")
+    assert CheckpointStorage(url).read_subtask_state(SubtaskId("op", 0), 3) == (2, b"from a worker")
