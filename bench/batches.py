@@ -70,7 +70,7 @@ rows = list(reader.read(partition))  # one task of the source, imports included
 assert rows, "the task produced no rows"
 gc.collect()
 samples = []
-for _ in range(30):  # the fastest of 30: the collection's own cost, without the machine's noise
+for _ in range(30):  # the fastest of 30: the collection's own cost, without the noise
     t = time.perf_counter()
     gc.collect()
     samples.append(time.perf_counter() - t)
@@ -98,12 +98,15 @@ def _worker_footprint(tmp: str) -> dict[str, dict[str, float]]:
     tasks = {"plain": (plain, plain.partitions({"batch": 0}, {"batch": 1})[0]),
              "coordinated": (CoordinatedStreamReader(spec), CoordinatedPartition(
                  "steady", 0, 1, events, ("127.0.0.1", 9), b"s" * 32, "footprint"))}
-    out = {}
-    for kind, task in tasks.items():
-        proc = subprocess.run([sys.executable, "-c", textwrap.dedent(_WORKER_TASK)],
-                              input=cloudpickle.dumps(task), capture_output=True, check=True,
-                              timeout=120)
-        out[kind] = json.loads(proc.stdout)
+    runs: dict[str, list[dict[str, float]]] = {"plain": [], "coordinated": []}
+    for _ in range(3):  # alternate fresh workers: this machine's speed drifts between processes
+        for kind, task in tasks.items():
+            proc = subprocess.run([sys.executable, "-c", textwrap.dedent(_WORKER_TASK)],
+                                  input=cloudpickle.dumps(task), capture_output=True, check=True,
+                                  timeout=120)
+            runs[kind].append(json.loads(proc.stdout))
+    out = {kind: {"objects": statistics.median(r["objects"] for r in rs),
+                  "gc_ms": statistics.median(r["gc_ms"] for r in rs)} for kind, rs in runs.items()}
     return out
 
 
@@ -123,7 +126,7 @@ def run(preset: str, spark: Any) -> dict[str, Any]:
         fp = _worker_footprint(tmp)
         figures.append(figure("batches", "objects a task leaves in a Python worker (gc-tracked)",
                               fp["coordinated"]["objects"], "objects", fp["plain"]["objects"]))
-        figures.append(figure("batches", "full gc.collect() the worker daemon runs after each task (fastest of 30)",
+        figures.append(figure("batches", "full gc.collect() the worker daemon runs after each task (3 workers each)",
                               fp["coordinated"]["gc_ms"], "ms", fp["plain"]["gc_ms"]))
         notes.append(f"- Python worker after one task: coordinated {fp['coordinated']['objects']:,} "
                      f"objects, gc.collect {fp['coordinated']['gc_ms']:.1f} ms; plain "
