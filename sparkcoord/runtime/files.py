@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import os
 import posixpath
+import shutil
 import uuid
 from typing import Any
 
 
 class Files:
     """File operations on one store. Paths are absolute within the store (posix style)."""
-
-    local = False
 
     def read(self, path: str) -> bytes:
         """The whole file; ``FileNotFoundError`` if it does not exist."""
@@ -45,8 +44,6 @@ class Files:
 
 class LocalFiles(Files):
     """A local directory, through ``os`` (no fsspec import)."""
-
-    local = True
 
     def read(self, path: str) -> bytes:
         with open(path, "rb") as f:
@@ -70,16 +67,13 @@ class LocalFiles(Files):
         os.replace(tmp, path)
 
     def remove(self, path: str) -> None:
+        if os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
+            return
         try:
             os.remove(path)
         except FileNotFoundError:
-            return
-        except (IsADirectoryError, PermissionError):
-            if not os.path.isdir(path):
-                raise
-            import shutil
-
-            shutil.rmtree(path, ignore_errors=True)
+            pass
 
 
 class FsspecFiles(Files):
@@ -87,7 +81,6 @@ class FsspecFiles(Files):
 
     def __init__(self, fs: Any) -> None:
         self.fs = fs
-        self.local = type(fs).__name__ == "LocalFileSystem"
 
     def read(self, path: str) -> bytes:
         data: bytes = self.fs.cat_file(path)

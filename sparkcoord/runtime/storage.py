@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import fsspec
+from fsspec.implementations.local import LocalFileSystem
 
 from sparkcoord.core.errors import CorruptRecord
 from sparkcoord.core.ids import SubtaskId
@@ -58,12 +59,12 @@ class CheckpointStorage:
         # operations themselves go through ``files`` (os calls for a local directory).
         fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
         self.fs = fs
-        self.files: Files = LocalFiles() if type(fs).__name__ == "LocalFileSystem" else FsspecFiles(fs)
+        self._local = isinstance(fs, LocalFileSystem)
+        self.files: Files = LocalFiles() if self._local else FsspecFiles(fs)
         self.url = url
         self.root = root.rstrip("/") or "/"
         self.retain = retain
         self.fsync = fsync
-        self._local = self.files.local
         self._log_epoch: int | None = None
         self._log_file: Any = None
         self._segments = 0
@@ -88,7 +89,8 @@ class CheckpointStorage:
 
     def write_record(self, record: CheckpointRecord) -> None:
         """Write ``record`` atomically, replacing any garbage record of the same epoch."""
-        self._write_atomic(self.record_path(record.epoch), encode_checkpoint(record))
+        self.files.write_atomic(self.record_path(record.epoch), encode_checkpoint(record),
+                                fsync=self.fsync)
 
     def read_record(self, epoch: int) -> CheckpointRecord:
         path = self.record_path(epoch)
@@ -127,8 +129,9 @@ class CheckpointStorage:
             if self.fsync:
                 os.fsync(f.fileno())
         else:
-            self._write_atomic(posixpath.join(self._segment_dir(epoch), f"{self._segments:012d}.seg"),
-                               frame)
+            self.files.write_atomic(
+                posixpath.join(self._segment_dir(epoch), f"{self._segments:012d}.seg"), frame,
+                fsync=self.fsync)
             self._segments += 1
 
     def reopen_inbound_log(self, epoch: int) -> None:
@@ -146,7 +149,7 @@ class CheckpointStorage:
         try:
             entries, _ = decode_log(self.files.read(path), path)
             return entries
-        except (FileNotFoundError, IsADirectoryError):
+        except FileNotFoundError:
             pass
         seg_dir = self._segment_dir(epoch)
         entries = []
@@ -187,11 +190,11 @@ class CheckpointStorage:
         if start is None:
             start = self._oldest_record_epoch(keep_from)
         for epoch in range(start, keep_from):
-            self._rm_quiet(self.record_path(epoch))
+            self.files.remove(self.record_path(epoch))
         for epoch in range(start, committed_epoch):
             if epoch != self._log_epoch:
-                self._rm_quiet(self._log_path(epoch))
-                self._rm_quiet(self._segment_dir(epoch))
+                self.files.remove(self._log_path(epoch))
+                self.files.remove(self._segment_dir(epoch))
         for sid in operators:
             for epoch in range(start, keep_from - 1):
                 self.states.remove(sid, epoch)
@@ -208,13 +211,6 @@ class CheckpointStorage:
     def _oldest_record_epoch(self, upto: int) -> int:
         # One listing per run, bounded by retention plus garbage; never repeated.
         return min([e for e in self.record_epochs() if e < upto], default=upto)
-
-    def _rm_quiet(self, path: str) -> None:
-        self.files.remove(path)
-
-    # ------------------------------------------------------------------------- low level
-    def _write_atomic(self, path: str, data: bytes) -> None:
-        self.files.write_atomic(path, data, fsync=self.fsync)
 
     def close(self) -> None:
         self._close_log()
