@@ -12,6 +12,12 @@ Rules:
      gateways and the surviving events of the running batch, in log order.
   4. An exception from any callback, and ``fail_job``, report a global failure to the listener,
      once per generation.
+  5. A failed instance is fenced the moment it fails (rule 4) or the service reports a global
+     failure from anywhere: no further callback reaches it (no replayed event, no completion
+     notice, no checkpoint), its gateways and timers go quiet; only ``close()`` is still
+     called, after the failing callback has returned, so that it can release resources. Its
+     state matches no checkpoint, so acting on it (committing side effects in
+     ``notify_checkpoint_complete``) would break the guarantee.
 
 Thread model: public methods may be called from any thread and return at once; everything they
 do happens on the mailbox. The listener is called on the mailbox thread.
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import pickle
+import traceback
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -85,6 +92,9 @@ class CoordinatorHolder:
         self.coordinator: OperatorCoordinator | None = None
         self._context: _Context | None = None
         self._closed = False
+        # Set by the service, from any thread, at a global failure: from then on no callback
+        # runs (rule 5). A plain attribute: written once, read on the mailbox thread.
+        self._globally_failed = False
 
     # -------------------------------------------------------------------- service-facing API
     def start(self, checkpoint_id: int, snapshot: bytes | None,
@@ -138,6 +148,8 @@ class CoordinatorHolder:
         ``replay`` holds the surviving events of the other subtasks, in log order (default mode).
         """
         def run() -> None:
+            if self._globally_failed:
+                return  # the job is failing: no new instance, nothing more to reset
             new_attempt, failed = self.valve.attempt_failed(subtask)
             error = AttemptNoLongerLive(f"{self.name}[{subtask}] attempt {old_attempt} failed: {reason}")
             coordinator = self.coordinator
@@ -153,7 +165,14 @@ class CoordinatorHolder:
         self._submit(run)
 
     def globally_failed(self, reason: str) -> None:
-        """Global failover: fence the coordinator, fail every outstanding future, close it."""
+        """Global failover: fence the coordinator, fail every outstanding future, close it.
+
+        Called by the service (any thread, under its lock) at the first global failure. The
+        instance stops receiving callbacks at once, before this call returns (rule 5); the
+        rest happens on the mailbox.
+        """
+        self._globally_failed = True
+
         def run() -> None:
             self._fence()
             error = CoordinatorFenced(f"global failover of coordinator {self.name!r}: {reason}")
@@ -181,13 +200,16 @@ class CoordinatorHolder:
 
     def _create(self, checkpoint_id: int, snapshot: bytes | None,
                 replay: Sequence[ReplayedEvent]) -> None:
+        if self._globally_failed:
+            return
         self._fence()
         self.generation += 1
         self._context = _Context(self, self.generation)
         try:
             self.coordinator = self.provider(self._context)
         except Exception as exc:  # noqa: BLE001 - a user's constructor
-            self._report_failure(self.generation, f"creating coordinator {self.name!r} raised {exc!r}")
+            self._report_failure(self.generation, f"creating coordinator {self.name!r} raised "
+                                                  f"{exc!r}{user_traceback(exc)}")
             return
         state = pickle.loads(snapshot) if snapshot is not None else None
         self._callback("reset_to_checkpoint", checkpoint_id, state)
@@ -199,17 +221,24 @@ class CoordinatorHolder:
         for item in replay:
             self._callback("handle_event_from_operator", item.subtask, item.attempt, item.event)
 
-    def _fence(self) -> None:
+    def _fence(self, defer_close: bool = False) -> None:
         old, self.coordinator = self.coordinator, None
         if self._context is not None:
             self._context.fenced = True
             for timer in self._context.timers:
                 timer.cancel()
         if old is not None:
-            try:
-                old.close()
-            except Exception:  # noqa: BLE001 - closing a fenced instance must not fail anything
-                log.exception("coordinator %r raised in close()", self.name)
+            if defer_close and not self._closed:
+                # the failing callback may still be on the stack: close after it returned
+                self.mailbox.execute(lambda: self._close_instance(old))
+            else:
+                self._close_instance(old)
+
+    def _close_instance(self, instance: OperatorCoordinator) -> None:
+        try:
+            instance.close()
+        except Exception:  # noqa: BLE001 - closing a fenced instance must not fail anything
+            log.exception("coordinator %r raised in close()", self.name)
 
     def _trigger(self, checkpoint_id: int) -> None:
         self.valve.checkpoint_triggered(checkpoint_id)
@@ -239,8 +268,11 @@ class CoordinatorHolder:
                     reason = f"the checkpoint state of type {type(value).__qualname__} cannot be pickled: {exc}"
 
         def boundary() -> None:
-            if generation != self.generation:
+            if generation != self.generation or self._globally_failed:
                 return
+            context = self._context
+            if context is not None and context.failed:
+                return  # a failed instance's state is no checkpoint (rule 5)
             if reason:
                 # The service aborts the checkpoint on every holder, this one included.
                 self.listener.coordinator_declined(self.name, checkpoint_id, reason)
@@ -283,7 +315,7 @@ class CoordinatorHolder:
 
     def _callback(self, method: str, *args: Any) -> None:
         coordinator = self.coordinator
-        if coordinator is None:
+        if coordinator is None or self._globally_failed:
             return
         if not self.mailbox.in_mailbox_thread():
             raise WrongThread(f"{method}() of coordinator {self.name!r} called outside its mailbox")
@@ -291,14 +323,28 @@ class CoordinatorHolder:
         try:
             getattr(coordinator, method)(*args)
         except Exception as exc:  # noqa: BLE001 - any user exception fails the job
-            self._report_failure(generation, f"coordinator {self.name!r} raised in {method}(): {exc!r}")
+            self._report_failure(generation, f"coordinator {self.name!r} raised in {method}(): "
+                                             f"{exc!r}{user_traceback(exc)}")
 
     def _report_failure(self, generation: int, cause: str) -> None:
         context = self._context
         if context is None or context.generation != generation or context.failed or context.fenced:
             return
         context.failed = True
+        # Fenced before anything else can reach it (rule 5): the rest of a replay, a queued
+        # completion notice, its timers. close() follows once the failing callback returned.
+        self._fence(defer_close=True)
         self.listener.coordinator_failed(self.name, cause)
+
+
+def user_traceback(exc: BaseException) -> str:
+    """The traceback of a user's exception, from the user's own frame on (the runtime's frame
+    that called the user's code is left out), as text that starts with a newline."""
+    tb = exc.__traceback__
+    if tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next  # the runtime's frame that made the call
+    text = "".join(traceback.format_exception(type(exc), exc, tb)).rstrip()
+    return "\n" + text if text else ""
 
 
 _dumps = pickle.dumps
@@ -414,7 +460,8 @@ class _Context(CoordinatorContext):
                 action()
             except Exception as exc:  # noqa: BLE001 - user code fails the job
                 holder._report_failure(self.generation,
-                                       f"coordinator {holder.name!r} raised in an action: {exc!r}")
+                                       f"coordinator {holder.name!r} raised in an action: "
+                                       f"{exc!r}{user_traceback(exc)}")
         holder.mailbox.execute(run)
 
     def call_periodically(self, interval_s: float, action: Callable[[], None]) -> Cancellable:

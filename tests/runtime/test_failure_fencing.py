@@ -1,0 +1,201 @@
+"""A coordinator instance that failed gets no further callback (issue 11, holder rule 5).
+
+Deterministic: manual mailboxes and clock. The first test is the case found by a user: a
+callback that raises while the logged inbound events are replayed after a restore used to
+leave the failed instance receiving the rest of the replay and then
+``notify_checkpoint_complete``, in a state that matches no checkpoint.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+from sparkcoord import OperatorCoordinator
+from sparkcoord.core.ids import SubtaskId, TaskAttempt
+from sparkcoord.core.restore import RestorePoint
+from sparkcoord.runtime.service import CoordinationService, CoordinatorSpec
+from sparkcoord.runtime.storage import CheckpointStorage
+from sparkcoord.testing import CoordinatorHarness, ManualClock, ManualMailboxes
+
+
+class Journal(OperatorCoordinator):
+    """Appends every callback it gets to a shared journal; raises on the configured event."""
+
+    def __init__(self, context: Any, journal: list[tuple[Any, ...]], raise_on: str | None = None,
+                 name: str = "") -> None:
+        super().__init__(context)
+        self.journal = journal
+        self.raise_on = raise_on
+        self.name = name
+        self.seen: list[Any] = []
+
+    def _note(self, *call: Any) -> None:
+        self.journal.append((self.name, *call) if self.name else call)
+
+    def reset_to_checkpoint(self, checkpoint_id: int, state: Any) -> None:
+        self.seen = list(state or [])
+        self._note("reset", checkpoint_id)
+
+    def start(self) -> None:
+        self._note("start")
+
+    def handle_event_from_operator(self, subtask: int, attempt: int, event: Any) -> None:
+        self._note("handle", event)
+        if event == self.raise_on:
+            raise ValueError(f"cannot handle {event!r}")
+        self.seen.append(event)
+
+    def checkpoint_coordinator(self, checkpoint_id: int, result: Future[Any]) -> None:
+        self._note("checkpoint", checkpoint_id)
+        result.set_result(list(self.seen))
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        self._note("complete", checkpoint_id, list(self.seen))
+
+    def close(self) -> None:
+        self._note("close")
+
+
+def test_a_callback_that_raises_during_the_replay_gets_no_further_event_and_no_completion(
+        tmp_path: Path) -> None:
+    url = f"file://{tmp_path}/ckpt"
+    first: list[tuple[Any, ...]] = []
+    run1 = CoordinatorHarness(functools.partial(Journal, journal=first), 1, storage_url=url)
+    run1.start()
+    run1.checkpoint()
+    for event in ("a", "boom", "c"):
+        run1.send_from_subtask(0, event)
+    run1.commit()
+    assert ("complete", 0, ["a", "boom", "c"]) in first
+    run1.service.close()
+
+    second: list[tuple[Any, ...]] = []
+    run2 = CoordinatorHarness(functools.partial(Journal, journal=second, raise_on="boom"), 1,
+                              storage_url=url)
+    run2.start(RestorePoint(0, committed=True))
+
+    assert second == [("reset", 0), ("start",), ("handle", "a"), ("handle", "boom"), ("close",)]
+    failure = run2.service.failure
+    assert failure is not None
+    assert failure.startswith("coordinator 'coordinator' raised in handle_event_from_operator(): "
+                              "ValueError(\"cannot handle 'boom'\")")
+    # the user's own traceback, from the user's frame on
+    assert "Traceback (most recent call last)" in failure
+    assert "in handle_event_from_operator" in failure and 'raise ValueError(f"cannot handle' in failure
+
+
+def test_a_live_callback_that_raises_gets_none_of_the_events_after_it_nor_checkpoints_nor_completions(
+) -> None:
+    journal: list[tuple[Any, ...]] = []
+    h = CoordinatorHarness(functools.partial(Journal, journal=journal, raise_on="boom"), 1)
+    h.start()
+    h.checkpoint()
+    # one burst: the three events reach the mailbox as one action
+    attempt = h._attempt(0)
+    codec = h.service.codec
+    h.service.event_runs_received([(attempt, 0, tuple(codec.encode(e) for e in ("a", "boom", "c")))])
+    h.service.batch_committed(h.epoch)  # queued behind the failing action
+    h.run()
+    assert [c for c in journal if c[0] in ("handle", "complete", "checkpoint", "close")] == [
+        ("checkpoint", 0), ("handle", "a"), ("handle", "boom"), ("close",)]
+    assert h.service.failure is not None and "'boom'" in h.service.failure
+
+
+def test_timers_and_actions_of_a_failed_instance_do_not_run() -> None:
+    ticks: list[float] = []
+
+    class Ticking(OperatorCoordinator):
+        def start(self) -> None:
+            self.context.call_periodically(1.0, lambda: ticks.append(1.0))
+
+        def handle_event_from_operator(self, subtask: int, attempt: int, event: Any) -> None:
+            self.context.run_in_coordinator_thread(lambda: ticks.append(-1.0))
+            raise RuntimeError("broken")
+
+    h = CoordinatorHarness(Ticking, 1)
+    h.start()
+    h.checkpoint()
+    h.clock.advance(1.0)
+    h.run()
+    assert ticks == [1.0]
+    h.send_from_subtask(0, "x")  # queues an action, then raises
+    h.clock.advance(5.0)
+    h.run()
+    assert ticks == [1.0]
+    assert h.service.failure is not None and "broken" in h.service.failure
+
+
+def test_fail_job_inside_a_callback_fences_at_once_and_closes_after_the_callback_returned() -> None:
+    journal: list[tuple[Any, ...]] = []
+
+    class Quitter(Journal):
+        def handle_event_from_operator(self, subtask: int, attempt: int, event: Any) -> None:
+            self.context.fail_job("giving up")
+            self._note("after fail_job", self.context.is_coordinator_thread())
+
+    h = CoordinatorHarness(functools.partial(Quitter, journal=journal), 1)
+    h.start()
+    h.checkpoint()
+    h.send_from_subtask(0, "x")
+    h.send_from_subtask(0, "y")  # refused: the job failed
+    h.service.batch_committed(h.epoch)
+    h.run()
+    tail = journal[journal.index(("checkpoint", 0)) + 1:]
+    assert tail == [("after fail_job", True), ("close",)]
+    assert "called fail_job: giving up" in (h.service.failure or "")
+
+
+def test_a_global_failure_of_one_coordinator_fences_the_others_before_their_queued_callbacks() -> None:
+    journal: list[tuple[Any, ...]] = []
+    mailboxes = ManualMailboxes()
+    service = CoordinationService(
+        [CoordinatorSpec("a", functools.partial(Journal, journal=journal, raise_on="boom", name="a"), 1),
+         CoordinatorSpec("b", functools.partial(Journal, journal=journal, name="b"), 1)],
+        CheckpointStorage("memory://sparkcoord-fencing/two"), clock=ManualClock(),
+        mailbox_factory=mailboxes)
+    service.restore(RestorePoint(-1, committed=True))
+    mailboxes.run_all()
+    future = service.trigger_checkpoint(0)
+    mailboxes.run_all()
+    service.seal(future.result())
+    mailboxes.run_all()
+    attempt = TaskAttempt(service.run_id, SubtaskId("a", 0), 0, 0)
+    service.attempt_registered(attempt)
+    service.event_received(attempt, 0, service.codec.encode("boom"))
+    service.batch_committed(0)  # a completion notice queued on both mailboxes
+    box_a, box_b = mailboxes.all
+    box_a.run_all()  # a fails here: b is fenced before its queued notice runs
+    box_b.run_all()
+    assert ("b", "complete", 0, []) not in journal
+    assert [c for c in journal if c[0] == "b"][-1] == ("b", "close")
+    assert service.failure is not None and "'a'" in service.failure
+
+
+def test_a_checkpoint_future_completed_by_a_failed_instance_from_another_thread_seals_nothing(
+) -> None:
+    class Slow(OperatorCoordinator):
+        def checkpoint_coordinator(self, checkpoint_id: int, result: Future[Any]) -> None:
+            self.pending = result
+
+        def handle_event_from_operator(self, subtask: int, attempt: int, event: Any) -> None:
+            raise RuntimeError("broken")
+
+    h = CoordinatorHarness(Slow, 1)
+    h.start()
+    instance = h.coordinator
+    assert isinstance(instance, Slow)
+    future = h.trigger_checkpoint()
+    h.run()
+    pending = instance.pending
+    h.service.fail_job("a Spark-side error")
+    h.run()
+    thread = threading.Thread(target=lambda: pending.set_result("state of a failed instance"))
+    thread.start()
+    thread.join()
+    h.run()
+    assert future.exception(timeout=0) is not None
+    assert h.service.last_sealed == -1
