@@ -8,9 +8,14 @@ snapshot payloads inside it stay opaque bytes until the user's code decodes them
 
 Inbound logs are a sequence of *frames* (length, CRC-32, body) appended one by one. A frame holds
 a registration, one event, or a run of consecutive events of one attempt that were accepted
-together (acknowledged together, so they are durable together). A frame cut short at the end of
-the log is a write torn by a crash; it was never acknowledged, so a reader drops it. A bad frame
-anywhere else is corruption and raises.
+together (acknowledged together, so they are durable together). A frame whose checksum fails is
+damage wherever it is, the last frame included: an append that a crash cut short leaves a
+*short* frame, never a full-length one with other bytes in it. A short last frame is a torn
+write; only a reader that may see the log of a batch that never committed may drop it
+(``allow_torn_tail``); the restore reads only logs of committed batches, in which every frame was
+acknowledged, and there it is an error (docs/decisions.md 33). A *log seal* (written when the
+batch commits) records the log's length and CRC-32, so that a log cut at a frame boundary or
+missing whole frames is detected too.
 
 Thread model: none (pure functions over bytes).
 """
@@ -31,6 +36,8 @@ MAGIC = b"SPCO"
 FORMAT_VERSION = 1
 KIND_CHECKPOINT = 1
 KIND_SUBTASK_STATE = 2
+KIND_LOG_SEAL = 3
+KIND_STATE_LINEAGE = 4
 
 _HEADER = struct.Struct(">4sHBxQI")  # magic, version, kind, pad, body length, crc32
 _FRAME = struct.Struct(">II")  # body length, crc32
@@ -234,35 +241,90 @@ def _log_prefix(attempt: TaskAttempt, kind: int) -> bytes:
     return w.getvalue()
 
 
-def decode_log(data: bytes, what: str) -> tuple[list[LogEntry], int]:
+def decode_log(data: bytes, what: str, *, allow_torn_tail: bool = False
+               ) -> tuple[list[LogEntry], int]:
     """Parse an inbound log. Returns the entries and the byte length of the valid prefix.
 
-    A torn last frame (cut short by a crash) is dropped; the valid length tells the caller
-    where to truncate before appending again.
+    A frame with a bad checksum raises :class:`CorruptRecord` wherever it is. A last frame cut
+    short raises too, unless ``allow_torn_tail`` (a log of a batch that never committed, whose
+    last append may have been torn by a crash and was then never acknowledged): then it is
+    dropped and the valid length tells the caller where to truncate before appending again.
     """
     entries: list[LogEntry] = []
-    for entry, _end in _iter_frames(data, what):
+    valid = 0
+    for entry, frame_end in _iter_frames(data, what, allow_torn_tail):
         entries.append(entry)
-    return entries, (_end if entries else 0)
+        valid = frame_end
+    return entries, valid
 
 
-def _iter_frames(data: bytes, what: str) -> Iterator[tuple[LogEntry, int]]:
+def _iter_frames(data: bytes, what: str, allow_torn_tail: bool) -> Iterator[tuple[LogEntry, int]]:
     view = memoryview(data)
     pos = 0
     while pos < len(view):
         if pos + _FRAME.size > len(view):
-            return  # torn header at the tail
+            if allow_torn_tail:
+                return
+            raise CorruptRecord(
+                f"{what}: ends with {len(view) - pos} bytes of a frame header at byte {pos} (the "
+                f"log was cut short; expected complete frames: every frame of a committed "
+                f"batch was acknowledged)")
         length, crc = _FRAME.unpack_from(view, pos)
         end = pos + _FRAME.size + length
         if end > len(view):
-            return  # torn body at the tail
+            if allow_torn_tail:
+                return
+            raise CorruptRecord(
+                f"{what}: the frame at byte {pos} is cut short ({len(view) - pos} of "
+                f"{end - pos} bytes; expected complete frames: every frame of a committed "
+                f"batch was acknowledged)")
         body = view[pos + _FRAME.size:end]
         if zlib.crc32(body) != crc:
-            if end == len(view):
-                return  # torn (partially overwritten) last frame
-            raise CorruptRecord(f"{what}: checksum mismatch in the frame at byte {pos}")
+            raise CorruptRecord(f"{what}: checksum mismatch in the frame at byte {pos} "
+                                f"({end - pos} bytes; file damaged)")
         yield _decode_entry(_Reader(body, f"{what} frame at byte {pos}")), end
         pos = end
+
+
+# ------------------------------------------------------------------------------- log seal
+@dataclass(frozen=True, slots=True)
+class LogSeal:
+    """What an inbound log held when its batch committed: its length and CRC-32."""
+
+    epoch: int
+    length: int
+    crc32: int
+
+
+def encode_log_seal(seal: LogSeal) -> bytes:
+    w = _Writer()
+    w.i64(seal.epoch)
+    w.i64(seal.length)
+    w.u32(seal.crc32)
+    return seal_envelope(KIND_LOG_SEAL, w.getvalue())
+
+
+def decode_log_seal(data: bytes, what: str) -> LogSeal:
+    r = _Reader(open_envelope(data, KIND_LOG_SEAL, what), what)
+    seal = LogSeal(r.i64(), r.i64(), r.u32())
+    r.done()
+    return seal
+
+
+# -------------------------------------------------------------------------- state lineage
+def encode_state_lineage(first_epoch: int) -> bytes:
+    """The marker a subtask writes with its first state: it has kept state since
+    ``first_epoch``, so from then on a missing state file is a loss, not statelessness."""
+    w = _Writer()
+    w.i64(first_epoch)
+    return seal_envelope(KIND_STATE_LINEAGE, w.getvalue())
+
+
+def decode_state_lineage(data: bytes, what: str) -> int:
+    r = _Reader(open_envelope(data, KIND_STATE_LINEAGE, what), what)
+    first_epoch = r.i64()
+    r.done()
+    return first_epoch
 
 
 def _decode_entry(r: _Reader) -> LogEntry:

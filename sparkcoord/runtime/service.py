@@ -159,7 +159,9 @@ class CoordinationService:
                 raise IllegalTransition(f"run {self.run_id} was already restored to "
                                         f"{self.restore_point}; cannot restore to {point}")
             epoch = point.epoch
+            # every file read here is verified; a missing or damaged one raises, naming it
             record = self.storage.read_record(epoch) if epoch != NO_EPOCH else None
+            logged = self.storage.read_inbound_log(epoch) if point.replays_inbound_log else []
             self.restore_point = point
             self._record = record
             names = list(self.specs)
@@ -171,7 +173,7 @@ class CoordinationService:
                 last_committed=epoch - 1 if epoch != NO_EPOCH else NO_EPOCH)
             replay: dict[str, list[ReplayedEvent]] = {name: [] for name in names}
             if point.replays_inbound_log:
-                for entry in surviving_events(self.storage.read_inbound_log(epoch)):
+                for entry in surviving_events(logged):
                     sid = entry.attempt.subtask
                     if sid.operator in replay:
                         replay[sid.operator].append(
@@ -199,6 +201,8 @@ class CoordinationService:
             if not tracker.batch_committed(epoch):
                 return
             gate.batch_committed(epoch)
+            # the gate admits nothing more for this epoch: its log is final
+            self.storage.seal_inbound_log(epoch)
             for holder in self._holders.values():
                 holder.batch_committed(epoch)
         self.storage.prune(epoch)

@@ -4,8 +4,10 @@ Layout under the job's checkpoint URL (local path by default; any fsspec URL for
 
     records/<epoch>.ckpt                       checkpoint record of an epoch
     inbound/<epoch>.log                        inbound log of the batch of an epoch (local fs)
-    inbound/<epoch>/<n>.seg                    the same as segments (stores without append)
+    inbound/<epoch>/begin, <n>.seg             the same as segments (stores without append)
+    inbound/<epoch>.sealed                     the log's length and CRC-32 when its batch committed
     state/<operator>/<index>/<epoch>.state     a subtask's state at the end of an epoch's batch
+    state/<operator>/<index>/lineage           since which epoch the subtask keeps state
 
 Rules:
   1. A record is written to a temporary name and renamed over the final one; a record for an
@@ -16,6 +18,13 @@ Rules:
   3. Retention: at ``notify complete(N)`` records older than the newest ``retain`` are pruned,
      never N itself; inbound logs older than N are pruned. Pruning deletes by name, so its cost
      does not grow with the number of past epochs.
+  4. Everything a restore reads is verified, and a file of an epoch that must exist is an error
+     when missing (docs/decisions.md 33): the record of the restore point; the inbound log of a
+     committed batch (created empty when its epoch was sealed, so it exists whenever Spark
+     logged the epoch), which must consist of complete, intact frames (all of them were
+     acknowledged before the batch could commit) and match its seal, written when the
+     service learnt that the batch committed (a crash before that leaves no seal: then the
+     frames alone are checked).
 
 Thread model: one writer per job (the coordination service); records and state may be read
 from any thread or process. Inbound appends happen inside the service's critical section.
@@ -25,6 +34,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import zlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,16 +46,19 @@ from sparkcoord.core.ids import SubtaskId
 from sparkcoord.core.inbound import LogEntry
 from sparkcoord.core.records import (
     CheckpointRecord,
+    LogSeal,
     decode_checkpoint,
     decode_log,
+    decode_log_seal,
     encode_checkpoint,
+    encode_log_seal,
 )
 from sparkcoord.runtime.files import Files, FsspecFiles, LocalFiles
 from sparkcoord.runtime.subtask_state import SubtaskStateStore
 
 
 class RecordNotFound(CorruptRecord):
-    """A record that the restore point needs does not exist."""
+    """A record, log or state file that must exist for the restore does not."""
 
 
 class CheckpointStorage:
@@ -68,6 +81,9 @@ class CheckpointStorage:
         self._log_epoch: int | None = None
         self._log_file: Any = None
         self._segments = 0
+        # length and CRC-32 of the inbound logs this process wrote or verified, by epoch,
+        # until their batch commits and the seal is written
+        self._log_sums: dict[int, tuple[int, int]] = {}
         self._pruned_below: int | None = None
         self.states = SubtaskStateStore(self.files, self.root, retain=retain, fsync=fsync)
         fs.makedirs(self._path("records"), exist_ok=True)
@@ -110,13 +126,27 @@ class CheckpointStorage:
     def _segment_dir(self, epoch: int) -> str:
         return self._path("inbound", str(epoch))
 
+    def _seal_path(self, epoch: int) -> str:
+        return self._path("inbound", f"{epoch}.sealed")
+
     def start_inbound_log(self, epoch: int) -> None:
-        """Begin an empty inbound log for ``epoch``, discarding any garbage one."""
+        """Begin an empty inbound log for ``epoch``, discarding any garbage one.
+
+        Called by the service (driver thread) when ``epoch`` is sealed, before its offset is
+        handed to Spark, and at a restore to an uncommitted epoch: so the log of every epoch
+        Spark logged exists (rule 4)."""
         self.truncate_inbound_log(epoch)
         self._log_epoch = epoch
         if self._local:
             self._log_file = open(self._log_path(epoch), "ab")  # noqa: SIM115 - kept open
+            if self.fsync:
+                os.fsync(self._log_file.fileno())
+        else:
+            # an object store has no empty directories: this object says the log exists
+            self.files.write_atomic(posixpath.join(self._segment_dir(epoch), "begin"), b"",
+                                    fsync=self.fsync)
         self._segments = 0
+        self._log_sums[epoch] = (0, 0)
 
     def append_inbound(self, epoch: int, frame: bytes) -> None:
         """Append one framed entry to the log of ``epoch`` and flush it (critical section)."""
@@ -133,6 +163,8 @@ class CheckpointStorage:
                 posixpath.join(self._segment_dir(epoch), f"{self._segments:012d}.seg"), frame,
                 fsync=self.fsync)
             self._segments += 1
+        length, crc = self._log_sums.get(epoch, (0, 0))
+        self._log_sums[epoch] = (length + len(frame), zlib.crc32(frame, crc))
 
     def reopen_inbound_log(self, epoch: int) -> None:
         """Continue appending to an existing log of ``epoch`` (after a restore)."""
@@ -141,29 +173,88 @@ class CheckpointStorage:
         if self._local:
             self._log_file = open(self._log_path(epoch), "ab")  # noqa: SIM115 - kept open
         else:
-            self._segments = len(self.files.names(self._segment_dir(epoch)))
+            self._segments = len(self._segment_names(epoch))
+        if epoch not in self._log_sums:
+            data = b"".join(part for _, part in self._log_parts(epoch))
+            self._log_sums[epoch] = (len(data), zlib.crc32(data))
 
-    def read_inbound_log(self, epoch: int) -> list[LogEntry]:
-        """Every entry of the inbound log of ``epoch`` (a torn last frame is dropped)."""
+    def _segment_names(self, epoch: int) -> list[str]:
+        return sorted(n for n in self.files.names(self._segment_dir(epoch)) if n.endswith(".seg"))
+
+    def _log_parts(self, epoch: int) -> list[tuple[str, bytes]]:
+        """The log of ``epoch`` as (file, bytes) parts in order; RecordNotFound if missing."""
         path = self._log_path(epoch)
         try:
-            entries, _ = decode_log(self.files.read(path), path)
-            return entries
+            return [(path, self.files.read(path))]
         except FileNotFoundError:
             pass
         seg_dir = self._segment_dir(epoch)
-        entries = []
-        for name in sorted(self.files.names(seg_dir)):
-            if name.endswith(".seg"):
-                seg = posixpath.join(seg_dir, name)
-                entries.extend(decode_log(self.files.read(seg), seg)[0])
+        names = self.files.names(seg_dir)
+        if "begin" not in names:
+            raise RecordNotFound(
+                f"{path}: the inbound log of epoch {epoch} is missing. It is created when the "
+                f"epoch is sealed, before Spark logs the epoch, and only a later completion "
+                f"prunes it, so it must exist for the restore of epoch {epoch} (was the "
+                f"checkpoint directory damaged, or copied in part?)")
+        segments = sorted(n for n in names if n.endswith(".seg"))
+        expected = [f"{i:012d}.seg" for i in range(len(segments))]
+        if segments != expected:
+            missing = sorted(set(expected) - set(segments))[:1] or expected[-1:]
+            raise RecordNotFound(f"{seg_dir}: segment {missing[0]} of the inbound log of epoch "
+                                 f"{epoch} is missing (segments are numbered from 0 without gaps)")
+        return [(posixpath.join(seg_dir, n), self.files.read(posixpath.join(seg_dir, n)))
+                for n in segments]
+
+    def read_inbound_log(self, epoch: int) -> list[LogEntry]:
+        """Every entry of the inbound log of the committed batch of ``epoch``, verified.
+
+        Called by the service (driver thread) when it restores to committed ``epoch``, and by
+        tools. Raises :class:`RecordNotFound` if the log is missing and
+        :class:`CorruptRecord` for a damaged or short frame, or a log that does not match its
+        seal; each error names the file, the epoch and what was expected (rule 4).
+        """
+        parts = self._log_parts(epoch)
+        entries: list[LogEntry] = []
+        length, crc = 0, 0
+        for name, data in parts:
+            entries.extend(decode_log(data, name)[0])
+            length += len(data)
+            crc = zlib.crc32(data, crc)
+        seal_path = self._seal_path(epoch)
+        try:
+            seal = decode_log_seal(self.files.read(seal_path), seal_path)
+        except FileNotFoundError:
+            seal = None  # the run crashed before it learnt that the batch committed
+        if seal is not None and (seal.epoch, seal.length, seal.crc32) != (epoch, length, crc):
+            raise CorruptRecord(
+                f"{parts[0][0]}: the inbound log of epoch {epoch} holds {length} bytes with "
+                f"CRC-32 {crc:#010x}, but its seal {seal_path} says epoch {seal.epoch}, "
+                f"{seal.length} bytes, CRC-32 {seal.crc32:#010x} (frames are missing or the "
+                f"log was cut at a frame boundary)")
+        self._log_sums[epoch] = (length, crc)
         return entries
 
+    def seal_inbound_log(self, epoch: int) -> None:
+        """The batch of ``epoch`` committed: record its log's length and CRC-32 (rule 4).
+
+        Called by the service (driver thread) at the completion of ``epoch``, after the inbound
+        gate stopped admitting events of that epoch. Nothing if this process neither wrote nor
+        verified the log (it then knows nothing to record)."""
+        sums = self._log_sums.pop(epoch, None)
+        if sums is None:
+            return
+        for older in [e for e in self._log_sums if e < epoch]:
+            del self._log_sums[older]
+        self.files.write_atomic(self._seal_path(epoch),
+                                encode_log_seal(LogSeal(epoch, sums[0], sums[1])),
+                                fsync=self.fsync)
+
     def truncate_inbound_log(self, epoch: int) -> None:
-        """Delete the inbound log of ``epoch`` durably."""
+        """Delete the inbound log of ``epoch`` (and any seal of it) durably."""
         if self._log_epoch == epoch:
             self._close_log()
-        for path in (self._log_path(epoch), self._segment_dir(epoch)):
+        self._log_sums.pop(epoch, None)
+        for path in (self._log_path(epoch), self._segment_dir(epoch), self._seal_path(epoch)):
             self.files.remove(path)
 
     def _close_log(self) -> None:
@@ -178,9 +269,11 @@ class CheckpointStorage:
         see :meth:`SubtaskStateStore.write` (executors use that store directly)."""
         self.states.write(subtask, epoch, state)
 
-    def read_subtask_state(self, subtask: SubtaskId, before_epoch: int) -> tuple[int, bytes] | None:
-        """The newest state of ``subtask`` from an epoch before ``before_epoch``, if any."""
-        return self.states.read_before(subtask, before_epoch)
+    def read_subtask_state(self, subtask: SubtaskId, before_epoch: int,
+                           previous_epoch: int | None = None) -> tuple[int, bytes] | None:
+        """The newest state of ``subtask`` from an epoch before ``before_epoch``, if any; see
+        :meth:`SubtaskStateStore.read_before` (tools and tests, any thread)."""
+        return self.states.read_before(subtask, before_epoch, previous_epoch)
 
     # ------------------------------------------------------------------------- retention
     def prune(self, committed_epoch: int, operators: Sequence[SubtaskId] = ()) -> None:
@@ -195,6 +288,7 @@ class CheckpointStorage:
             if epoch != self._log_epoch:
                 self.files.remove(self._log_path(epoch))
                 self.files.remove(self._segment_dir(epoch))
+                self.files.remove(self._seal_path(epoch))
         for sid in operators:
             for epoch in range(start, keep_from - 1):
                 self.states.remove(sid, epoch)

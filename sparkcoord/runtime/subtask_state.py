@@ -1,7 +1,8 @@
 """Subtask state files: what a subtask stored at the end of each batch, read back by its next
 batch, a retry or a restore.
 
-Layout under the job's checkpoint root: ``state/<operator>/<index>/<epoch>.state``.
+Layout under the job's checkpoint root: ``state/<operator>/<index>/<epoch>.state`` and
+``state/<operator>/<index>/lineage``.
 
 Rules:
   1. A state is written atomically (temporary name, rename); a retry of the batch overwrites
@@ -10,6 +11,13 @@ Rules:
   3. After a write, states older than the ``retain`` newest before it are deleted: Spark only
      ever reruns its newest batch, so the directory stays at ``retain + 1`` files whatever the
      number of past epochs.
+  4. A missing state is an error, never a silent step back (docs/decisions.md 33). A subtask
+     that once wrote a state writes one in every later batch it runs, so: (a) the first state
+     of a subtask is preceded by a ``lineage`` marker naming its epoch, and a subtask with a
+     marker but no state before the batch it runs has lost its state (a stateless subtask
+     has no marker); (b) the caller passes the epoch of the subtask's previous batch when it
+     knows it (a source subtask ran every batch; a downstream one every Spark batch): if
+     states exist but none for that epoch, the newest one is missing.
 
 This module runs in Spark's Python workers and imports nothing heavy (see
 :mod:`sparkcoord.runtime.files`).
@@ -21,9 +29,19 @@ from __future__ import annotations
 
 import posixpath
 
+from sparkcoord.core.errors import CorruptRecord
 from sparkcoord.core.ids import SubtaskId
-from sparkcoord.core.records import decode_subtask_state, encode_subtask_state
+from sparkcoord.core.records import (
+    decode_state_lineage,
+    decode_subtask_state,
+    encode_state_lineage,
+    encode_subtask_state,
+)
 from sparkcoord.runtime.files import Files, files_for
+
+
+class StateMissing(CorruptRecord):
+    """A subtask kept state, but the state file its batch must restore from is gone."""
 
 
 class SubtaskStateStore:
@@ -55,25 +73,53 @@ class SubtaskStateStore:
         """Store ``subtask``'s state at the end of the batch of ``epoch``, then prune (rule 3).
 
         Called by the subtask's task at the end of its batch (executor Python worker)."""
-        self.files.write_atomic(self.path(subtask, epoch), encode_subtask_state(epoch, state),
-                                fsync=self.fsync)
         known = self._known_epochs.pop(subtask, None)
         if known is None:
             known = self.epochs(subtask)
         older = sorted(e for e in known if e < epoch)
+        if not older:  # the subtask's first state: from now on a missing state is a loss
+            self.files.write_atomic(self.lineage_path(subtask), encode_state_lineage(epoch),
+                                    fsync=self.fsync)
+        self.files.write_atomic(self.path(subtask, epoch), encode_subtask_state(epoch, state),
+                                fsync=self.fsync)
         for stale in older[:-self.retain]:
             self.files.remove(self.path(subtask, stale))
 
-    def read_before(self, subtask: SubtaskId, before_epoch: int) -> tuple[int, bytes] | None:
-        """The newest state of ``subtask`` from an epoch before ``before_epoch``, if any.
+    def lineage_path(self, subtask: SubtaskId) -> str:
+        return posixpath.join(self.directory(subtask), "lineage")
 
-        Called by the subtask's task at the start of its batch (executor Python worker)."""
+    def read_before(self, subtask: SubtaskId, before_epoch: int,
+                    previous_epoch: int | None = None) -> tuple[int, bytes] | None:
+        """The newest state of ``subtask`` from an epoch before ``before_epoch``; None for a
+        stateless subtask. ``previous_epoch``: the epoch (or batch) of the subtask's previous
+        batch, if the caller knows it.
+
+        Called by the subtask's task at the start of its batch (executor Python worker).
+        Raises :class:`StateMissing` when the state it must restore is gone (rule 4) and
+        :class:`CorruptRecord` for a damaged file, naming the file and the epochs.
+        """
         epochs = self.epochs(subtask)
         self._known_epochs[subtask] = epochs  # the write at the end of the batch prunes with it
         older = [e for e in epochs if e < before_epoch]
         if not older:
-            return None
-        path = self.path(subtask, max(older))
+            lineage = self.lineage_path(subtask)
+            try:
+                since = decode_state_lineage(self.files.read(lineage), lineage)
+            except FileNotFoundError:
+                return None  # never wrote a state: a stateless subtask
+            if since < before_epoch:
+                raise StateMissing(
+                    f"{self.directory(subtask)}: {subtask} has kept state since epoch {since} "
+                    f"({lineage}), but no state file from before epoch {before_epoch} is left "
+                    f"(expected {self.path(subtask, previous_epoch if previous_epoch is not None else since)})")
+            return None  # a rerun of (or a batch before) the subtask's first stateful batch
+        newest = max(older)
+        if previous_epoch is not None and newest < previous_epoch < before_epoch:
+            raise StateMissing(
+                f"{self.path(subtask, previous_epoch)} is missing: {subtask} ran the batch of "
+                f"epoch {previous_epoch} with state (its newest state file left is from epoch "
+                f"{newest}), so the batch of epoch {before_epoch} must restore that state")
+        path = self.path(subtask, newest)
         return decode_subtask_state(self.files.read(path), path)
 
     def remove(self, subtask: SubtaskId, epoch: int) -> None:

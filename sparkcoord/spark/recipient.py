@@ -119,7 +119,8 @@ class RecipientFunction:
                     f"{epoch} was delivered earlier), so it cannot send events to the coordinator")
             client.send(codec.encode(event))
 
-        restored = store.read_before(sid, batch)
+        # every Spark batch runs this operator, so batch - 1 left a state (if it kept any)
+        restored = store.read_before(sid, batch, batch - 1 if batch > 0 else None)
         state = pickle.loads(restored[1]) if restored is not None else None
         context = SubtaskContext(op.name, index, op.parallelism, epoch, execution_attempt,
                                  number, send)

@@ -109,11 +109,14 @@ class CoordinatedPartition(InputPartition):
     """The input of one subtask in one batch: its sealed events and how to reach the service."""
 
     def __init__(self, operator: str, index: int, epoch: int, events: Sequence[bytes],
-                 address: tuple[str, int], secret: bytes, run_id: str) -> None:
+                 address: tuple[str, int], secret: bytes, run_id: str,
+                 previous_epoch: int | None = None) -> None:
         super().__init__(f"{operator}[{index}]@{epoch}")
         self.operator = operator
         self.index = index
         self.epoch = epoch
+        #: the epoch of the batch before this one (every subtask ran it), None for the first
+        self.previous_epoch = previous_epoch
         self.events = list(events)
         self.address = address
         self.secret = secret
@@ -161,8 +164,9 @@ class CoordinatedStreamReader(DataSourceStreamReader):
         for op in self.spec.operators:
             for index in range(op.parallelism):
                 events = record.events_for(SubtaskId(op.name, index)) if record else ()
-                parts.append(CoordinatedPartition(op.name, index, end_epoch, events, d.address,
-                                                  d.secret, d.service.run_id))
+                parts.append(CoordinatedPartition(
+                    op.name, index, end_epoch, events, d.address, d.secret, d.service.run_id,
+                    start_epoch if start_epoch != NO_EPOCH else None))
         return parts
 
     def commit(self, end: dict[str, Any]) -> None:

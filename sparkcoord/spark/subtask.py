@@ -60,7 +60,7 @@ def run_subtask(spec: SourceSpec, p: CoordinatedPartition) -> Iterator[tuple[Any
     else:
         client.register_with_first_event()
     store = state_store(spec)
-    restored = store.read_before(sid, p.epoch)
+    restored = store.read_before(sid, p.epoch, p.previous_epoch)
     state = pickle.loads(restored[1]) if restored is not None else None
     codec = EventCodec(spec.config.max_event_bytes)
 

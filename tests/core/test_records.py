@@ -5,14 +5,19 @@ import pytest
 
 from sparkcoord.core.errors import CorruptRecord, UnknownRecordVersion
 from sparkcoord.core.ids import SubtaskId, TaskAttempt
-from sparkcoord.core.inbound import EventEntry, EventRunEntry, RegistrationEntry
+from sparkcoord.core.inbound import EventEntry, EventRunEntry, LogEntry, RegistrationEntry
 from sparkcoord.core.records import (
     CheckpointRecord,
+    LogSeal,
     decode_checkpoint,
     decode_log,
+    decode_log_seal,
+    decode_state_lineage,
     decode_subtask_state,
     encode_checkpoint,
     encode_log_entry,
+    encode_log_seal,
+    encode_state_lineage,
     encode_subtask_state,
 )
 
@@ -62,15 +67,51 @@ def test_a_body_with_a_valid_checksum_but_bad_structure_is_corrupt() -> None:
         decode_checkpoint(header + body, "f")
 
 
-def test_the_inbound_log_round_trips_and_drops_a_torn_last_frame() -> None:
+def _log() -> tuple[list[LogEntry], bytes]:
     a = TaskAttempt("run", SubtaskId("op", 1), 4, 2)
-    entries = [RegistrationEntry(a), EventEntry(a, 0, b"p0"), EventEntry(a, 1, b"p1"),
-               EventRunEntry(a, 2, (b"p2", b"", b"p4"))]
-    data = b"".join(encode_log_entry(e) for e in entries)
+    entries: list[LogEntry] = [RegistrationEntry(a), EventEntry(a, 0, b"p0"),
+                               EventEntry(a, 1, b"p1"), EventRunEntry(a, 2, (b"p2", b"", b"p4"))]
+    return entries, b"".join(encode_log_entry(e) for e in entries)
+
+
+def test_the_inbound_log_round_trips_and_a_reader_that_allows_it_drops_a_torn_last_frame() -> None:
+    entries, data = _log()
     assert decode_log(data, "log") == (entries, len(data))
-    torn = data[:-2]
-    back, valid = decode_log(torn, "log")
-    assert back == entries[:3] and valid == sum(len(encode_log_entry(e)) for e in entries[:3])
+    for torn in (data[:-2], data[:-len(encode_log_entry(entries[-1])) + 3]):
+        back, valid = decode_log(torn, "log", allow_torn_tail=True)
+        assert back == entries[:3] and valid == sum(len(encode_log_entry(e)) for e in entries[:3])
+
+
+def test_a_log_cut_short_is_an_error_naming_the_byte_where_its_last_frame_starts() -> None:
+    entries, data = _log()
+    start = len(data) - len(encode_log_entry(entries[-1]))
+    with pytest.raises(CorruptRecord, match=f"log: the frame at byte {start} is cut short"):
+        decode_log(data[:-2], "log")
+    with pytest.raises(CorruptRecord, match=f"log: ends with 3 bytes of a frame header at byte {start}"):
+        decode_log(data[:start + 3], "log")
+
+
+def test_a_full_length_last_frame_with_a_bad_checksum_is_damage_even_where_a_torn_tail_is_allowed(
+) -> None:
+    entries, data = _log()
+    start = len(data) - len(encode_log_entry(entries[-1]))
+    damaged = bytearray(data)
+    damaged[-3] ^= 0x01
+    for allow in (False, True):
+        with pytest.raises(CorruptRecord, match=f"checksum mismatch in the frame at byte {start}"):
+            decode_log(bytes(damaged), "log", allow_torn_tail=allow)
+
+
+def test_log_seals_and_state_lineage_markers_round_trip_and_their_damage_is_named() -> None:
+    seal = LogSeal(7, 1234, 0xDEADBEEF)
+    assert decode_log_seal(encode_log_seal(seal), "s") == seal
+    assert decode_state_lineage(encode_state_lineage(5), "m") == 5
+    bad = bytearray(encode_log_seal(seal))
+    bad[-1] ^= 0x01
+    with pytest.raises(CorruptRecord, match="seal file: checksum mismatch"):
+        decode_log_seal(bytes(bad), "seal file")
+    with pytest.raises(CorruptRecord, match="holds record kind 4, expected 3"):
+        decode_log_seal(encode_state_lineage(5), "x")
 
 
 def test_a_damaged_frame_in_the_middle_of_the_log_is_corruption() -> None:
