@@ -4,7 +4,8 @@
     python bench/run.py --preset full       # more rounds, 100k past epochs, 10k-epoch memory run
     python bench/run.py --only seal,core    # a subset
 
-Benchmarks: core (in-process send -> seal -> delivery), seal (inside latestOffset), memory
+Benchmarks: core (in-process send -> seal -> delivery), seal (inside latestOffset), durability
+(what fsync=True costs against the default fsync=False), memory
 (runner RSS over many epochs), batches (per micro-batch vs a plain source, real Spark),
 channel (from Spark tasks), recovery (task failure, fail_job). Each measures its baseline in
 the same run; the report gives medians and ratios.
@@ -23,7 +24,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
-IN_PROCESS = ["core", "seal", "memory"]
+IN_PROCESS = ["core", "seal", "durability", "memory"]
 ON_SPARK = ["batches", "channel", "recovery"]
 
 

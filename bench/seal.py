@@ -39,9 +39,9 @@ class Holding(OperatorCoordinator):
 
 
 class Bench:
-    def __init__(self, directory: str, parallelism: int) -> None:
+    def __init__(self, directory: str, parallelism: int, fsync: bool = False) -> None:
         self.service = CoordinationService([CoordinatorSpec("op", Holding, parallelism)],
-                                           CheckpointStorage(directory))
+                                           CheckpointStorage(directory, fsync=fsync))
         self.service.restore(FRESH)
         self.epoch = 0
 

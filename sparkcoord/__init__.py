@@ -23,6 +23,7 @@ from sparkcoord.core.errors import (
     CorruptRecord,
     EventEncodingError,
     EventTooLarge,
+    GatewayNotReady,
     IllegalTransition,
     SparkCoordError,
     UnknownRecordVersion,
@@ -42,7 +43,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AttemptNoLongerLive", "Cancellable", "CheckpointIdRegression", "CoordinatorContext",
     "CoordinatorProvider", "CorruptRecord", "EventCodec", "EventEncodingError", "EventTooLarge",
-    "ExponentialBackoff", "FailureRate", "FixedDelay", "IllegalTransition", "NoRestart",
+    "ExponentialBackoff", "FailureRate", "FixedDelay", "GatewayNotReady", "IllegalTransition", "NoRestart",
     "OperatorCoordinator", "RestartStrategy", "SparkCoordError", "SubtaskGateway",
     "UnknownRecordVersion", "UnknownSubtask", "WrongThread", "__version__",
 ]

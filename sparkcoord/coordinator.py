@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from typing import Any, ClassVar
 
+from sparkcoord.core.errors import GatewayNotReady
+
 
 class Cancellable(abc.ABC):
     """A handle on something scheduled."""
@@ -67,6 +69,8 @@ class CoordinatorContext(abc.ABC):
 
     operator_id: str
     parallelism: int
+    #: True while the coordinator's ``start()`` runs (no gateway is ready then).
+    starting: bool = False
 
     @abc.abstractmethod
     def fail_job(self, cause: BaseException | str) -> None:
@@ -168,12 +172,34 @@ class OperatorCoordinator:
         self._gateways[subtask] = gateway
 
     def ready_gateways(self) -> list[tuple[int, SubtaskGateway]]:
-        """The current gateway of every subtask, by subtask index. Mailbox thread."""
+        """The current gateway of every subtask, by subtask index. Mailbox thread.
+
+        Raises :class:`~sparkcoord.core.errors.GatewayNotReady` when called from ``start()``:
+        no gateway exists yet, and an empty list there would make a send silently do nothing.
+        """
+        if getattr(self.context, "starting", False):
+            raise GatewayNotReady(
+                f"coordinator {self.context.operator_id!r}: no subtask gateway is ready during "
+                f"start(). Gateways arrive through execution_attempt_ready(), which runs for "
+                f"every subtask right after start() returns: send from there, or from a later "
+                f"callback or timer (call_periodically)")
         return sorted(self._gateways.items(), key=lambda kv: kv[0])
 
     def gateway(self, subtask: int) -> SubtaskGateway:
-        """The current gateway of ``subtask``. Mailbox thread."""
-        return self._gateways[subtask]
+        """The current gateway of ``subtask``. Mailbox thread.
+
+        Raises :class:`~sparkcoord.core.errors.GatewayNotReady` (a ``LookupError``) if there is
+        none: during ``start()``, or after the subtask's attempt failed in per-subtask mode
+        until its next attempt is ready."""
+        try:
+            return self._gateways[subtask]
+        except KeyError:
+            when = ("during start(); gateways arrive through execution_attempt_ready(), right "
+                    "after start() returns" if getattr(self.context, "starting", False)
+                    else "now; it arrives through execution_attempt_ready()")
+            raise GatewayNotReady(
+                f"coordinator {self.context.operator_id!r} has no gateway for subtask "
+                f"{subtask} {when}") from None
 
 
 #: What the runtime calls to create a coordinator: usually the class itself.

@@ -6,6 +6,14 @@ Rules:
      parsed; the handler's decisions are written back as replies, in request order.
   3. A malformed, oversized or unauthenticated frame, or a connection closed mid-frame, drops
      that connection only; the server and the other connections carry on.
+  4. A connection must complete its first authenticated frame within ``first_frame_timeout_s``
+     of being accepted (a total deadline, not per read: a client trickling bytes is dropped
+     too); after that it may stay idle for as long as it likes (a task between events).
+  5. At most ``max_connections`` connections are served at once; one more is closed as soon
+     as it is accepted, before a thread starts for it, with one WARNING line (then at most
+     one every 10 s, with the number refused since).
+  6. The listen backlog is ``listen_backlog`` (connections the kernel queues before the
+     accept thread takes them: sized for the run's parallelism).
 
 Theory of operation: a client pipelines up to its window of events, in bursts (EVENTS frames).
 The connection thread reads the socket in large chunks (:class:`FrameReader`), authenticates
@@ -15,8 +23,9 @@ frame order). Each run is answered by range replies (duplicates, accepted, rejec
 each, adjacent ranges merged), all written with one ``sendall``. A frame is acknowledged only
 after the service logged it, so batching changes the cost, not the guarantee.
 
-Thread model: ``start``/``close`` from the owner's thread; one daemon thread accepts, one daemon
-thread per connection serves. The handler must be thread-safe (the coordination service is).
+Thread model: ``start``/``close`` from the owner's thread; one daemon thread accepts (and
+refuses connections over the cap, rule 5), one daemon thread per admitted connection serves.
+The handler must be thread-safe (the coordination service is).
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ import select
 import socket
 import socketserver
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -77,6 +87,10 @@ class DeliveryHandler(Protocol):
 class FrameReader:
     """Reads whole frames from a socket through a buffer (one ``recv`` for many frames).
 
+    An optional deadline (:meth:`set_deadline`) bounds the total time of all reads until it is
+    cleared: each ``recv`` waits at most the time left, and a read that would pass it raises
+    :class:`FrameError`. Without one, reads wait as the socket's own timeout says.
+
     Thread model: owned by the one thread that serves (or, in the client, uses) the socket.
     """
 
@@ -87,6 +101,20 @@ class FrameReader:
         self.max_body = max_body
         self._buf = bytearray()
         self._pos = 0
+        self._deadline: float | None = None  # time.monotonic() value
+        self._deadline_problem = ""
+
+    def set_deadline(self, at: float, problem: str) -> None:
+        """Until :meth:`clear_deadline`, a read that would pass ``at`` (a ``time.monotonic()``
+        value) raises ``FrameError(problem)``. The socket's owner thread calls it."""
+        self._deadline = at
+        self._deadline_problem = problem
+
+    def clear_deadline(self) -> None:
+        """No deadline any more: the socket blocks again without a timeout. Owner thread."""
+        if self._deadline is not None:
+            self._deadline = None
+            self.sock.settimeout(None)
 
     def frame_ready(self) -> bool:
         """Whether a complete frame is already buffered (no socket read needed)."""
@@ -134,7 +162,7 @@ class FrameReader:
             del self._buf[:self._pos]  # compact now and then, not per frame
             self._pos = 0
         while len(self._buf) - self._pos < need:
-            chunk = self.sock.recv(max(self._CHUNK, need))
+            chunk = self._recv(max(self._CHUNK, need))
             if not chunk:
                 if len(self._buf) == self._pos:
                     return False
@@ -143,26 +171,62 @@ class FrameReader:
             self._buf += chunk
         return True
 
+    def _recv(self, size: int) -> bytes:
+        if self._deadline is None:
+            return self.sock.recv(size)
+        remaining = self._deadline - time.monotonic()
+        if remaining <= 0:
+            raise FrameError(self._deadline_problem)
+        self.sock.settimeout(remaining)
+        try:
+            return self.sock.recv(size)
+        except TimeoutError:
+            raise FrameError(self._deadline_problem) from None
+
 
 class ChannelServer:
-    """Serves subtask connections for one coordination service."""
+    """Serves subtask connections for one coordination service.
+
+    Limits (module rules 4 to 6): ``first_frame_timeout_s`` for a connection's first
+    authenticated frame, counted from its accept; ``max_connections`` served at once (more are
+    closed on accept and counted in ``refused_connections``); ``listen_backlog`` for the
+    kernel's queue of connections not yet accepted.
+    """
+
+    #: At most one WARNING line about refused connections per this many seconds.
+    REFUSAL_LOG_INTERVAL_S = 10.0
 
     def __init__(self, handler: InboundHandler, secret: bytes, *, host: str = "127.0.0.1",
                  port: int = 0, max_frame_bytes: int = (1 << 20) + 4096,
-                 deliveries: DeliveryHandler | None = None) -> None:
+                 deliveries: DeliveryHandler | None = None, first_frame_timeout_s: float = 10.0,
+                 max_connections: int = 256, listen_backlog: int = 128) -> None:
         if len(secret) < 16:
             raise ValueError("the channel secret must be at least 16 bytes")
+        if first_frame_timeout_s <= 0:
+            raise ValueError(f"first_frame_timeout_s must be > 0, got {first_frame_timeout_s}")
+        if max_connections < 1:
+            raise ValueError(f"max_connections must be >= 1, got {max_connections}")
+        if listen_backlog < 1:
+            raise ValueError(f"listen_backlog must be >= 1, got {listen_backlog}")
         self.handler = handler
         self.deliveries = deliveries
         self.secret = secret
         self.max_frame_bytes = max_frame_bytes
+        self.first_frame_timeout_s = first_frame_timeout_s
+        self.max_connections = max_connections
+        self.listen_backlog = listen_backlog
         #: Test hook, None in normal operation: called with each authenticated message, it may
         #: return "drop-before" (close without handling it) or "drop-after" (handle it, then
         #: close without replying: a lost acknowledgement), or "delay:<seconds>".
         self.fault: Callable[[object], str | None] | None = None
         self.dropped_connections = 0
+        self.refused_connections = 0
         self.frames_served = 0
         self._lock = threading.Lock()
+        self._open = 0  # connections admitted and not yet ended (under _lock)
+        self._accepted_at: dict[socket.socket, float] = {}  # admitted, thread not yet serving
+        self._refused_unlogged = 0  # refusals since the last WARNING line
+        self._refusal_logged_at: float | None = None
         server = self
 
         class _Handler(socketserver.BaseRequestHandler):
@@ -172,6 +236,19 @@ class ChannelServer:
         class _Server(socketserver.ThreadingTCPServer):
             daemon_threads = True
             allow_reuse_address = True
+            request_queue_size = listen_backlog  # server_activate's listen() uses it
+
+            def verify_request(self, request: object, client_address: object) -> bool:
+                assert isinstance(request, socket.socket)
+                return server._admit(request, client_address)  # False: closed at once, no thread
+
+            def process_request(self, request: object, client_address: object) -> None:
+                try:
+                    super().process_request(request, client_address)  # type: ignore[arg-type]
+                except BaseException:
+                    assert isinstance(request, socket.socket)
+                    server._connection_ended(request)  # no thread will end it
+                    raise
 
         self._server = _Server((host, port), _Handler, bind_and_activate=True)
         self._thread = threading.Thread(target=self._server.serve_forever, name="sparkcoord-channel",
@@ -179,44 +256,100 @@ class ChannelServer:
 
     @property
     def address(self) -> tuple[str, int]:
+        """The bound (host, port). Any thread."""
         host, port = self._server.server_address[:2]
         return str(host), int(port)
 
+    @property
+    def open_connections(self) -> int:
+        """Connections being served now (admitted, not yet ended). Any thread."""
+        with self._lock:
+            return self._open
+
     def start(self) -> ChannelServer:
+        """Start accepting. The owner's thread (the driver side's constructor, or a test)."""
         self._thread.start()
         return self
 
     def close(self) -> None:
-        self._server.shutdown()
+        """Stop accepting and close the listening socket (also if never started); waits for the
+        connection threads to end. The owner's thread."""
+        if self._thread.ident is not None:  # shutdown() waits for serve_forever to return
+            self._server.shutdown()
         self._server.server_close()
 
+    def _admit(self, sock: socket.socket, peer: object) -> bool:
+        # the accept thread, right after accept(): admit under the cap, or refuse (rule 5)
+        now = time.monotonic()
+        with self._lock:
+            if self._open < self.max_connections:
+                self._open += 1
+                self._accepted_at[sock] = now
+                return True
+            self.refused_connections += 1
+            self._refused_unlogged += 1
+            last = self._refusal_logged_at
+            if last is not None and now - last < self.REFUSAL_LOG_INTERVAL_S:
+                return False
+            refused, self._refused_unlogged = self._refused_unlogged, 0
+            self._refusal_logged_at = now
+            open_now = self._open
+        host, port = self.address
+        if last is None:
+            what = f"refused a connection from {peer}"
+        else:
+            what = (f"refused {refused} connection{'s' if refused != 1 else ''} in the last "
+                    f"{now - last:.0f} s, the latest from {peer}")
+        log.warning("channel server at %s:%d %s: %d connections open, the cap is %d "
+                    "(ServiceConfig.max_channel_connections)", host, port, what, open_now,
+                    self.max_connections)
+        return False
+
+    def _connection_ended(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._open -= 1
+            self._accepted_at.pop(sock, None)
+
     def _serve(self, sock: socket.socket) -> None:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        peer = sock.getpeername()
-        reader = FrameReader(sock, self.max_frame_bytes)
-        secret = self.secret
+        # a connection thread, for the whole connection
+        peer: object = "?"
         try:
-            while True:
-                frame = reader.read_frame()
-                if frame is None:
-                    return  # closed between frames: normal end
-                batch: list[Message] = [authenticate_and_parse(*frame, secret)]
-                if self.fault is not None:  # test hook: one message at a time
-                    if self._inject(batch[0], sock):
-                        return
-                    sock.sendall(self._answer(self._dispatch_batch(batch)))
-                    self.frames_served += 1
-                    continue
-                while reader.frame_ready():
-                    more = reader.read_frame()
-                    assert more is not None
-                    batch.append(authenticate_and_parse(*more, secret))
-                sock.sendall(self._answer(self._dispatch_batch(batch)))
-                self.frames_served += len(batch)
+            with self._lock:
+                accepted = self._accepted_at.pop(sock, None)
+            reader = FrameReader(sock, self.max_frame_bytes)
+            reader.set_deadline(
+                (time.monotonic() if accepted is None else accepted) + self.first_frame_timeout_s,
+                f"no authenticated frame within {self.first_frame_timeout_s} s of connecting")
+            peer = sock.getpeername()
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._serve_frames(sock, reader)
         except (FrameError, OSError) as exc:
             with self._lock:
                 self.dropped_connections += 1
             log.warning("dropped channel connection from %s: %s", peer, exc)
+        finally:
+            self._connection_ended(sock)
+
+    def _serve_frames(self, sock: socket.socket, reader: FrameReader) -> None:
+        secret = self.secret
+        while True:
+            frame = reader.read_frame()
+            if frame is None:
+                return  # closed between frames: normal end
+            batch: list[Message] = [authenticate_and_parse(*frame, secret)]
+            reader.clear_deadline()  # authenticated: may idle between events (rule 4)
+            if self.fault is not None:  # test hook: one message at a time
+                if self._inject(batch[0], sock):
+                    return
+                sock.sendall(self._answer(self._dispatch_batch(batch)))
+                self.frames_served += 1
+                continue
+            while reader.frame_ready():
+                more = reader.read_frame()
+                assert more is not None
+                batch.append(authenticate_and_parse(*more, secret))
+            sock.sendall(self._answer(self._dispatch_batch(batch)))
+            self.frames_served += len(batch)
 
     def _answer(self, answers: list[Reply | Delivery]) -> bytes:
         # consecutive replies travel as one REPLIES frame: one MAC for the whole batch

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from sparkcoord.core.errors import CheckpointIdRegression, IllegalTransition
 from sparkcoord.core.ids import NO_EPOCH
+from sparkcoord.core.text import plural
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +93,12 @@ class CheckpointTracker:
         self._snapshots[name] = snapshot
         return len(self._snapshots) == len(self.coordinators)
 
+    def waiting_for(self) -> list[str]:
+        """The coordinators that have not completed the pending checkpoint yet."""
+        if self._pending is None:
+            return []
+        return [name for name in self.coordinators if name not in self._snapshots]
+
     def snapshots(self, checkpoint_id: int) -> dict[str, bytes | None]:
         """The snapshots of a checkpoint that is ready to seal."""
         if checkpoint_id != self._pending or len(self._snapshots) != len(self.coordinators):
@@ -141,8 +148,9 @@ class CheckpointTracker:
         self.consecutive_failures += 1
         fail = None
         if self.consecutive_failures > self.tolerable_failures:
-            fail = (f"{self.consecutive_failures} checkpoints failed in a row, more than the "
-                    f"{self.tolerable_failures} tolerated; last: {reason}")
+            fail = (f"{plural(self.consecutive_failures, 'checkpoint')} failed in a row, more "
+                    f"than the {self.tolerable_failures} tolerated "
+                    f"(ServiceConfig.tolerable_checkpoint_failures); last: {reason}")
         return CheckpointAbort(checkpoint_id, reason, fail)
 
     def _check_name(self, name: str) -> None:

@@ -36,8 +36,10 @@ class EventTooLarge(SparkCoordError):
 
     def __init__(self, size: int, limit: int, what: str) -> None:
         super().__init__(
-            f"{what} is {size} bytes encoded, over the limit of {limit} bytes "
-            "(raise max_event_bytes, or send a reference to the data instead of the data)"
+            f"{what} is {size} bytes encoded, over the limit of {limit} bytes (raise "
+            "max_event_bytes in the job's ServiceConfig: CoordinatedJob(spark, dir, "
+            "config=ServiceConfig(max_event_bytes=...)); or send a reference to the data, "
+            "e.g. a file path, instead of the data)"
         )
         self.size = size
         self.limit = limit
@@ -53,6 +55,14 @@ class UnknownRecordVersion(CorruptRecord):
 
 class WrongThread(SparkCoordError):
     """A coordinator-owned method was called outside the coordinator's mailbox thread."""
+
+
+class GatewayNotReady(SparkCoordError, LookupError):
+    """A coordinator asked for a subtask gateway that it has not been handed (yet).
+
+    Gateways arrive through ``execution_attempt_ready``, which the runtime calls for every
+    subtask right after ``start()`` returns; a send from ``start()`` has no gateway to go to.
+    """
 
 
 class AttemptNoLongerLive(SparkCoordError):

@@ -18,3 +18,11 @@ class ServiceConfig:
     checkpoint_timeout_s: float = 60.0
     tolerable_checkpoint_failures: int = 0
     max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES
+    #: A coordinator callback running, or a checkpoint waiting, longer than this is logged as
+    #: a warning, again every interval while it lasts (0 turns the warnings off).
+    stall_warning_s: float = 10.0
+    #: Connections the channel server serves at once; more are refused. None: automatic,
+    #: max(64, 4 x the total parallelism of the source's operators and recipients).
+    max_channel_connections: int | None = None
+    #: A channel connection must send its first authenticated frame within this time.
+    channel_first_frame_timeout_s: float = 10.0

@@ -33,8 +33,14 @@ class Files:
         """The base names in ``directory``; empty if it does not exist."""
         raise NotImplementedError
 
-    def write_atomic(self, path: str, data: bytes, *, fsync: bool = False) -> None:
-        """Write ``data`` under a temporary name and rename it over ``path`` (creating parents)."""
+    def write_atomic(self, path: str, data: bytes, *, fsync: bool = False,
+                     private: bool = False) -> None:
+        """Write ``data`` under a temporary name and rename it over ``path`` (creating parents).
+
+        ``private``: readable and writable by the owner only (mode 0600) from the moment the
+        temporary file exists (a secret never sits in a wider file). Local files only: object
+        stores have no modes, and fsspec stores ignore it (their access is the store's).
+        """
         raise NotImplementedError
 
     def remove(self, path: str) -> None:
@@ -55,16 +61,20 @@ class LocalFiles(Files):
         except (FileNotFoundError, NotADirectoryError):
             return []
 
-    def write_atomic(self, path: str, data: bytes, *, fsync: bool = False) -> None:
+    def write_atomic(self, path: str, data: bytes, *, fsync: bool = False,
+                     private: bool = False) -> None:
         parent = posixpath.dirname(path)
         os.makedirs(parent, exist_ok=True)
         tmp = posixpath.join(parent, f".{posixpath.basename(path)}.{uuid.uuid4().hex}.tmp")
-        with open(tmp, "wb") as f:
+        # private: created 0600 (less if the umask says so), never wider; else 0666 less the umask
+        with open(tmp, "wb", opener=_create_private if private else None) as f:
             f.write(data)
             f.flush()
             if fsync:
                 os.fsync(f.fileno())
         os.replace(tmp, path)
+        if fsync:  # the rename itself is durable only once the directory entry is on disk
+            fsync_directory(parent)
 
     def remove(self, path: str) -> None:
         if os.path.isdir(path):
@@ -74,6 +84,20 @@ class LocalFiles(Files):
             os.remove(path)
         except FileNotFoundError:
             pass
+
+
+def fsync_directory(path: str) -> None:
+    """Force a local directory's entries (a new or renamed file in it) to disk."""
+    dir_fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _create_private(path: str, flags: int) -> int:
+    """``open``'s opener for a new file that only its owner may read or write."""
+    return os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600)
 
 
 class FsspecFiles(Files):
@@ -92,7 +116,9 @@ class FsspecFiles(Files):
         except FileNotFoundError:
             return []
 
-    def write_atomic(self, path: str, data: bytes, *, fsync: bool = False) -> None:
+    def write_atomic(self, path: str, data: bytes, *, fsync: bool = False,
+                     private: bool = False) -> None:
+        # private is ignored: object stores have no file modes (see Files.write_atomic)
         parent = posixpath.dirname(path)
         self.fs.makedirs(parent, exist_ok=True)
         tmp = posixpath.join(parent, f".{posixpath.basename(path)}.{uuid.uuid4().hex}.tmp")

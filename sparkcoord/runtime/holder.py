@@ -19,8 +19,15 @@ Rules:
      state matches no checkpoint, so acting on it (committing side effects in
      ``notify_checkpoint_complete``) would break the guarantee.
 
+  6. A callback or action that runs longer than ``stall_warning_s`` is reported by a
+     watchdog on the clock's timer thread (first within two intervals of its start, then once
+     per interval while it lasts; no clock read per callback), naming the coordinator and the
+     callback: callbacks must not block, and a blocked one stalls every
+     checkpoint of the job with no other sign until the checkpoint timeout.
+
 Thread model: public methods may be called from any thread and return at once; everything they
-do happens on the mailbox. The listener is called on the mailbox thread.
+do happens on the mailbox. The listener is called on the mailbox thread. The watchdog reads two
+attributes that the mailbox thread writes (a racy read is fine for a warning).
 """
 
 from __future__ import annotations
@@ -41,7 +48,13 @@ from sparkcoord.coordinator import (
     SubtaskGateway,
 )
 from sparkcoord.core.codec import EventCodec
-from sparkcoord.core.errors import AttemptNoLongerLive, SparkCoordError, WrongThread
+from sparkcoord.core.errors import (
+    AttemptNoLongerLive,
+    EventEncodingError,
+    EventTooLarge,
+    SparkCoordError,
+    WrongThread,
+)
 from sparkcoord.core.valve import OutboundValve
 from sparkcoord.runtime.clock import Clock
 from sparkcoord.runtime.futures import SendFuture
@@ -79,7 +92,8 @@ class CoordinatorHolder:
 
     def __init__(self, name: str, provider: CoordinatorProvider, parallelism: int,
                  mailbox: Mailbox, clock: Clock, codec: EventCodec,
-                 listener: HolderListener, last_checkpoint: int) -> None:
+                 listener: HolderListener, last_checkpoint: int,
+                 stall_warning_s: float = 10.0) -> None:
         self.name = name
         self.provider = provider
         self.parallelism = parallelism
@@ -95,6 +109,12 @@ class CoordinatorHolder:
         # Set by the service, from any thread, at a global failure: from then on no callback
         # runs (rule 5). A plain attribute: written once, read on the mailbox thread.
         self._globally_failed = False
+        # what the mailbox thread runs now (None between callbacks) and how many it began:
+        # the watchdog's only inputs (rule 6)
+        self._busy: str | None = None
+        self._began = 0
+        self.stall_warning_s = stall_warning_s
+        self._watchdog: Cancellable | None = None
 
     # -------------------------------------------------------------------- service-facing API
     def start(self, checkpoint_id: int, snapshot: bytes | None,
@@ -104,6 +124,25 @@ class CoordinatorHolder:
         Called by the service (driver thread) at the start of a run, before any checkpoint.
         """
         self._submit(lambda: self._create(checkpoint_id, snapshot, replay))
+        if self.stall_warning_s > 0 and self._watchdog is None:
+            self._watchdog = self.clock.call_later(self.stall_warning_s,
+                                                   lambda: self._watch(-1, 0.0))
+
+    def _watch(self, began_before: int, blocked_s: float) -> None:
+        # Clock's timer thread. The same callback still running as at the previous look means
+        # it has run for more than the interval (rule 6).
+        if self._closed:
+            return
+        busy, began = self._busy, self._began
+        if busy is not None and began == began_before:
+            blocked_s += self.stall_warning_s
+            log.warning("coordinator %r has been running %s for more than %.0f s; callbacks run "
+                        "on its mailbox and must not block: its events, its checkpoints and "
+                        "with them the job's batches wait behind it", self.name, busy, blocked_s)
+        else:
+            blocked_s = 0.0
+        self._watchdog = self.clock.call_later(self.stall_warning_s,
+                                               lambda: self._watch(began, blocked_s))
 
     def trigger_checkpoint(self, checkpoint_id: int) -> None:
         """Ask the coordinator for checkpoint ``checkpoint_id``. Service, any thread."""
@@ -184,6 +223,8 @@ class CoordinatorHolder:
         def run() -> None:
             self._fence()
             self._closed = True
+            if self._watchdog is not None:
+                self._watchdog.cancel()
             self.mailbox.close()
         if self.mailbox.in_mailbox_thread():
             run()
@@ -213,7 +254,11 @@ class CoordinatorHolder:
             return
         state = pickle.loads(snapshot) if snapshot is not None else None
         self._callback("reset_to_checkpoint", checkpoint_id, state)
-        self._callback("start")
+        self._context.starting = True
+        try:
+            self._callback("start")
+        finally:
+            self._context.starting = False
         for subtask in range(self.parallelism):
             attempt = self.valve.live_attempt(subtask)
             self._callback("execution_attempt_ready", subtask, attempt,
@@ -320,11 +365,15 @@ class CoordinatorHolder:
         if not self.mailbox.in_mailbox_thread():
             raise WrongThread(f"{method}() of coordinator {self.name!r} called outside its mailbox")
         generation = self.generation
+        self._began += 1
+        self._busy = f"{method}()"
         try:
             getattr(coordinator, method)(*args)
         except Exception as exc:  # noqa: BLE001 - any user exception fails the job
             self._report_failure(generation, f"coordinator {self.name!r} raised in {method}(): "
                                              f"{exc!r}{user_traceback(exc)}")
+        finally:
+            self._busy = None
 
     def _report_failure(self, generation: int, cause: str) -> None:
         context = self._context
@@ -335,6 +384,10 @@ class CoordinatorHolder:
         # completion notice, its timers. close() follows once the failing callback returned.
         self._fence(defer_close=True)
         self.listener.coordinator_failed(self.name, cause)
+
+
+def _name_of(action: Callable[[], None]) -> str:
+    return str(getattr(action, "__qualname__", None) or repr(action))
 
 
 def user_traceback(exc: BaseException) -> str:
@@ -400,7 +453,16 @@ class _Gateway(SubtaskGateway):
     def send_events(self, events: Iterable[Any]) -> list[Future[None]]:
         holder = self._holder
         encode = holder.codec.encode
-        payloads = [encode(e) for e in events]  # all pickled before any is sent
+        payloads = []  # all pickled before any is sent
+        for index, event in enumerate(events):
+            try:
+                payloads.append(encode(event))
+            except EventTooLarge as exc:
+                raise EventTooLarge(exc.size, exc.limit, f"event at index {index} of "
+                                    f"send_events() (type {type(event).__qualname__})") from None
+            except EventEncodingError as exc:
+                raise EventEncodingError(f"event at index {index} of send_events(): {exc}"
+                                         ) from exc.__cause__
         fut: Future[None] = SendFuture()  # the events share their fate: one future for all
         if holder.mailbox.in_mailbox_thread():
             holder._send_many(self._generation, self.subtask, self.attempt, payloads, fut)
@@ -454,14 +516,18 @@ class _Context(CoordinatorContext):
         holder = self.holder
 
         def run() -> None:
-            if self.fenced or holder.generation != self.generation:
+            if self.fenced or holder.generation != self.generation or holder._globally_failed:
                 return
+            holder._began += 1
+            holder._busy = f"an action ({_name_of(action)})"
             try:
                 action()
             except Exception as exc:  # noqa: BLE001 - user code fails the job
                 holder._report_failure(self.generation,
-                                       f"coordinator {holder.name!r} raised in an action: "
-                                       f"{exc!r}{user_traceback(exc)}")
+                                       f"coordinator {holder.name!r} raised in an action "
+                                       f"({_name_of(action)}): {exc!r}{user_traceback(exc)}")
+            finally:
+                holder._busy = None
         holder.mailbox.execute(run)
 
     def call_periodically(self, interval_s: float, action: Callable[[], None]) -> Cancellable:

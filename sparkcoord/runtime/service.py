@@ -38,7 +38,7 @@ from typing import Any
 from sparkcoord.coordinator import Cancellable, CoordinatorProvider
 from sparkcoord.core.checkpoints import CheckpointAbort, CheckpointTracker
 from sparkcoord.core.codec import EventCodec
-from sparkcoord.core.errors import IllegalTransition, SparkCoordError
+from sparkcoord.core.errors import CorruptRecord, IllegalTransition, SparkCoordError
 from sparkcoord.core.ids import NO_EPOCH, SubtaskId, TaskAttempt
 from sparkcoord.core.inbound import (
     InboundDecision,
@@ -159,9 +159,16 @@ class CoordinationService:
                 raise IllegalTransition(f"run {self.run_id} was already restored to "
                                         f"{self.restore_point}; cannot restore to {point}")
             epoch = point.epoch
-            # every file read here is verified; a missing or damaged one raises, naming it
-            record = self.storage.read_record(epoch) if epoch != NO_EPOCH else None
-            logged = self.storage.read_inbound_log(epoch) if point.replays_inbound_log else []
+            # every file read here is verified; a missing or damaged one fails the job with an
+            # error naming it (and the same error comes back at every restart: it needs a person)
+            try:
+                record = self.storage.read_record(epoch) if epoch != NO_EPOCH else None
+                logged = self.storage.read_inbound_log(epoch) if point.replays_inbound_log else []
+            except CorruptRecord as exc:
+                what = "committed" if point.committed else "logged, not committed,"
+                self._fail(f"cannot restore the checkpoint of epoch {epoch} ({what} in Spark's "
+                           f"log): {exc}")
+                raise
             self.restore_point = point
             self._record = record
             names = list(self.specs)
@@ -184,7 +191,8 @@ class CoordinationService:
             for spec in self.specs.values():
                 holder = CoordinatorHolder(
                     spec.name, spec.provider, spec.parallelism, self._mailbox_factory(spec.name),
-                    self.clock, self.codec, self, last_checkpoint=epoch)
+                    self.clock, self.codec, self, last_checkpoint=epoch,
+                    stall_warning_s=self.config.stall_warning_s)
                 self._holders[spec.name] = holder
                 snapshot = record.snapshots.get(spec.name) if record is not None else None
                 holder.start(epoch, snapshot, replay[spec.name])
@@ -226,6 +234,9 @@ class CoordinationService:
             self._prepared_events = {}
             self._timeout = self.clock.call_later(
                 self.config.checkpoint_timeout_s, lambda: self._timed_out(checkpoint_id))
+            if self.config.stall_warning_s > 0:
+                self.clock.call_later(self.config.stall_warning_s,
+                                      lambda: self._checkpoint_waiting(checkpoint_id, 1))
             for holder in self._holders.values():
                 holder.trigger_checkpoint(checkpoint_id)
             return future
@@ -430,6 +441,23 @@ class CoordinationService:
         """``fail_job`` or a callback exception (its mailbox thread)."""
         self._fail(cause)
 
+    def _checkpoint_waiting(self, checkpoint_id: int, intervals: int) -> None:
+        # Clock's timer thread: the checkpoint is still pending after ``intervals`` warnings'
+        # worth of time; say who it waits for, until it is sealed, aborted or timed out.
+        with self._lock:
+            tracker = self._tracker
+            if self._closed or tracker is None or tracker.pending != checkpoint_id:
+                return
+            waiting = tracker.waiting_for()
+        if waiting:
+            log.warning("checkpoint %d has waited %.0f s for %s %s to complete the checkpoint "
+                        "future (it is declined after %.0f s: ServiceConfig.checkpoint_timeout_s)",
+                        checkpoint_id, intervals * self.config.stall_warning_s,
+                        "coordinator" if len(waiting) == 1 else "coordinators",
+                        ", ".join(repr(w) for w in waiting), self.config.checkpoint_timeout_s)
+        self.clock.call_later(self.config.stall_warning_s,
+                              lambda: self._checkpoint_waiting(checkpoint_id, intervals + 1))
+
     def _timed_out(self, checkpoint_id: int) -> None:
         with self._lock:
             if self._tracker is None:
@@ -464,6 +492,10 @@ class CoordinationService:
                 holder.globally_failed(cause)
             future, self._prepared = self._prepared, None
         log.error("global failure: %s", cause)
+        try:
+            self.storage.record_failure(self.run_id, cause)
+        except Exception:  # noqa: BLE001 - the report is a courtesy; the failure stands
+            log.exception("cannot record the failure of run %s", self.run_id)
         if future is not None and not future.done():
             future.set_exception(JobFailed(cause))
         for listener in self._failure_listeners:

@@ -32,6 +32,7 @@ from any thread or process. Inbound appends happen inside the service's critical
 
 from __future__ import annotations
 
+import json
 import os
 import posixpath
 import zlib
@@ -53,7 +54,7 @@ from sparkcoord.core.records import (
     encode_checkpoint,
     encode_log_seal,
 )
-from sparkcoord.runtime.files import Files, FsspecFiles, LocalFiles
+from sparkcoord.runtime.files import Files, FsspecFiles, LocalFiles, fsync_directory
 from sparkcoord.runtime.subtask_state import SubtaskStateStore
 
 
@@ -139,8 +140,8 @@ class CheckpointStorage:
         self._log_epoch = epoch
         if self._local:
             self._log_file = open(self._log_path(epoch), "ab")  # noqa: SIM115 - kept open
-            if self.fsync:
-                os.fsync(self._log_file.fileno())
+            if self.fsync:  # the new (empty) log's directory entry, durably
+                fsync_directory(self._path("inbound"))
         else:
             # an object store has no empty directories: this object says the log exists
             self.files.write_atomic(posixpath.join(self._segment_dir(epoch), "begin"), b"",
@@ -274,6 +275,17 @@ class CheckpointStorage:
         """The newest state of ``subtask`` from an epoch before ``before_epoch``, if any; see
         :meth:`SubtaskStateStore.read_before` (tools and tests, any thread)."""
         return self.states.read_before(subtask, before_epoch, previous_epoch)
+
+    # --------------------------------------------------------------------------- failures
+    def failure_path(self) -> str:
+        return self._path("last-failure.json")
+
+    def record_failure(self, run_id: str, cause: str) -> None:
+        """Keep the cause of run ``run_id``'s global failure for the job runner, which reads it
+        with :func:`read_failure` to report the cause (with the user's traceback) instead of
+        Spark's wrapper text. Called once per failed run by the service (any thread)."""
+        self.files.write_atomic(self.failure_path(),
+                                json.dumps({"run": run_id, "cause": cause}).encode())
 
     # ------------------------------------------------------------------------- retention
     def prune(self, committed_epoch: int, operators: Sequence[SubtaskId] = ()) -> None:

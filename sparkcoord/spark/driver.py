@@ -51,9 +51,15 @@ class DriverSide:
              for op in list(spec.operators) + list(spec.recipients)],
             storage, config=spec.config)
         self.secret = secrets.token_bytes(32)
-        self.server = ChannelServer(self.service, self.secret, host=spec.channel_host,
-                                    max_frame_bytes=spec.config.max_event_bytes + 4096,
-                                    deliveries=self).start()
+        config = spec.config
+        parallelism = sum(op.parallelism for op in list(spec.operators) + list(spec.recipients))
+        self.server = ChannelServer(
+            self.service, self.secret, host=spec.channel_host,
+            max_frame_bytes=config.max_event_bytes + 4096, deliveries=self,
+            first_frame_timeout_s=config.channel_first_frame_timeout_s,
+            max_connections=(max(64, 4 * parallelism) if config.max_channel_connections is None
+                             else config.max_channel_connections),
+            listen_backlog=max(128, 2 * parallelism)).start()
         if spec.channel_fault_plan is not None:
             self.server.fault = self._counting(fault_plan(spec.channel_fault_plan),
                                                f"{storage.root}/faults.json")
@@ -68,10 +74,9 @@ class DriverSide:
                                 "pid": os.getpid(), "run": self.service.run_id}
         if spec.recipients:
             info["secret"] = self.secret.hex()
-        path = f"{storage.root}/channel.json"
-        storage.fs.pipe_file(path, json.dumps(info).encode())
-        if os.path.exists(path):  # a local file: keep the secret to its owner
-            os.chmod(path, 0o600)
+        # private: a local file is created 0600 and renamed into place (never readable by others)
+        storage.files.write_atomic(f"{storage.root}/channel.json", json.dumps(info).encode(),
+                                   private=True)
 
     def _counting(self, plan: Any, path: str) -> Any:
         # tests only: record how many faults were injected, so a test can prove they happened

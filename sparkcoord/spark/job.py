@@ -6,6 +6,7 @@ runner process; this side only starts, watches and restarts the query.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -15,6 +16,7 @@ from typing import Any
 
 from sparkcoord.coordinator import CoordinatorProvider
 from sparkcoord.core.errors import SparkCoordError
+from sparkcoord.core.text import plural
 from sparkcoord.runtime.config import ServiceConfig
 from sparkcoord.runtime.restart import FixedDelay, RestartStrategy
 from sparkcoord.spark.operator import SubtaskOperator
@@ -160,18 +162,42 @@ class CoordinatedJob:
                 query.stop()
                 return report
             except StreamingQueryException as exc:
-                cause = str(exc)
+                cause = self.failure_cause() or str(exc)
                 report.failures.append(cause)
                 if on_failure is not None:
                     on_failure(cause)
                 report.batches += _batches(query)
                 delay = strategy.next_delay(time.monotonic())
                 if delay is None:
-                    raise JobGaveUp(f"query failed {len(report.failures)} times; the restart "
-                                    f"strategy gave up. Last failure: {cause}") from exc
-                log.warning("query failed, restarting in %.1fs: %s", delay, cause.splitlines()[0])
+                    spark_first = str(exc).strip().splitlines()[:1]
+                    raise JobGaveUp(
+                        f"{cause}\n\nThe query failed {plural(len(report.failures), 'time')} and "
+                        f"the restart strategy gave up; the cause above is the last failure"
+                        + (f". Spark reported: {spark_first[0]}" if spark_first
+                           and not cause.startswith(spark_first[0]) else "")) from exc
+                log.warning("query failed, restarting in %.1fs: %s", delay,
+                            (cause.strip().splitlines() or [""])[0])
                 report.restarts += 1
                 time.sleep(delay)
+
+
+    def failure_cause(self) -> str | None:
+        """The cause of the global failure of the latest run of this job's coordinated
+        sources, as the coordination service recorded it (with the user's traceback), or None
+        if that run did not fail in sparkcoord (e.g. a task kept failing). Driver program
+        thread, after the query failed and before it is restarted."""
+        from sparkcoord.runtime.files import files_for
+
+        for spec in self._specs.values():
+            files, root = files_for(spec.checkpoint_url)
+            try:
+                run = json.loads(files.read(f"{root}/channel.json"))["run"]
+                failure = json.loads(files.read(f"{root}/last-failure.json"))
+            except (OSError, ValueError, KeyError):
+                continue
+            if isinstance(failure, dict) and failure.get("run") == run:
+                return str(failure.get("cause"))
+        return None
 
 
 def _batches(query: Any) -> int:

@@ -147,7 +147,8 @@ def test_declines_past_the_tolerable_count_fail_the_job() -> None:
     h.run()
     h.coordinator.results[0].set_exception(RuntimeError("no"))
     h.run()
-    with pytest.raises(JobFailed, match="1 checkpoints failed in a row"):
+    with pytest.raises(JobFailed, match=r"1 checkpoint failed in a row, more than the 0 tolerated "
+                                        r"\(ServiceConfig.tolerable_checkpoint_failures\)"):
         future.result(timeout=0)
     with pytest.raises(JobFailed):
         h.service.raise_if_failed()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pathlib
+import posixpath
 
 import pytest
 
@@ -50,3 +51,40 @@ def test_paths_and_file_urls_are_local_and_need_no_fsspec(tmp_path: pathlib.Path
     files, root = files_for(f"file://{tmp_path}/j/")
     assert isinstance(files, LocalFiles) and root == f"{tmp_path}/j"
     assert isinstance(files_for("memory://x")[0], FsspecFiles)
+
+
+def test_a_private_local_write_is_never_readable_by_others_not_even_its_temporary_file(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+    import stat
+
+    files = LocalFiles()
+    path = f"{tmp_path}/run/channel.json"
+    files.write_atomic(path, b"old, world-readable")  # an earlier file of wider mode
+    os.chmod(path, 0o644)
+    old_umask = os.umask(0o022)  # the usual umask: a plain write would be 0644
+    renamed: list[tuple[str, int]] = []
+    real_replace = os.replace
+
+    def inspecting_replace(src: str, dst: str) -> None:
+        renamed.append((posixpath.basename(src), stat.S_IMODE(os.stat(src).st_mode)))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", inspecting_replace)
+    try:
+        files.write_atomic(path, b'{"secret": "..."}', private=True)
+        files.write_atomic(f"{tmp_path}/run/public", b"p")
+    finally:
+        os.umask(old_umask)
+    (private_tmp, private_mode), (_, public_mode) = renamed
+    assert private_tmp.startswith(".channel.json.") and private_mode == 0o600
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert files.read(path) == b'{"secret": "..."}'
+    assert public_mode == 0o644  # not private: 0666 less the umask, as before
+    assert sorted(files.names(f"{tmp_path}/run")) == ["channel.json", "public"]
+
+
+def test_a_private_write_to_an_fsspec_store_is_accepted_and_written(tmp_path: pathlib.Path) -> None:
+    files, root = files_for(f"memory://files-test/{tmp_path.name}-private")
+    files.write_atomic(f"{root}/channel.json", b"x", private=True)  # no modes: ignored
+    assert files.read(f"{root}/channel.json") == b"x"
