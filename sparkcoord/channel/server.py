@@ -272,8 +272,9 @@ class ChannelServer:
         return self
 
     def close(self) -> None:
-        """Stop accepting and close the listening socket (also if never started); waits for the
-        connection threads to end. The owner's thread."""
+        """Stop accepting and close the listening socket (also if never started). Connection
+        threads are daemons and are not waited for (an authenticated one may block in a read
+        until its peer closes). The owner's thread."""
         if self._thread.ident is not None:  # shutdown() waits for serve_forever to return
             self._server.shutdown()
         self._server.server_close()

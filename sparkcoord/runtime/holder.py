@@ -115,6 +115,8 @@ class CoordinatorHolder:
         self._began = 0
         self.stall_warning_s = stall_warning_s
         self._watchdog: Cancellable | None = None
+        # failed instances whose close() waits for the failing callback to return
+        self._closing: list[OperatorCoordinator] = []
 
     # -------------------------------------------------------------------- service-facing API
     def start(self, checkpoint_id: int, snapshot: bytes | None,
@@ -206,8 +208,8 @@ class CoordinatorHolder:
     def globally_failed(self, reason: str) -> None:
         """Global failover: fence the coordinator, fail every outstanding future, close it.
 
-        Called by the service (any thread, under its lock) at the first global failure. The
-        instance stops receiving callbacks at once, before this call returns (rule 5); the
+        Called by the service (any thread, under its lock) at the first global failure. No
+        callback starts after this call returns (rule 5; one already running finishes); the
         rest happens on the mailbox.
         """
         self._globally_failed = True
@@ -225,6 +227,8 @@ class CoordinatorHolder:
             self._closed = True
             if self._watchdog is not None:
                 self._watchdog.cancel()
+            while self._closing:  # a deferred close() still queued behind this action
+                self._close_instance(self._closing.pop(0))
             self.mailbox.close()
         if self.mailbox.in_mailbox_thread():
             run()
@@ -246,13 +250,18 @@ class CoordinatorHolder:
         self._fence()
         self.generation += 1
         self._context = _Context(self, self.generation)
+        self._began += 1
+        self._busy = "its constructor (and the unpickling of its snapshot)"
         try:
             self.coordinator = self.provider(self._context)
-        except Exception as exc:  # noqa: BLE001 - a user's constructor
-            self._report_failure(self.generation, f"creating coordinator {self.name!r} raised "
+            state = pickle.loads(snapshot) if snapshot is not None else None
+        except Exception as exc:  # noqa: BLE001 - a user's constructor, a user's state class
+            self._report_failure(self.generation, f"creating coordinator {self.name!r} (or "
+                                                  f"unpickling its snapshot) raised "
                                                   f"{exc!r}{user_traceback(exc)}")
             return
-        state = pickle.loads(snapshot) if snapshot is not None else None
+        finally:
+            self._busy = None
         self._callback("reset_to_checkpoint", checkpoint_id, state)
         self._context.starting = True
         try:
@@ -275,15 +284,25 @@ class CoordinatorHolder:
         if old is not None:
             if defer_close and not self._closed:
                 # the failing callback may still be on the stack: close after it returned
-                self.mailbox.execute(lambda: self._close_instance(old))
+                # (or in close(), should the mailbox be closed before that action runs)
+                self._closing.append(old)
+                self.mailbox.execute(self._close_deferred)
             else:
                 self._close_instance(old)
 
+    def _close_deferred(self) -> None:
+        while self._closing:
+            self._close_instance(self._closing.pop(0))
+
     def _close_instance(self, instance: OperatorCoordinator) -> None:
+        self._began += 1
+        self._busy = "close()"
         try:
             instance.close()
         except Exception:  # noqa: BLE001 - closing a fenced instance must not fail anything
             log.exception("coordinator %r raised in close()", self.name)
+        finally:
+            self._busy = None
 
     def _trigger(self, checkpoint_id: int) -> None:
         self.valve.checkpoint_triggered(checkpoint_id)
@@ -350,7 +369,8 @@ class CoordinatorHolder:
 
     def _fenced_error(self) -> CoordinatorFenced:
         return CoordinatorFenced(
-            f"coordinator {self.name!r} was reset; this gateway belongs to its old instance")
+            f"coordinator {self.name!r} was reset or failed; this gateway belongs to an instance "
+            f"that no longer runs")
 
     @staticmethod
     def _fail_futures(futures: list[Future[None]], error: BaseException) -> None:

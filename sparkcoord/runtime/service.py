@@ -119,6 +119,8 @@ class CoordinationService:
         self._prepared: Future[PreparedCheckpoint] | None = None
         self._prepared_events: dict[str, list[list[bytes]]] = {}
         self._timeout: Cancellable | None = None
+        self._waiting: Cancellable | None = None  # the pending checkpoint's stall warning
+        self._failing = False
         self._closed = False
 
     # ---------------------------------------------------------------- driver adapter calls
@@ -163,7 +165,8 @@ class CoordinationService:
             # error naming it (and the same error comes back at every restart: it needs a person)
             try:
                 record = self.storage.read_record(epoch) if epoch != NO_EPOCH else None
-                logged = self.storage.read_inbound_log(epoch) if point.replays_inbound_log else []
+                logged = (self.storage.read_inbound_log(epoch, remember=True)
+                          if point.replays_inbound_log else [])
             except CorruptRecord as exc:
                 what = "committed" if point.committed else "logged, not committed,"
                 self._fail(f"cannot restore the checkpoint of epoch {epoch} ({what} in Spark's "
@@ -210,7 +213,11 @@ class CoordinationService:
                 return
             gate.batch_committed(epoch)
             # the gate admits nothing more for this epoch: its log is final
-            self.storage.seal_inbound_log(epoch)
+            try:
+                self.storage.seal_inbound_log(epoch)
+            except Exception as exc:
+                self._fail(f"cannot write the seal of the inbound log of epoch {epoch}: {exc!r}")
+                raise
             for holder in self._holders.values():
                 holder.batch_committed(epoch)
         self.storage.prune(epoch)
@@ -235,8 +242,8 @@ class CoordinationService:
             self._timeout = self.clock.call_later(
                 self.config.checkpoint_timeout_s, lambda: self._timed_out(checkpoint_id))
             if self.config.stall_warning_s > 0:
-                self.clock.call_later(self.config.stall_warning_s,
-                                      lambda: self._checkpoint_waiting(checkpoint_id, 1))
+                self._waiting = self.clock.call_later(
+                    self.config.stall_warning_s, lambda: self._checkpoint_waiting(checkpoint_id, 1))
             for holder in self._holders.values():
                 holder.trigger_checkpoint(checkpoint_id)
             return future
@@ -421,6 +428,8 @@ class CoordinationService:
                 return
             if self._timeout is not None:
                 self._timeout.cancel()
+            if self._waiting is not None:
+                self._waiting.cancel()
             prepared = PreparedCheckpoint(checkpoint_id, tracker.snapshots(checkpoint_id))
             for op, per_subtask in self._prepared_events.items():
                 for index, payloads in enumerate(per_subtask):
@@ -455,8 +464,12 @@ class CoordinationService:
                         checkpoint_id, intervals * self.config.stall_warning_s,
                         "coordinator" if len(waiting) == 1 else "coordinators",
                         ", ".join(repr(w) for w in waiting), self.config.checkpoint_timeout_s)
-        self.clock.call_later(self.config.stall_warning_s,
-                              lambda: self._checkpoint_waiting(checkpoint_id, intervals + 1))
+        with self._lock:
+            if self._closed or tracker.pending != checkpoint_id:
+                return
+            self._waiting = self.clock.call_later(
+                self.config.stall_warning_s,
+                lambda: self._checkpoint_waiting(checkpoint_id, intervals + 1))
 
     def _timed_out(self, checkpoint_id: int) -> None:
         with self._lock:
@@ -470,6 +483,8 @@ class CoordinationService:
             return
         if self._timeout is not None:
             self._timeout.cancel()
+        if self._waiting is not None:
+            self._waiting.cancel()
         for holder in self._holders.values():
             holder.checkpoint_aborted(abort.checkpoint_id)
         if abort.fail_job is not None:
@@ -485,17 +500,23 @@ class CoordinationService:
 
     def _fail(self, cause: str) -> None:
         with self._lock:
-            if self.failure is not None:
+            if self.failure is not None or self._failing:
                 return
-            self.failure = cause
-            for holder in self._holders.values():
-                holder.globally_failed(cause)
-            future, self._prepared = self._prepared, None
+            self._failing = True  # the first failure wins
         log.error("global failure: %s", cause)
+        # Recorded before the failure is published: once it is, the query may end at once, and
+        # the job runner then reads this file to report the cause (decision 35).
         try:
             self.storage.record_failure(self.run_id, cause)
         except Exception:  # noqa: BLE001 - the report is a courtesy; the failure stands
             log.exception("cannot record the failure of run %s", self.run_id)
+        with self._lock:
+            self.failure = cause
+            for holder in self._holders.values():
+                holder.globally_failed(cause)
+            future, self._prepared = self._prepared, None
+            if self._waiting is not None:
+                self._waiting.cancel()
         if future is not None and not future.done():
             future.set_exception(JobFailed(cause))
         for listener in self._failure_listeners:
@@ -518,6 +539,8 @@ class CoordinationService:
             self._closed = True
             if self._timeout is not None:
                 self._timeout.cancel()
+            if self._waiting is not None:
+                self._waiting.cancel()
             holders = list(self._holders.values())
         for holder in holders:
             holder.close()

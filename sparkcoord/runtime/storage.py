@@ -206,11 +206,12 @@ class CheckpointStorage:
         return [(posixpath.join(seg_dir, n), self.files.read(posixpath.join(seg_dir, n)))
                 for n in segments]
 
-    def read_inbound_log(self, epoch: int) -> list[LogEntry]:
+    def read_inbound_log(self, epoch: int, *, remember: bool = False) -> list[LogEntry]:
         """Every entry of the inbound log of the committed batch of ``epoch``, verified.
 
-        Called by the service (driver thread) when it restores to committed ``epoch``, and by
-        tools. Raises :class:`RecordNotFound` if the log is missing and
+        Called by the service (driver thread) when it restores to committed ``epoch``, with
+        ``remember`` (the verified length and CRC-32 are kept for the seal written at its
+        completion), and by tools and tests (any thread; nothing kept). Raises :class:`RecordNotFound` if the log is missing and
         :class:`CorruptRecord` for a damaged or short frame, or a log that does not match its
         seal; each error names the file, the epoch and what was expected (rule 4).
         """
@@ -227,12 +228,15 @@ class CheckpointStorage:
         except FileNotFoundError:
             seal = None  # the run crashed before it learnt that the batch committed
         if seal is not None and (seal.epoch, seal.length, seal.crc32) != (epoch, length, crc):
+            where = (parts[0][0] if parts and parts[0][0].endswith(".log")
+                     else self._segment_dir(epoch))
             raise CorruptRecord(
-                f"{parts[0][0]}: the inbound log of epoch {epoch} holds {length} bytes with "
+                f"{where}: the inbound log of epoch {epoch} holds {length} bytes with "
                 f"CRC-32 {crc:#010x}, but its seal {seal_path} says epoch {seal.epoch}, "
                 f"{seal.length} bytes, CRC-32 {seal.crc32:#010x} (frames are missing or the "
                 f"log was cut at a frame boundary)")
-        self._log_sums[epoch] = (length, crc)
+        if remember:
+            self._log_sums[epoch] = (length, crc)
         return entries
 
     def seal_inbound_log(self, epoch: int) -> None:

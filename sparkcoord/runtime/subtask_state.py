@@ -16,8 +16,10 @@ Rules:
      of a subtask is preceded by a ``lineage`` marker naming its epoch, and a subtask with a
      marker but no state before the batch it runs has lost its state (a stateless subtask
      has no marker); (b) the caller passes the epoch of the subtask's previous batch when it
-     knows it (a source subtask ran every batch; a downstream one every Spark batch): if
-     states exist but none for that epoch, the newest one is missing.
+     knows it (a source subtask runs in every batch of its source, to its end, as long as
+     the query consumes the source fully): if states exist but none for that epoch, the
+     newest one is missing. Downstream subtasks pass none (Spark may leave them out of a
+     batch).
 
 This module runs in Spark's Python workers and imports nothing heavy (see
 :mod:`sparkcoord.runtime.files`).
@@ -118,7 +120,10 @@ class SubtaskStateStore:
             raise StateMissing(
                 f"{self.path(subtask, previous_epoch)} is missing: {subtask} ran the batch of "
                 f"epoch {previous_epoch} with state (its newest state file left is from epoch "
-                f"{newest}), so the batch of epoch {before_epoch} must restore that state")
+                f"{newest}), so the batch of epoch {before_epoch} must restore that state. "
+                f"Either the file was deleted, or that batch did not run the subtask's task to "
+                f"its end (a coordinated source must be consumed fully: no limit(), take() or "
+                f"first() on it in foreachBatch); its events may be lost either way")
         path = self.path(subtask, newest)
         return decode_subtask_state(self.files.read(path), path)
 

@@ -144,6 +144,7 @@ class CoordinatedJob:
         report = RunReport()
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
+            self._forget_failures()
             query = writer.option("checkpointLocation", self.spark_checkpoint).start()
             try:
                 if until is None:
@@ -189,15 +190,28 @@ class CoordinatedJob:
         from sparkcoord.runtime.files import files_for
 
         for spec in self._specs.values():
-            files, root = files_for(spec.checkpoint_url)
             try:
+                files, root = files_for(spec.checkpoint_url)
                 run = json.loads(files.read(f"{root}/channel.json"))["run"]
                 failure = json.loads(files.read(f"{root}/last-failure.json"))
-            except (OSError, ValueError, KeyError):
+            except Exception:  # noqa: BLE001 - no report (or an unreadable one): Spark's text
                 continue
             if isinstance(failure, dict) and failure.get("run") == run:
                 return str(failure.get("cause"))
         return None
+
+
+    def _forget_failures(self) -> None:
+        # A failure recorded by an earlier run must not be taken for the next run's cause (that
+        # run may fail before it writes its own channel.json). Driver program thread.
+        from sparkcoord.runtime.files import files_for
+
+        for spec in self._specs.values():
+            try:
+                files, root = files_for(spec.checkpoint_url)
+                files.remove(f"{root}/last-failure.json")
+            except Exception:  # noqa: BLE001 - best effort: the run ids still guard the report
+                log.debug("cannot remove the failure report of %s", spec.name, exc_info=True)
 
 
 def _batches(query: Any) -> int:

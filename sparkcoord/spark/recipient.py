@@ -119,8 +119,10 @@ class RecipientFunction:
                     f"{epoch} was delivered earlier), so it cannot send events to the coordinator")
             client.send(codec.encode(event))
 
-        # every Spark batch runs this operator, so batch - 1 left a state (if it kept any)
-        restored = store.read_before(sid, batch, batch - 1 if batch > 0 else None)
+        # No previous-batch gap check here (only the lineage one): Spark may run a batch
+        # without this operator's tasks (an empty relation optimized away), so batch - 1 need
+        # not have left a state.
+        restored = store.read_before(sid, batch)
         state = pickle.loads(restored[1]) if restored is not None else None
         context = SubtaskContext(op.name, index, op.parallelism, epoch, execution_attempt,
                                  number, send)

@@ -49,7 +49,7 @@ def serve(harness: CoordinatorHarness) -> Iterator[Callable[..., ChannelServer]]
     make.sockets = sockets  # type: ignore[attr-defined]
     yield make
     for s in sockets:
-        s.close()  # first: the server's close waits for its connection threads
+        s.close()  # first: their connection threads end before the servers close
     for server in servers:
         server.close()
 
@@ -203,10 +203,16 @@ def test_the_listen_backlog_holds_200_connections_before_the_server_accepts_any(
     # Not started: nothing accepts, so only the kernel's queue (the backlog) holds the
     # connections. With a backlog of 128, the 130th connect would wait for SYN retries.
     server = serve(start=False, listen_backlog=256)
+    # the kernel caps any backlog at net.core.somaxconn (4096 here; 128 on old kernels)
+    try:
+        with open("/proc/sys/net/core/somaxconn") as f:
+            wanted = min(200, int(f.read()))
+    except OSError:
+        wanted = 200
     pending: list[socket.socket] = []
     connected = 0
     try:
-        for _ in range(200):
+        for _ in range(wanted):
             s = socket.socket()
             serve.sockets.append(s)
             s.setblocking(False)
@@ -223,4 +229,4 @@ def test_the_listen_backlog_holds_200_connections_before_the_server_accepts_any(
         for s in serve.sockets:
             s.close()
         server.start()  # accepts the queued connections, which end at once (closed)
-    assert connected == 200, f"{len(pending)} connects still pending after 5 s"
+    assert connected == wanted, f"{len(pending)} connects still pending after 5 s"

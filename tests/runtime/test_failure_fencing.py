@@ -199,3 +199,56 @@ def test_a_checkpoint_future_completed_by_a_failed_instance_from_another_thread_
     h.run()
     assert future.exception(timeout=0) is not None
     assert h.service.last_sealed == -1
+
+
+def test_a_failed_instance_is_closed_even_when_the_holder_closes_before_its_deferred_close_ran(
+) -> None:
+    journal: list[tuple[Any, ...]] = []
+    h = CoordinatorHarness(functools.partial(Journal, journal=journal, raise_on="boom"), 1)
+    h.start()
+    h.checkpoint()
+    attempt = h._attempt(0)
+    h.service.event_received(attempt, 0, h.service.codec.encode("boom"))  # queued, not run
+    h.service.holders[h.name].close()  # queued behind it, from outside the mailbox
+    h.run()  # the failure queues close() for after the callback; the holder closes first
+    assert journal.count(("close",)) == 1
+
+
+def test_the_failure_is_recorded_before_it_is_published(monkeypatch) -> None:
+    h = CoordinatorHarness(OperatorCoordinator, 1)
+    h.start()
+    seen_at_write: list[str | None] = []
+    record = h.storage.record_failure
+
+    def recording(run_id: str, cause: str) -> None:
+        seen_at_write.append(h.service.failure)
+        record(run_id, cause)
+
+    monkeypatch.setattr(h.storage, "record_failure", recording)
+    h.service.fail_job("from the Spark side")
+    assert seen_at_write == [None]  # nobody could see the failure before its report existed
+    assert h.service.failure == "from the Spark side"
+    import json
+
+    report = json.loads(h.storage.files.read(h.storage.failure_path()))
+    assert report == {"run": h.service.run_id, "cause": "from the Spark side"}
+
+
+def test_a_seal_that_cannot_be_written_fails_the_job_naming_the_epoch(monkeypatch) -> None:
+    h = CoordinatorHarness(OperatorCoordinator, 1)
+    h.start()
+    h.checkpoint()
+
+    def broken(epoch: int) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(h.storage, "seal_inbound_log", broken)
+    try:
+        h.service.batch_committed(h.epoch)
+    except OSError:
+        pass
+    else:
+        raise AssertionError("the seal error was swallowed")
+    assert h.service.failure is not None
+    assert h.service.failure.startswith("cannot write the seal of the inbound log of epoch 0: "
+                                        "OSError('disk full')")

@@ -68,6 +68,7 @@ def test_a_checkpoint_waiting_for_a_coordinator_is_reported_naming_it_until_it_c
                            config=ServiceConfig(checkpoint_timeout_s=120.0))
     h.start()
     caplog.set_level(logging.WARNING)
+    timers_before = h.clock.scheduled
     future = h.trigger_checkpoint()
     h.run()
     h.clock.advance(25.0)
@@ -80,6 +81,7 @@ def test_a_checkpoint_waiting_for_a_coordinator_is_reported_naming_it_until_it_c
     coordinator.pending.set_result(None)
     h.run()
     assert future.done()
+    assert h.clock.scheduled == timers_before  # the timeout and the warning timer cancelled
     h.clock.advance(60.0)
     assert len(warnings_of(caplog)) == 2
 

@@ -136,3 +136,14 @@ def test_subtask_state_is_read_from_the_newest_earlier_epoch(storage: Checkpoint
     assert storage.read_subtask_state(SID, 1) == (0, b"s0")
     storage.write_subtask_state(SID, 2, b"retry overwrites")
     assert storage.read_subtask_state(SID, 3) == (2, b"retry overwrites")
+
+
+def test_a_tool_reading_the_running_log_does_not_change_the_seal_of_its_batch(
+        storage: CheckpointStorage) -> None:
+    a = TaskAttempt("r", SID, 3, 0)
+    storage.start_inbound_log(3)
+    storage.append_inbound(3, encode_log_entry(RegistrationEntry(a)))
+    assert storage.read_inbound_log(3) == [RegistrationEntry(a)]  # a tool, mid-batch
+    storage.append_inbound(3, encode_log_entry(EventEntry(a, 0, b"e0")))
+    storage.seal_inbound_log(3)
+    assert storage.read_inbound_log(3) == [RegistrationEntry(a), EventEntry(a, 0, b"e0")]
