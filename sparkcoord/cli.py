@@ -39,7 +39,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--version", action="version", version=sparkcoord.__version__)
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run the demonstration pipeline on local Spark")
-    demo.add_argument("--dir", default="sparkcoord-demo", help="work directory (wiped first)")
+    demo.add_argument("--dir", default="sparkcoord-demo",
+                      help="work directory (wiped first; a non-empty one the demo did not "
+                           "create is refused unless --force)")
+    demo.add_argument("--force", action="store_true",
+                      help="wipe --dir even if the demo did not create it")
     demo.add_argument("--fast", type=int, default=200, help="numbers per subtask, fast coordinator")
     demo.add_argument("--slow", type=int, default=10, help="numbers per subtask, slow coordinator")
     demo.add_argument("--master", default=None,
@@ -60,15 +64,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"java       {_java_version()}")
         return 0
     if args.command == "demo":
-        from sparkcoord.demo import run_demo
+        from sparkcoord.demo import WorkDirNotOurs, prepare_workdir, run_demo
 
+        workdir = os.path.abspath(args.dir)
+        try:
+            prepare_workdir(workdir, args.force)  # before Spark starts: refuse in a second
+        except WorkDirNotOurs as exc:
+            print(f"sparkcoord demo: {exc}", file=sys.stderr)
+            return 2
         spark = None
         if args.master:
             from sparkcoord.spark.cluster import standalone_session_builder
 
             spark = standalone_session_builder(args.master, "sparkcoord-demo").getOrCreate()
         try:
-            return 0 if run_demo(os.path.abspath(args.dir), args.fast, args.slow, spark=spark) else 1
+            return 0 if run_demo(workdir, args.fast, args.slow, spark=spark) else 1
         finally:
             if spark is not None:
                 spark.stop()

@@ -63,15 +63,43 @@ def _timeline(spark_checkpoint: str) -> list[tuple[int, int, bool]]:
     return out
 
 
+#: The file that marks a directory the demo created (and may therefore wipe).
+DEMO_MARKER = ".sparkcoord-demo"
+
+
+class WorkDirNotOurs(Exception):
+    """The demo's work directory holds files the demo did not put there."""
+
+
+def prepare_workdir(workdir: str, force: bool = False) -> None:
+    """Empty ``workdir`` for a demo run and mark it as the demo's.
+
+    Called by :func:`run_demo` (the user's driver program thread) before Spark starts. A
+    directory that is not empty and was not created by the demo (no marker) is refused unless
+    ``force``: the demo must never delete someone's data because of a mistyped ``--dir``.
+    """
+    if os.path.isdir(workdir) and os.listdir(workdir) and not force \
+            and not os.path.exists(os.path.join(workdir, DEMO_MARKER)):
+        raise WorkDirNotOurs(
+            f"{workdir} is not empty and was not created by the demo; the demo wipes its work "
+            f"directory, so it refuses this one. Pick another --dir, or pass --force to wipe it")
+    if os.path.exists(workdir) and not os.path.isdir(workdir):
+        raise WorkDirNotOurs(f"{workdir} exists and is not a directory")
+    shutil.rmtree(workdir, ignore_errors=True)
+    os.makedirs(workdir)
+    with open(os.path.join(workdir, DEMO_MARKER), "w") as f:
+        f.write("created by `sparkcoord demo`; the demo may wipe this directory\n")
+
+
 def run_demo(workdir: str, fast_total: int = 200, slow_total: int = 10,
-             console: Console | None = None, spark: Any = None) -> bool:
-    """Run the demo in ``workdir`` (wiped first). Returns whether the verdict is exactly-once."""
+             console: Console | None = None, spark: Any = None, force: bool = False) -> bool:
+    """Run the demo in ``workdir`` (wiped first: see :func:`prepare_workdir`). Returns whether
+    the verdict is exactly-once."""
     console = console or Console()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    shutil.rmtree(workdir, ignore_errors=True)
-    os.makedirs(workdir)
+    prepare_workdir(workdir, force)
     out, markers = os.path.join(workdir, "out"), os.path.join(workdir, "markers")
     console.print(f"[bold]sparkcoord demo[/] in {workdir}: starting local Spark (local[2,4]) ...")
     owned = spark is None

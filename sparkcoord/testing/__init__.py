@@ -5,16 +5,17 @@
 * :class:`RecordingGateway`: a gateway that records what a coordinator sends.
 * :class:`CoordinatorHarness`: a real coordination service around your coordinator, on manual
   mailboxes, a manual clock and in-memory storage, with one-line checkpoints, commits, subtask
-  events and task retries.
+  events and task retries; an input the service refuses raises :class:`InputRefused`.
 """
 
 from sparkcoord.testing.fakes import (
     CoordinatorHarness,
+    InputRefused,
     ManualClock,
     ManualMailbox,
     ManualMailboxes,
     RecordingGateway,
 )
 
-__all__ = ["CoordinatorHarness", "ManualClock", "ManualMailbox", "ManualMailboxes",
+__all__ = ["CoordinatorHarness", "InputRefused", "ManualClock", "ManualMailbox", "ManualMailboxes",
            "RecordingGateway"]

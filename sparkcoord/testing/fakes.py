@@ -20,7 +20,7 @@ from sparkcoord.coordinator import (
 )
 from sparkcoord.core.codec import EventCodec
 from sparkcoord.core.ids import SubtaskId, TaskAttempt
-from sparkcoord.core.inbound import InboundDecision
+from sparkcoord.core.inbound import InboundDecision, Verdict
 from sparkcoord.core.restore import FRESH, RestorePoint
 from sparkcoord.runtime.clock import Clock
 from sparkcoord.runtime.mailbox import Action, Mailbox
@@ -182,6 +182,10 @@ class RecordingGateway(SubtaskGateway):
                 fut.set_result(None)
 
 
+class InputRefused(AssertionError):
+    """The harness was asked for an input the service refused (see its reason)."""
+
+
 class CoordinatorHarness:
     """A real :class:`CoordinationService` for one coordinator, fully under the test's control.
 
@@ -255,22 +259,45 @@ class CoordinatorHarness:
         self.run()
 
     def send_from_subtask(self, subtask: int, event: Any, seq: int | None = None) -> InboundDecision:
-        """Deliver ``event`` as the current task attempt of ``subtask`` in the running batch."""
+        """Deliver ``event`` as the current task attempt of ``subtask`` in the running batch.
+
+        Raises :class:`InputRefused` with the service's reason when the event is refused (no
+        batch running, the job failed, a sequence gap): a test must not pass on an event that
+        never reached the coordinator. A duplicate (a ``seq`` sent before) is not an error."""
+        self._require_running_batch(f"send_from_subtask({subtask}, {event!r})")
         attempt = self._attempt(subtask)
         if seq is None:
             seq = self._seqs.get(attempt, 0)
         decision = self.service.event_received(attempt, seq, self.service.codec.encode(event))
         self._seqs[attempt] = max(self._seqs.get(attempt, 0), seq + 1)
         self.run()
+        if decision.verdict is Verdict.REJECT:
+            raise InputRefused(f"the event {event!r} of subtask {subtask} was refused: "
+                               f"{decision.reason}")
         return decision
 
     def retry_task(self, subtask: int) -> InboundDecision:
-        """Simulate a Spark task retry of ``subtask`` in the running batch."""
+        """Simulate a Spark task retry of ``subtask`` in the running batch.
+
+        Raises :class:`InputRefused` if the service refuses the retry's registration."""
+        self._require_running_batch(f"retry_task({subtask})")
         self._attempt(subtask)
         self._attempt_numbers[subtask] += 1
         decision = self.service.attempt_registered(self._current(subtask))
         self.run()
+        if decision.verdict is Verdict.REJECT:
+            raise InputRefused(f"the task retry of subtask {subtask} was refused: "
+                               f"{decision.reason}")
         return decision
+
+    def _require_running_batch(self, what: str) -> None:
+        if self.service.failure is not None:
+            raise InputRefused(f"{what}: the job failed: {self.service.failure}")
+        if self.epoch == -1 or self.service.last_committed >= self.epoch:
+            raise InputRefused(
+                f"{what}: no batch is running (last sealed epoch {self.epoch}, last committed "
+                f"{self.service.last_committed}). Subtasks send inside the batch of a sealed "
+                f"epoch: call checkpoint() first (and again after commit())")
 
     def _current(self, subtask: int) -> TaskAttempt:
         return TaskAttempt(self.service.run_id, SubtaskId(self.name, subtask), self.epoch,

@@ -14,12 +14,14 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from sparkcoord import OperatorCoordinator
 from sparkcoord.core.ids import SubtaskId, TaskAttempt
 from sparkcoord.core.restore import RestorePoint
 from sparkcoord.runtime.service import CoordinationService, CoordinatorSpec
 from sparkcoord.runtime.storage import CheckpointStorage
-from sparkcoord.testing import CoordinatorHarness, ManualClock, ManualMailboxes
+from sparkcoord.testing import CoordinatorHarness, InputRefused, ManualClock, ManualMailboxes
 
 
 class Journal(OperatorCoordinator):
@@ -141,7 +143,8 @@ def test_fail_job_inside_a_callback_fences_at_once_and_closes_after_the_callback
     h.start()
     h.checkpoint()
     h.send_from_subtask(0, "x")
-    h.send_from_subtask(0, "y")  # refused: the job failed
+    with pytest.raises(InputRefused, match="the job failed: coordinator 'coordinator' called fail_job"):
+        h.send_from_subtask(0, "y")
     h.service.batch_committed(h.epoch)
     h.run()
     tail = journal[journal.index(("checkpoint", 0)) + 1:]
