@@ -13,14 +13,14 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from sparkcoord.spark.job import CoordinatedJob, JobGaveUp, RunReport
+    from sparkcoord.spark.job import CoordinatedJob, JobGaveUp, JobHandle, RunReport
     from sparkcoord.spark.operator import SubtaskContext, SubtaskOperator
     from sparkcoord.spark.source import OperatorSpec
 
-_HOMES = {"CoordinatedJob": "job", "JobGaveUp": "job", "RunReport": "job",
+_HOMES = {"CoordinatedJob": "job", "JobGaveUp": "job", "JobHandle": "job", "RunReport": "job",
           "SubtaskContext": "operator", "SubtaskOperator": "operator", "OperatorSpec": "source"}
 
-__all__ = ["CoordinatedJob", "JobGaveUp", "OperatorSpec", "RunReport", "SubtaskContext",
+__all__ = ["CoordinatedJob", "JobGaveUp", "JobHandle", "OperatorSpec", "RunReport", "SubtaskContext",
            "SubtaskOperator"]
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -24,7 +25,7 @@ from sparkcoord.spark.source import FORMAT, CoordinatedSource, OperatorSpec, Sou
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CoordinatedJob", "JobGaveUp", "OperatorSpec", "RunReport"]
+__all__ = ["CoordinatedJob", "JobGaveUp", "JobHandle", "OperatorSpec", "RunReport"]
 
 
 class JobGaveUp(SparkCoordError):
@@ -33,10 +34,13 @@ class JobGaveUp(SparkCoordError):
 
 @dataclass
 class RunReport:
-    """What happened in :meth:`CoordinatedJob.run`."""
+    """What happened in :meth:`CoordinatedJob.run` (or so far, on a :class:`JobHandle`)."""
 
+    #: query restarts after failures
     restarts: int = 0
+    #: the cause of each failure, sparkcoord's own where known, else Spark's error text
     failures: list[str] = field(default_factory=list)
+    #: micro-batches the queries ran (from their progress reports; not capped at Spark's 100)
     batches: int = 0
 
 
@@ -126,61 +130,41 @@ class CoordinatedJob:
             raise SparkCoordError("spark.speculation=true runs two live attempts of a subtask, "
                                   "which breaks exactly-once coordination: disable it")
 
+    def start(self, writer: Any, *, restart: RestartStrategy | None = None,
+              until: Callable[[], bool] | None = None, poll_s: float = 0.5,
+              timeout_s: float | None = None,
+              on_failure: Callable[[str], None] | None = None) -> JobHandle:
+        """Start ``writer`` on the job's checkpoint location and keep it running in the
+        background; returns a :class:`JobHandle` at once (the query is starting).
+
+        The job ends when the query terminates by itself (e.g. ``availableNow``), when
+        ``until()`` becomes true or :meth:`JobHandle.stop` is called (the query is then
+        stopped), after ``timeout_s`` (``TimeoutError``), or when the restart strategy gives up
+        (:class:`JobGaveUp`). A failed query is restarted on the same checkpoint location after
+        the delay the strategy gives. ``until`` and ``on_failure`` are called on the handle's
+        thread. Called from the user's driver program thread.
+        """
+        self.check_cluster_settings()
+        handle = JobHandle(self, writer, restart or FixedDelay(attempts=3, delay_s=1.0), until,
+                           poll_s, timeout_s, on_failure)
+        handle._thread.start()
+        return handle
+
     def run(self, writer: Any, *, restart: RestartStrategy | None = None,
             until: Callable[[], bool] | None = None, poll_s: float = 0.5,
             timeout_s: float | None = None,
             on_failure: Callable[[str], None] | None = None) -> RunReport:
-        """Start ``writer`` on the job's checkpoint location and keep it running.
+        """:meth:`start`, then wait until the job ends; its report, or its error raised here.
 
-        Returns when the query terminates by itself (e.g. ``availableNow``) or when ``until()``
-        becomes true (then the query is stopped). A failed query is restarted on the same
-        checkpoint location after the delay the restart strategy gives, until it gives up
-        (:class:`JobGaveUp`, naming every failure). Driver program thread; blocks.
-        """
-        from pyspark.errors import StreamingQueryException
-
-        self.check_cluster_settings()
-        strategy = restart or FixedDelay(attempts=3, delay_s=1.0)
-        report = RunReport()
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while True:
-            self._forget_failures()
-            query = writer.option("checkpointLocation", self.spark_checkpoint).start()
-            try:
-                if until is None:
-                    query.awaitTermination()
-                    report.batches += _batches(query)
-                    return report
-                while not until():
-                    if deadline is not None and time.monotonic() > deadline:
-                        query.stop()
-                        raise TimeoutError(f"job not done after {timeout_s}s; "
-                                           f"failures so far: {report.failures}")
-                    if query.awaitTermination(poll_s):
-                        report.batches += _batches(query)
-                        return report
-                report.batches += _batches(query)
-                query.stop()
-                return report
-            except StreamingQueryException as exc:
-                cause = self.failure_cause() or str(exc)
-                report.failures.append(cause)
-                if on_failure is not None:
-                    on_failure(cause)
-                report.batches += _batches(query)
-                delay = strategy.next_delay(time.monotonic())
-                if delay is None:
-                    spark_first = str(exc).strip().splitlines()[:1]
-                    raise JobGaveUp(
-                        f"{cause}\n\nThe query failed {plural(len(report.failures), 'time')} and "
-                        f"the restart strategy gave up; the cause above is the last failure"
-                        + (f". Spark reported: {spark_first[0]}" if spark_first
-                           and not cause.startswith(spark_first[0]) else "")) from exc
-                log.warning("query failed, restarting in %.1fs: %s", delay,
-                            (cause.strip().splitlines() or [""])[0])
-                report.restarts += 1
-                time.sleep(delay)
-
+        Driver program thread; blocks (Ctrl-C stops the query and re-raises)."""
+        handle = self.start(writer, restart=restart, until=until, poll_s=poll_s,
+                            timeout_s=timeout_s, on_failure=on_failure)
+        try:
+            handle.await_termination()
+        except KeyboardInterrupt:
+            handle.stop()
+            raise
+        return handle.report
 
     def failure_cause(self) -> str | None:
         """The cause of the global failure of the latest run of this job's coordinated
@@ -200,7 +184,6 @@ class CoordinatedJob:
                 return str(failure.get("cause"))
         return None
 
-
     def _forget_failures(self) -> None:
         # A failure recorded by an earlier run must not be taken for the next run's cause (that
         # run may fail before it writes its own channel.json). Driver program thread.
@@ -214,8 +197,133 @@ class CoordinatedJob:
                 log.debug("cannot remove the failure report of %s", spec.name, exc_info=True)
 
 
-def _batches(query: Any) -> int:
-    try:
-        return len(query.recentProgress)
-    except Exception:  # noqa: BLE001 - progress is informational
-        return 0
+class JobHandle:
+    """A coordinated job running in the background (:meth:`CoordinatedJob.start`).
+
+    Thread model: one daemon thread per handle ("sparkcoord-job") starts the query, watches
+    it, counts its batches and restarts it; every method here may be called from any thread.
+    ``query`` is the current ``StreamingQuery`` (a restart replaces it; None before the first
+    start and between a failure and its restart).
+    """
+
+    def __init__(self, job: CoordinatedJob, writer: Any, strategy: RestartStrategy,
+                 until: Callable[[], bool] | None, poll_s: float, timeout_s: float | None,
+                 on_failure: Callable[[str], None] | None) -> None:
+        self.job = job
+        self.report = RunReport()
+        self.query: Any = None
+        self._writer = writer
+        self._strategy = strategy
+        self._until = until
+        self._poll_s = poll_s
+        self._timeout_s = timeout_s
+        self._on_failure = on_failure
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+        self._last_counted = -1  # the highest batch id counted in the current query
+        self._thread = threading.Thread(target=self._main, name="sparkcoord-job", daemon=True)
+
+    # ------------------------------------------------------------------- any thread
+    @property
+    def restarts(self) -> int:
+        """Restarts so far."""
+        return self.report.restarts
+
+    @property
+    def failures(self) -> list[str]:
+        """The cause of every query failure so far (sparkcoord's cause where known)."""
+        return list(self.report.failures)
+
+    @property
+    def last_failure(self) -> str | None:
+        return self.report.failures[-1] if self.report.failures else None
+
+    @property
+    def running(self) -> bool:
+        """Whether the job is still running (or restarting)."""
+        return self._thread.is_alive()
+
+    def exception(self) -> BaseException | None:
+        """The error the job ended with (``JobGaveUp``, ``TimeoutError``, ...), if it ended so."""
+        return self._error
+
+    def stop(self, timeout_s: float | None = None) -> None:
+        """Stop the query (and any pending restart) and wait for the job to end. Any thread."""
+        self._stop.set()
+        self._thread.join(timeout_s)
+
+    def await_termination(self, timeout_s: float | None = None) -> bool:
+        """Wait until the job ended, at most ``timeout_s``; whether it ended. Raises the error
+        it ended with, like ``StreamingQuery.awaitTermination``. Any thread."""
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            return False
+        if self._error is not None:
+            raise self._error
+        return True
+
+    # ---------------------------------------------------------------- handle thread
+    def _main(self) -> None:
+        try:
+            self._loop()
+        except BaseException as exc:  # noqa: BLE001 - handed to await_termination
+            self._error = exc
+
+    def _loop(self) -> None:
+        from pyspark.errors import StreamingQueryException
+
+        job, report = self.job, self.report
+        deadline = None if self._timeout_s is None else time.monotonic() + self._timeout_s
+        while not self._stop.is_set():
+            job._forget_failures()
+            self._last_counted = -1
+            query = self.query = self._writer.option(
+                "checkpointLocation", job.spark_checkpoint).start()
+            try:
+                while True:
+                    if query.awaitTermination(self._poll_s):
+                        self._count_batches(query)
+                        return  # ended by itself (availableNow, or stopped by Spark)
+                    self._count_batches(query)
+                    if self._stop.is_set() or (self._until is not None and self._until()):
+                        query.stop()
+                        self._count_batches(query)
+                        return
+                    if deadline is not None and time.monotonic() > deadline:
+                        query.stop()
+                        raise TimeoutError(f"job not done after {self._timeout_s}s; "
+                                           f"failures so far: {report.failures}")
+            except StreamingQueryException as exc:
+                self._count_batches(query)
+                self.query = None
+                cause = job.failure_cause() or str(exc)
+                report.failures.append(cause)
+                if self._on_failure is not None:
+                    self._on_failure(cause)
+                delay = self._strategy.next_delay(time.monotonic())
+                if delay is None:
+                    spark_first = str(exc).strip().splitlines()[:1]
+                    raise JobGaveUp(
+                        f"{cause}\n\nThe query failed {plural(len(report.failures), 'time')} and "
+                        f"the restart strategy gave up; the cause above is the last failure"
+                        + (f". Spark reported: {spark_first[0]}" if spark_first
+                           and not cause.startswith(spark_first[0]) else "")) from exc
+                log.warning("query failed, restarting in %.1fs: %s", delay,
+                            (cause.strip().splitlines() or [""])[0])
+                report.restarts += 1
+                if self._stop.wait(delay):
+                    return
+
+    def _count_batches(self, query: Any) -> None:
+        # Spark keeps the last 100 progress reports; polled every poll_s, none is missed. A
+        # report counts if it ran a batch (an idle trigger reports the next batch id with no
+        # addBatch); batch ids only grow within a query, so a high-water mark dedups.
+        try:
+            progress = query.recentProgress
+        except Exception:  # noqa: BLE001 - progress is informational
+            return
+        for p in progress:
+            batch = p.batchId
+            if batch > self._last_counted and "addBatch" in (p.durationMs or {}):
+                self.report.batches += 1
+                self._last_counted = batch
