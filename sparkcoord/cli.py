@@ -34,6 +34,25 @@ def _run_cluster(args: argparse.Namespace) -> int:
     return 0
 
 
+def _inspect(args: argparse.Namespace) -> int:
+    """``sparkcoord inspect`` (the command's main thread): the report as text or JSON on
+    stdout; exit code 0 (no problem), 1 (problems found) or 2 (not a checkpoint directory)."""
+    import json
+
+    from sparkcoord.inspection import NotACheckpoint, inspect_checkpoint, render_text
+
+    try:
+        report = inspect_checkpoint(args.path, decode=args.decode)
+    except NotACheckpoint as exc:
+        print(f"sparkcoord inspect: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(render_text(report), end="")
+    return 1 if report["problems"] else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sparkcoord", description=sparkcoord.__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=sparkcoord.__version__)
@@ -55,7 +74,20 @@ def main(argv: list[str] | None = None) -> int:
     cluster.add_argument("--memory", default="2g", help="memory per worker")
     cluster.add_argument("--host", default="127.0.0.1", help="address everything binds to")
     sub.add_parser("env", help="show what sparkcoord runs on")
+    inspect = sub.add_parser(
+        "inspect", help="show what a checkpoint directory holds (read only); exit code 1 if a "
+                        "file is damaged or missing, 2 if the path is not a checkpoint directory")
+    inspect.add_argument("path", help="a CoordinatedJob's checkpoint_dir, or one coordinated "
+                                      "source's directory (coordination/<source>)")
+    inspect.add_argument("--json", action="store_true", help="one JSON document instead of text")
+    inspect.add_argument("--decode", action="store_true",
+                         help="unpickle coordinator snapshots and the newest subtask states to "
+                              "show their values. Unpickling runs code named in the files: use "
+                              "it only on checkpoints you trust (the job's classes must be "
+                              "importable)")
     args = parser.parse_args(argv)
+    if args.command == "inspect":
+        return _inspect(args)
     if args.command == "env":
         import pyspark
         print(f"sparkcoord {sparkcoord.__version__}")
