@@ -265,6 +265,12 @@ class JobHandle:
     # ---------------------------------------------------------------- handle thread
     def _main(self) -> None:
         try:
+            # Spark resolves a sink's format (a Python data source the user registered, too)
+            # through the JVM thread's active session; this thread has none of its own yet
+            spark = self.job.spark
+            jsession = getattr(spark, "_jsparkSession", None)  # classic PySpark only
+            if jsession is not None:
+                spark._jvm.SparkSession.setActiveSession(jsession)
             self._loop()
         except BaseException as exc:  # noqa: BLE001 - handed to await_termination
             self._error = exc
