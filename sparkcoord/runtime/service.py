@@ -426,10 +426,7 @@ class CoordinationService:
             self._prepared_events[name] = events
             if not tracker.coordinator_completed(name, checkpoint_id, snapshot):
                 return
-            if self._timeout is not None:
-                self._timeout.cancel()
-            if self._waiting is not None:
-                self._waiting.cancel()
+            self._cancel_checkpoint_timers()
             prepared = PreparedCheckpoint(checkpoint_id, tracker.snapshots(checkpoint_id))
             for op, per_subtask in self._prepared_events.items():
                 for index, payloads in enumerate(per_subtask):
@@ -450,6 +447,12 @@ class CoordinationService:
         """``fail_job`` or a callback exception (its mailbox thread)."""
         self._fail(cause)
 
+    def _cancel_checkpoint_timers(self) -> None:
+        # Under the lock: the pending checkpoint's timeout and stall warning.
+        for timer in (self._timeout, self._waiting):
+            if timer is not None:
+                timer.cancel()
+
     def _checkpoint_waiting(self, checkpoint_id: int, intervals: int) -> None:
         # Clock's timer thread: the checkpoint is still pending after ``intervals`` warnings'
         # worth of time; say who it waits for, until it is sealed, aborted or timed out.
@@ -458,18 +461,15 @@ class CoordinationService:
             if self._closed or tracker is None or tracker.pending != checkpoint_id:
                 return
             waiting = tracker.waiting_for()
+            self._waiting = self.clock.call_later(
+                self.config.stall_warning_s,
+                lambda: self._checkpoint_waiting(checkpoint_id, intervals + 1))
         if waiting:
             log.warning("checkpoint %d has waited %.0f s for %s %s to complete the checkpoint "
                         "future (it is declined after %.0f s: ServiceConfig.checkpoint_timeout_s)",
                         checkpoint_id, intervals * self.config.stall_warning_s,
                         "coordinator" if len(waiting) == 1 else "coordinators",
                         ", ".join(repr(w) for w in waiting), self.config.checkpoint_timeout_s)
-        with self._lock:
-            if self._closed or tracker.pending != checkpoint_id:
-                return
-            self._waiting = self.clock.call_later(
-                self.config.stall_warning_s,
-                lambda: self._checkpoint_waiting(checkpoint_id, intervals + 1))
 
     def _timed_out(self, checkpoint_id: int) -> None:
         with self._lock:
@@ -481,10 +481,7 @@ class CoordinationService:
     def _apply_abort(self, abort: CheckpointAbort | None) -> None:
         if abort is None:
             return
-        if self._timeout is not None:
-            self._timeout.cancel()
-        if self._waiting is not None:
-            self._waiting.cancel()
+        self._cancel_checkpoint_timers()
         for holder in self._holders.values():
             holder.checkpoint_aborted(abort.checkpoint_id)
         if abort.fail_job is not None:
@@ -516,7 +513,7 @@ class CoordinationService:
                 holder.globally_failed(cause)
             future, self._prepared = self._prepared, None
             if self._waiting is not None:
-                self._waiting.cancel()
+                self._waiting.cancel()  # the timeout stays: it aborts the checkpoint
         if future is not None and not future.done():
             future.set_exception(JobFailed(cause))
         for listener in self._failure_listeners:
@@ -537,10 +534,7 @@ class CoordinationService:
             if self._closed:
                 return
             self._closed = True
-            if self._timeout is not None:
-                self._timeout.cancel()
-            if self._waiting is not None:
-                self._waiting.cancel()
+            self._cancel_checkpoint_timers()
             holders = list(self._holders.values())
         for holder in holders:
             holder.close()

@@ -58,6 +58,20 @@ def attempt(h: CoordinatorHarness, subtask: int) -> TaskAttempt:
     return TaskAttempt(h.service.run_id, SubtaskId("op", subtask), h.epoch, 0)
 
 
+def send_as(server: ChannelServer, task: TaskAttempt, *events: Any,
+            before: Callable[[], Any] = lambda: None) -> ChannelClient:
+    """Register ``task`` on a new client, run ``before``, then send and flush each event (one
+    acknowledged round each) and close the client."""
+    client = ChannelClient(server.address, SECRET, task, ack_timeout_s=5)
+    client.register()
+    before()
+    for event in events:
+        client.send(pickle.dumps(event))
+        client.flush()
+    client.close()
+    return client
+
+
 def connect(serve: Any, server: ChannelServer) -> socket.socket:
     s = socket.create_connection(server.address, timeout=5)
     serve.sockets.append(s)
@@ -132,14 +146,8 @@ def test_a_client_that_sends_less_than_a_header_and_goes_silent_is_dropped_at_th
 def test_an_authenticated_client_may_stay_idle_longer_than_the_first_frame_deadline(
         serve, harness) -> None:
     server = serve(first_frame_timeout_s=DEADLINE)
-    client = ChannelClient(server.address, SECRET, attempt(harness, 1), ack_timeout_s=5)
-    client.register()
-    threading.Event().wait(DEADLINE + 0.3)  # idle past the deadline: real time must pass
-    client.send(pickle.dumps("late"))
-    client.flush()
-    client.send(pickle.dumps("later"))
-    client.flush()
-    client.close()
+    client = send_as(server, attempt(harness, 1), "late", "later",
+                     before=lambda: threading.Event().wait(DEADLINE + 0.3))  # idle past it
     assert client.reconnects == 0 and server.dropped_connections == 0
     harness.run()
     assert harness.coordinator.got == [(1, "late"), (1, "later")]
@@ -175,11 +183,7 @@ def test_connections_over_the_cap_are_closed_on_accept_without_a_thread_and_logg
     for s in idle[:5]:
         s.close()
     wait_until(lambda: server.open_connections == 0)
-    client = ChannelClient(server.address, SECRET, attempt(harness, 0), ack_timeout_s=5)
-    client.register()
-    client.send(pickle.dumps("after"))
-    client.flush()
-    client.close()
+    client = send_as(server, attempt(harness, 0), "after")
     assert client.reconnects == 0 and server.refused_connections == 15
     harness.run()
     assert harness.coordinator.got == [(0, "after")]

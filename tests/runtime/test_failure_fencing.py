@@ -62,6 +62,15 @@ class Journal(OperatorCoordinator):
         self._note("close")
 
 
+def journal_in_a_running_batch(journal: list[tuple[Any, ...]],
+                               raise_on: str | None = "boom") -> CoordinatorHarness:
+    """A started harness of one Journal coordinator with epoch 0 sealed (its batch running)."""
+    h = CoordinatorHarness(functools.partial(Journal, journal=journal, raise_on=raise_on), 1)
+    h.start()
+    h.checkpoint()
+    return h
+
+
 def test_a_callback_that_raises_during_the_replay_gets_no_further_event_and_no_completion(
         tmp_path: Path) -> None:
     url = f"file://{tmp_path}/ckpt"
@@ -93,9 +102,7 @@ def test_a_callback_that_raises_during_the_replay_gets_no_further_event_and_no_c
 def test_a_live_callback_that_raises_gets_none_of_the_events_after_it_nor_checkpoints_nor_completions(
 ) -> None:
     journal: list[tuple[Any, ...]] = []
-    h = CoordinatorHarness(functools.partial(Journal, journal=journal, raise_on="boom"), 1)
-    h.start()
-    h.checkpoint()
+    h = journal_in_a_running_batch(journal)
     # one burst: the three events reach the mailbox as one action
     attempt = h._attempt(0)
     codec = h.service.codec
@@ -207,9 +214,7 @@ def test_a_checkpoint_future_completed_by_a_failed_instance_from_another_thread_
 def test_a_failed_instance_is_closed_even_when_the_holder_closes_before_its_deferred_close_ran(
 ) -> None:
     journal: list[tuple[Any, ...]] = []
-    h = CoordinatorHarness(functools.partial(Journal, journal=journal, raise_on="boom"), 1)
-    h.start()
-    h.checkpoint()
+    h = journal_in_a_running_batch(journal)
     attempt = h._attempt(0)
     h.service.event_received(attempt, 0, h.service.codec.encode("boom"))  # queued, not run
     h.service.holders[h.name].close()  # queued behind it, from outside the mailbox
