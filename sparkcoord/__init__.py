@@ -25,6 +25,8 @@ from sparkcoord.core.errors import (
     EventTooLarge,
     GatewayNotReady,
     IllegalTransition,
+    RequestFailed,
+    RequestRefused,
     SparkCoordError,
     UnknownRecordVersion,
     UnknownSubtask,
@@ -44,6 +46,6 @@ __all__ = [
     "AttemptNoLongerLive", "Cancellable", "CheckpointIdRegression", "CoordinatorContext",
     "CoordinatorProvider", "CorruptRecord", "EventCodec", "EventEncodingError", "EventTooLarge",
     "ExponentialBackoff", "FailureRate", "FixedDelay", "GatewayNotReady", "IllegalTransition", "NoRestart",
-    "OperatorCoordinator", "RestartStrategy", "SparkCoordError", "SubtaskGateway",
+    "OperatorCoordinator", "RequestFailed", "RequestRefused", "RestartStrategy", "SparkCoordError", "SubtaskGateway",
     "UnknownRecordVersion", "UnknownSubtask", "WrongThread", "__version__",
 ]

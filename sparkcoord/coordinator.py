@@ -131,6 +131,34 @@ class OperatorCoordinator:
         coordinator again, in their original order.
         """
 
+    def handle_request(self, subtask: int, attempt: int, request: Any) -> Any:
+        """Answer ``request`` of subtask ``subtask`` (execution attempt ``attempt``), asked with
+        ``SubtaskContext.request`` inside a running batch. Mailbox thread.
+
+        Return the response (any picklable value), or a :class:`~concurrent.futures.Future`
+        that you complete later, from any thread (a worker that waits for more work parks
+        its future until some arrives). Fail that future to refuse the request: the task's
+        ``request`` raises :class:`~sparkcoord.core.errors.RequestRefused` with the reason.
+        An exception raised right here fails the job, as from any callback.
+
+        The contract (docs/coordinators.md, "Requests"): every request is logged before it
+        reaches you and every response before the task sees it, so a retried task or a
+        replayed batch gets the logged answer again without asking you; after a restore you
+        are handed the logged requests again, in log order, and must answer them the same way.
+        So the answer must be a deterministic function of your checkpointed state and of the
+        inputs the runtime hands you (events, requests): state that a timer or another thread
+        changed since the last checkpoint is not replayed. Once a request was answered in a
+        batch, a task retry no longer resets the coordinator: the retry continues the failed
+        attempt's history (docs/decisions.md 36).
+
+        The default refuses every request.
+        """
+        refused: Future[Any] = Future()
+        refused.set_exception(NotImplementedError(
+            f"coordinator {self.context.operator_id!r} ({type(self).__qualname__}) does not "
+            f"answer requests: implement handle_request(subtask, attempt, request)"))
+        return refused
+
     def checkpoint_coordinator(self, checkpoint_id: int, result: Future[Any]) -> None:
         """Take checkpoint ``checkpoint_id``: complete ``result`` with your state.
 

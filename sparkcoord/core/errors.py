@@ -71,3 +71,13 @@ class AttemptNoLongerLive(SparkCoordError):
     Sends to a subtask that merely has no task running (between batches, during a restore) are
     accepted and held; only a gateway whose attempt failed refuses them.
     """
+
+
+class RequestRefused(SparkCoordError):
+    """The coordinator refused a request (it failed the response future); the message names
+    the operator, the subtask, the request and the coordinator's reason."""
+
+
+class RequestFailed(SparkCoordError):
+    """A request got no answer: the job failed over, the service refused it, or it timed out.
+    The message names the operator, the subtask, the request and why."""

@@ -1,33 +1,45 @@
-"""The inbound gate: which subtask-to-coordinator events take effect.
+"""The inbound gate: which subtask-to-coordinator events and requests take effect.
 
-Rules (DESIGN.md section 2, rule 6):
-  1. Each event carries (run, subtask, epoch, Spark attempt number, sequence). It is dropped if
-     its task attempt is not the live attempt of its subtask, if its epoch is not the running
-     (sealed, uncommitted) one, or if its sequence number was already accepted (a re-send after
-     a lost acknowledgement: it is acknowledged again, not applied again).
-  2. An accepted event is appended to the epoch's durable inbound log, then put on the
-     coordinator's mailbox, then acknowledged, all in one critical section of the runtime, so
-     that log order is mailbox order across all connections.
+Rules (DESIGN.md section 2, rules 6 and 7, and docs/decisions.md 36):
+  1. Each event or request carries (run, subtask, epoch, Spark attempt number, sequence). It is
+     dropped if its task attempt is not the live attempt of its subtask, or if its epoch is not
+     the running (sealed, uncommitted) one. Events and requests of an attempt share one
+     sequence, numbered 0, 1, ... without gaps.
+  2. An accepted item is appended to the epoch's durable inbound log, then put on the
+     coordinator's mailbox, then acknowledged (an event) or answered (a request, once its
+     response is logged too), all in one critical section of the runtime, so that log order is
+     mailbox order across all connections.
   3. A task registers its attempt before sending; registrations are logged too, so that a
-     replay knows which attempt of each subtask survived. A registration with a higher Spark
-     attempt number than the live one is a task retry: the subtask's execution attempt failed,
-     and the runtime handles that (rule 7) before the new attempt's events are accepted.
-  4. Sequence numbers of an attempt start at 0 and have no gaps: a task re-sends every
-     unacknowledged event in order.
+     replay knows which attempts of each subtask survived. A registration with a higher Spark
+     attempt number than the live one (or any attempt of a later run, after a restart) is a
+     task retry: the subtask's attempt failed.
+  4. Each subtask has one *history* per epoch: the items, numbered by sequence, of the attempts
+     that survive. A re-sent item (seq below the history's length) must equal the logged one
+     byte for byte: a duplicate event is acknowledged again, a repeated request is answered
+     with the logged response; anything else is divergence (a nondeterministic subtask), which
+     the runtime turns into a global failover.
+  5. A task retry in an epoch whose log holds no request of the operator *resets*: the failed
+     attempt's history is dropped (the runtime resets the coordinator and replays the other
+     subtasks' events, rule 7). Once the operator has answered a request in the epoch, a retry
+     *adopts* the history instead: another subtask may already have acted on an answer computed
+     from it, so it must stay true; the retry re-sends it (checked, not applied again) and
+     continues it. Nothing is reset, and the coordinator is not told.
 
-Theory of operation: the gate keeps only the running epoch: the live attempt of each subtask,
-the next expected sequence number of each live attempt, and the accepted entries in order (the
-in-memory mirror of the durable log, used to replay the other subtasks' events after a task
-failure). Everything is dropped when the epoch's batch commits.
+Theory of operation: the gate keeps only the running epoch: the live attempt and history of
+each subtask, the logged responses, and every log entry in order (the in-memory mirror of the
+durable log). The same gate re-reads a durable log (:meth:`InboundGate.replayed`), applying the
+same rules without the identity checks, so a restore derives exactly what the live run decided.
+Everything is dropped when the epoch's batch commits.
 
 Thread model: none; the runtime calls it inside its inbound critical section.
 """
 
 from __future__ import annotations
 
+import bisect
 import enum
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sparkcoord.core.errors import CheckpointIdRegression
 from sparkcoord.core.ids import NO_EPOCH, SubtaskId, TaskAttempt
@@ -62,7 +74,33 @@ class EventRunEntry:
         return [EventEntry(self.attempt, self.first_seq + i, p) for i, p in enumerate(self.payloads)]
 
 
-LogEntry = RegistrationEntry | EventEntry | EventRunEntry
+@dataclass(frozen=True, slots=True)
+class RequestEntry:
+    """Log entry: item ``seq`` of ``attempt`` is a request, accepted and handed to the
+    coordinator (requests and events of an attempt share one sequence)."""
+
+    attempt: TaskAttempt
+    seq: int
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseEntry:
+    """Log entry: the coordinator's answer to request ``seq`` that ``attempt`` asked.
+
+    ``failed``: the coordinator refused the request (its future failed); ``payload`` is then
+    the reason as UTF-8 text. A task sees a response only after this entry is logged.
+    """
+
+    attempt: TaskAttempt
+    seq: int
+    payload: bytes
+    failed: bool = False
+
+
+LogEntry = RegistrationEntry | EventEntry | EventRunEntry | RequestEntry | ResponseEntry
+#: The entries that are items of a subtask's history (numbered by sequence).
+ItemEntry = EventEntry | EventRunEntry | RequestEntry
 
 
 def _events_of(entry: LogEntry) -> list[EventEntry]:
@@ -74,8 +112,8 @@ def _events_of(entry: LogEntry) -> list[EventEntry]:
 
 
 class Verdict(enum.Enum):
-    ACCEPT = "accept"        # log, enqueue, then acknowledge
-    DUPLICATE = "duplicate"  # already accepted: acknowledge again, change nothing
+    ACCEPT = "accept"        # log, enqueue, then acknowledge (a request: answer when logged)
+    DUPLICATE = "duplicate"  # already accepted: acknowledge again (answer from the log)
     REJECT = "reject"        # drop; tell the sender why
 
 
@@ -89,19 +127,25 @@ class InboundDecision:
     replaced: TaskAttempt | None = None
     #: the subtask's execution attempt number (the coordinator's view) after this input
     execution_attempt: int = 0
+    #: an accepted retry that took over the replaced attempt's history (rule 5): the runtime
+    #: resets nothing
+    adopted: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class RunDecision:
     """What to do with a run of consecutive events of one attempt, in order: the first
     ``duplicates`` were logged before (acknowledge them again), the next ``accepted`` take
-    effect (log, enqueue, then acknowledge), the last ``rejected`` are dropped for ``reason``."""
+    effect (log, enqueue, then acknowledge), the last ``rejected`` are dropped for ``reason``.
+    ``diverged``: the rejection is a re-sent item that differs from the logged one (rule 4),
+    which fails the job."""
 
     duplicates: int
     accepted: int
     rejected: int
     reason: str = ""
     execution_attempt: int = 0
+    diverged: bool = False
 
     def of_one(self, seq: int, attempt: TaskAttempt) -> InboundDecision:
         """The decision for event ``seq`` of ``attempt`` when the run holds only that event."""
@@ -113,8 +157,61 @@ class RunDecision:
         return InboundDecision(Verdict.REJECT, self.reason)
 
 
+@dataclass(frozen=True, slots=True)
+class RequestDecision:
+    """What to do with one request.
+
+    ACCEPT: log it (``self.last_entry``), hand it to the coordinator, answer once the response
+    is logged. DUPLICATE: it was logged before (a re-send, or a retry re-asking what the attempt
+    it adopted asked): answer with ``response`` if already logged, else when it is. REJECT:
+    refuse for ``reason``; ``diverged`` as in :class:`RunDecision`.
+    """
+
+    verdict: Verdict
+    reason: str = ""
+    execution_attempt: int = 0
+    diverged: bool = False
+    response: ResponseEntry | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ReplayedItem:
+    """A surviving event or request of a log, in log order, for a coordinator replay.
+
+    ``response`` is the logged answer of a request (None for events, and for a request whose
+    answer was not logged yet: the coordinator's new answer is then logged and served)."""
+
+    attempt: TaskAttempt
+    seq: int
+    payload: bytes
+    is_request: bool = False
+    response: ResponseEntry | None = None
+
+
+@dataclass(slots=True)
+class _History:
+    """The items of one subtask in the running epoch, by sequence number (rule 4)."""
+
+    attempts: set[TaskAttempt]          # the live attempt and the attempts it adopted
+    length: int = 0                     # the next sequence number
+    starts: list[int] = field(default_factory=list)       # first seq of each item entry
+    items: list[ItemEntry] = field(default_factory=list)  # in sequence order
+
+    def append(self, entry: ItemEntry, count: int) -> None:
+        self.starts.append(self.length)
+        self.items.append(entry)
+        self.length += count
+
+    def item(self, seq: int) -> tuple[bytes, bool, TaskAttempt]:
+        """(payload, is a request, the attempt that logged it) of item ``seq`` < length."""
+        entry = self.items[bisect.bisect_right(self.starts, seq) - 1]
+        if isinstance(entry, EventRunEntry):
+            return entry.payloads[seq - entry.first_seq], False, entry.attempt
+        return entry.payload, isinstance(entry, RequestEntry), entry.attempt
+
+
 class InboundGate:
-    """Admission of registrations and events for the running epoch."""
+    """Admission of registrations, events and requests for the running epoch."""
 
     def __init__(self, run: str, parallelism: Mapping[str, int],
                  last_committed: int = NO_EPOCH) -> None:
@@ -123,7 +220,9 @@ class InboundGate:
         self.running_epoch: int | None = None
         self.last_committed = last_committed
         self._live: dict[SubtaskId, TaskAttempt] = {}
-        self._next_seq: dict[TaskAttempt, int] = {}
+        self._histories: dict[SubtaskId, _History] = {}
+        self._responses: dict[tuple[SubtaskId, int], ResponseEntry] = {}
+        self._requested: set[str] = set()  # operators that accepted a request this epoch
         self._log: list[LogEntry] = []
         self._execution_attempts: dict[SubtaskId, int] = {}
 
@@ -136,6 +235,14 @@ class InboundGate:
             raise CheckpointIdRegression("epoch start", epoch, floor)
         self.running_epoch = epoch
         self._clear()
+
+    def epoch_resumed(self, epoch: int, entries: Iterable[LogEntry]) -> None:
+        """The batch of ``epoch`` runs again in this run, continuing the kept log ``entries``
+        of an earlier run (a restore to an uncommitted epoch whose log holds requests): the
+        histories they make up are adopted by this run's attempts (rule 5)."""
+        self.epoch_started(epoch)
+        for entry in entries:
+            self._replay(entry)
 
     def batch_committed(self, epoch: int) -> None:
         """Spark committed the batch of ``epoch``: its events are final, later ones dropped."""
@@ -153,9 +260,13 @@ class InboundGate:
     def live_attempt(self, subtask: SubtaskId) -> TaskAttempt | None:
         return self._live.get(subtask)
 
+    def answers_requests(self, operator: str) -> bool:
+        """Whether ``operator`` accepted a request in the running epoch (retries adopt)."""
+        return operator in self._requested
+
     # ----------------------------------------------------------------------------- inputs
     def attempt_registered(self, attempt: TaskAttempt) -> InboundDecision:
-        """A task announced ``attempt`` before sending its first event."""
+        """A task announced ``attempt`` before sending its first item."""
         sid = attempt.subtask
         problem = self._check_identity(attempt)
         if problem:
@@ -164,23 +275,33 @@ class InboundGate:
         if live == attempt:
             return InboundDecision(Verdict.DUPLICATE, "already registered",
                                    execution_attempt=self.execution_attempt(sid))
-        if live is not None and attempt.number < live.number:
+        if live is not None and live.run == attempt.run and attempt.number < live.number:
             return InboundDecision(
                 Verdict.REJECT, f"{attempt} is older than the live attempt {live.number}")
-        replaced = live
+        return self._register(attempt)
+
+    def _register(self, attempt: TaskAttempt) -> InboundDecision:
+        sid = attempt.subtask
+        replaced = self._live.get(sid)
         if replaced is None and attempt.number > 0:
             # Spark numbers a task's attempts 0, 1, ...: an earlier attempt of this task ran
             # in this epoch and failed before it registered (first attempts register lazily,
-            # with their first event). It is a retry all the same: the coordinator must hear
-            # of the failure before this attempt's events.
+            # with their first item). It is a retry all the same.
             replaced = TaskAttempt(attempt.run, sid, attempt.epoch, attempt.number - 1)
-        if replaced is not None:
-            self._execution_attempts[sid] = self.execution_attempt(sid) + 1
+        history = self._histories.get(sid)
+        adopted = replaced is not None and sid.operator in self._requested
+        if adopted:
+            if history is None:
+                history = self._histories[sid] = _History({attempt})
+            history.attempts.add(attempt)
+        else:
+            if replaced is not None:
+                self._execution_attempts[sid] = self.execution_attempt(sid) + 1
+            self._histories[sid] = _History({attempt})
         self._live[sid] = attempt
-        self._next_seq[attempt] = 0
         self._log.append(RegistrationEntry(attempt))
         return InboundDecision(Verdict.ACCEPT, replaced=replaced,
-                               execution_attempt=self.execution_attempt(sid))
+                               execution_attempt=self.execution_attempt(sid), adopted=adopted)
 
     def event_received(self, attempt: TaskAttempt, seq: int, payload: bytes) -> InboundDecision:
         """Event ``seq`` of ``attempt`` arrived. On ACCEPT the caller logs ``self.last_entry``."""
@@ -191,9 +312,10 @@ class InboundGate:
         """Events ``first_seq``, ``first_seq + 1``, ... of ``attempt`` arrived together, in order.
 
         The same rules as :meth:`event_received` for each, decided once for the run: those below
-        the next expected number are duplicates, the rest are accepted, unless the run starts
-        past the expected number (a gap) or the attempt is not live (all rejected). If any is
-        accepted, the caller logs ``self.last_entry`` (one entry for the accepted ones).
+        the history's length are duplicates (each checked against the logged item), the rest
+        are accepted, unless the run starts past the expected number (a gap) or the attempt is
+        not live (all rejected). If any is accepted, the caller logs ``self.last_entry`` (one
+        entry for the accepted ones).
         """
         sid = attempt.subtask
         live = self._live.get(sid)
@@ -202,30 +324,151 @@ class InboundGate:
             problem = self._check_identity(attempt) or (
                 f"{attempt} is not the live attempt of {sid} (live: {self._live.get(sid)})")
             return RunDecision(0, 0, n, problem)
-        expected = self._next_seq[attempt]
+        history = self._histories[sid]
+        expected = history.length
         execution_attempt = self._execution_attempts.get(sid, 0)
         if first_seq > expected:
             return RunDecision(0, 0, n, f"event {first_seq} of {attempt} arrived before event "
                                         f"{expected}", execution_attempt)
         duplicates = min(n, expected - first_seq)
+        for i in range(duplicates):
+            problem = self._differs(history, attempt, first_seq + i, payloads[i], False)
+            if problem:
+                return RunDecision(i, 0, n - i, problem, execution_attempt, diverged=True)
         accepted = n - duplicates
         if accepted:
-            self._next_seq[attempt] = expected + accepted
-            self._log.append(EventEntry(attempt, expected, payloads[duplicates]) if accepted == 1
-                             else EventRunEntry(attempt, expected, payloads[duplicates:]))
+            entry: ItemEntry = (EventEntry(attempt, expected, payloads[duplicates]) if accepted == 1
+                                else EventRunEntry(attempt, expected, payloads[duplicates:]))
+            history.append(entry, accepted)
+            self._log.append(entry)
         return RunDecision(duplicates, accepted, 0, "", execution_attempt)
+
+    def request_received(self, attempt: TaskAttempt, seq: int, payload: bytes) -> RequestDecision:
+        """Request ``seq`` of ``attempt`` arrived. On ACCEPT the caller logs ``self.last_entry``,
+        hands the request to the coordinator, and answers once :meth:`response_recorded` took
+        the answer."""
+        sid = attempt.subtask
+        live = self._live.get(sid)
+        if live is not attempt and live != attempt:
+            problem = self._check_identity(attempt) or (
+                f"{attempt} is not the live attempt of {sid} (live: {live})")
+            return RequestDecision(Verdict.REJECT, problem)
+        history = self._histories[sid]
+        execution_attempt = self._execution_attempts.get(sid, 0)
+        if seq > history.length:
+            return RequestDecision(Verdict.REJECT, f"request {seq} of {attempt} arrived before "
+                                                   f"item {history.length}", execution_attempt)
+        if seq < history.length:
+            problem = self._differs(history, attempt, seq, payload, True)
+            if problem:
+                return RequestDecision(Verdict.REJECT, problem, execution_attempt, diverged=True)
+            return RequestDecision(Verdict.DUPLICATE, execution_attempt=execution_attempt,
+                                   response=self._responses.get((sid, seq)))
+        entry = RequestEntry(attempt, seq, payload)
+        history.append(entry, 1)
+        self._log.append(entry)
+        self._requested.add(sid.operator)
+        return RequestDecision(Verdict.ACCEPT, execution_attempt=execution_attempt)
+
+    def response_recorded(self, asked_by: TaskAttempt, seq: int, payload: bytes,
+                          failed: bool = False) -> ResponseEntry | None:
+        """The coordinator answered request ``seq`` that ``asked_by`` asked. Returns the entry
+        to log (the caller logs it, then answers whoever waits), or None when the request is
+        no longer part of the running epoch (its batch ended, or it was answered already)."""
+        sid = asked_by.subtask
+        history = self._histories.get(sid)
+        if (asked_by.epoch != self.running_epoch or history is None
+                or asked_by not in history.attempts or (sid, seq) in self._responses
+                or seq >= history.length):
+            return None
+        entry = ResponseEntry(asked_by, seq, payload, failed)
+        self._responses[(sid, seq)] = entry
+        self._log.append(entry)
+        return entry
+
+    def response_of(self, subtask: SubtaskId, seq: int) -> ResponseEntry | None:
+        """The logged answer to item ``seq`` of ``subtask``'s history, if any."""
+        return self._responses.get((subtask, seq))
 
     @property
     def last_entry(self) -> LogEntry:
         """The entry that the last ACCEPT added (the runtime appends it to the durable log)."""
         return self._log[-1]
 
+    # ---------------------------------------------------------------------------- replays
+    def surviving_items(self, operator: str | None = None, excluding: SubtaskId | None = None
+                        ) -> list[ReplayedItem]:
+        """Events and requests of the surviving histories (of ``operator``, or all), in log
+        order: what a coordinator reset or a restore hands to the coordinator again."""
+        histories = self._histories
+        out: list[ReplayedItem] = []
+        for entry in self._log:
+            if isinstance(entry, (RegistrationEntry, ResponseEntry)):
+                continue
+            sid = entry.attempt.subtask
+            if sid == excluding or (operator is not None and sid.operator != operator):
+                continue
+            history = histories.get(sid)
+            if history is None or entry.attempt not in history.attempts:
+                continue
+            if isinstance(entry, RequestEntry):
+                out.append(ReplayedItem(entry.attempt, entry.seq, entry.payload, True,
+                                        self._responses.get((sid, entry.seq))))
+            else:
+                out.extend(ReplayedItem(e.attempt, e.seq, e.payload) for e in _events_of(entry))
+        return out
+
     def surviving_events(self, operator: str, excluding: SubtaskId | None = None
                          ) -> list[EventEntry]:
-        """Accepted events of ``operator``'s live attempts, in log order (for a replay)."""
-        return [e for entry in self._log for e in _events_of(entry)
-                if e.attempt.subtask.operator == operator
-                and e.attempt.subtask != excluding and self._live.get(e.attempt.subtask) == e.attempt]
+        """Accepted events of ``operator``'s surviving histories, in log order."""
+        return [EventEntry(i.attempt, i.seq, i.payload)
+                for i in self.surviving_items(operator, excluding) if not i.is_request]
+
+    @classmethod
+    def replayed(cls, entries: Iterable[LogEntry]) -> InboundGate:
+        """A gate that re-read a durable log: the same rules, without identity checks (the
+        entries were admitted by a live gate when they were logged)."""
+        gate = cls("", {})
+        for entry in entries:
+            gate._replay(entry)
+        return gate
+
+    def _replay(self, entry: LogEntry) -> None:
+        if isinstance(entry, RegistrationEntry):
+            if self._live.get(entry.attempt.subtask) != entry.attempt:
+                self._register(entry.attempt)
+            else:
+                self._log.append(entry)
+            return
+        if isinstance(entry, ResponseEntry):
+            sid = entry.attempt.subtask
+            self._responses.setdefault((sid, entry.seq), entry)
+            self._log.append(entry)
+            return
+        sid = entry.attempt.subtask
+        history = self._histories.get(sid)
+        if history is None:  # a log written without registrations (tools, old tests)
+            history = self._histories[sid] = _History({entry.attempt})
+            self._live[sid] = entry.attempt
+        count = len(entry.payloads) if isinstance(entry, EventRunEntry) else 1
+        history.append(entry, count)
+        self._log.append(entry)
+        if isinstance(entry, RequestEntry):
+            self._requested.add(sid.operator)
+
+    # ---------------------------------------------------------------------------- helpers
+    def _differs(self, history: _History, attempt: TaskAttempt, seq: int, payload: bytes,
+                 is_request: bool) -> str:
+        logged, logged_is_request, logged_by = history.item(seq)
+        if logged == payload and logged_is_request == is_request:
+            return ""
+        what = "request" if is_request else "event"
+        was = "a request" if logged_is_request else "an event"
+        how = "different bytes" if logged_is_request == is_request else f"it was {was}"
+        return (f"nondeterministic subtask: {attempt.subtask} re-sent item {seq} of epoch "
+                f"{attempt.epoch} as {what} with {how} than logged from {logged_by} "
+                f"({len(payload)} vs {len(logged)} bytes); a retried or replayed task must send "
+                f"the same events and requests in the same order")
 
     def _check_identity(self, attempt: TaskAttempt) -> str:
         sid = attempt.subtask
@@ -244,20 +487,24 @@ class InboundGate:
 
     def _clear(self) -> None:
         self._live.clear()
-        self._next_seq.clear()
+        self._histories.clear()
+        self._responses.clear()
+        self._requested.clear()
         self._log.clear()
 
 
-def surviving_events(entries: Iterable[LogEntry]) -> list[EventEntry]:
-    """The events of a durable inbound log that a restore replays, in log order.
+def surviving_items(entries: Iterable[LogEntry]) -> list[ReplayedItem]:
+    """The events and requests of a durable inbound log that a restore replays, in log order,
+    each request with its logged answer (the same rules as the live gate: rule 5)."""
+    return InboundGate.replayed(entries).surviving_items()
 
-    Only the last registered attempt of each subtask survived: a task retry registers after
-    the attempt it replaces, and speculation (two live attempts) is refused at start.
-    """
-    entries = list(entries)
-    survivor: dict[SubtaskId, TaskAttempt] = {}
-    for entry in entries:
-        if isinstance(entry, RegistrationEntry):
-            survivor[entry.attempt.subtask] = entry.attempt
-    return [e for entry in entries for e in _events_of(entry)
-            if survivor.get(e.attempt.subtask) == e.attempt]
+
+def surviving_events(entries: Iterable[LogEntry]) -> list[EventEntry]:
+    """The events of a durable inbound log that a restore replays, in log order."""
+    return [EventEntry(i.attempt, i.seq, i.payload)
+            for i in surviving_items(entries) if not i.is_request]
+
+
+def operators_with_requests(entries: Iterable[LogEntry]) -> set[str]:
+    """The operators that accepted a request in a log (a restore keeps their history)."""
+    return {e.attempt.subtask.operator for e in entries if isinstance(e, RequestEntry)}

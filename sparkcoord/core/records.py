@@ -7,13 +7,15 @@ binary fields, not pickle: a checkpoint file is parsed without running code from
 snapshot payloads inside it stay opaque bytes until the user's code decodes them).
 
 Inbound logs are a sequence of *frames* (length, CRC-32, body) appended one by one. A frame holds
-a registration, one event, or a run of consecutive events of one attempt that were accepted
-together (acknowledged together, so they are durable together). A frame whose checksum fails is
+a registration (kind 0), one event (1), a run of consecutive events of one attempt that were
+accepted together (2; acknowledged together, so they are durable together), a request (3) or
+the coordinator's response to one (4; logged before the task sees it). A frame whose checksum fails is
 damage wherever it is, the last frame included: an append that a crash cut short leaves a
 *short* frame, never a full-length one with other bytes in it. A short last frame is a torn
 write; only a reader that may see the log of a batch that never committed may drop it
 (``allow_torn_tail``); the restore reads only logs of committed batches, in which every frame was
-acknowledged, and there it is an error (docs/decisions.md 33). A *log seal* (written when the
+acknowledged, and there it is an error (docs/decisions.md 33); a restore to an uncommitted
+batch whose log holds requests keeps that log (decision 36) and may drop a torn tail. A *log seal* (written when the
 batch commits) records the log's length and CRC-32, so that a log cut at a frame boundary or
 missing whole frames is detected too.
 
@@ -30,7 +32,14 @@ from dataclasses import dataclass, field
 
 from sparkcoord.core.errors import CorruptRecord, UnknownRecordVersion
 from sparkcoord.core.ids import SubtaskId, TaskAttempt
-from sparkcoord.core.inbound import EventEntry, EventRunEntry, LogEntry, RegistrationEntry
+from sparkcoord.core.inbound import (
+    EventEntry,
+    EventRunEntry,
+    LogEntry,
+    RegistrationEntry,
+    RequestEntry,
+    ResponseEntry,
+)
 
 MAGIC = b"SPCO"
 FORMAT_VERSION = 1
@@ -226,6 +235,14 @@ def encode_log_entry(entry: LogEntry) -> bytes:
         body = b"".join([_log_prefix(a, 2),
                          _ATTEMPT.pack(a.subtask.index, a.epoch, a.number, entry.first_seq),
                          struct.pack(f">I{n}I", n, *map(len, payloads)), *payloads])
+    elif isinstance(entry, RequestEntry):
+        payload = entry.payload
+        body = b"".join([_log_prefix(a, 3), _ATTEMPT.pack(a.subtask.index, a.epoch, a.number, entry.seq),
+                         _U32.pack(len(payload)), payload])
+    elif isinstance(entry, ResponseEntry):
+        payload = entry.payload
+        body = b"".join([_log_prefix(a, 4), _ATTEMPT.pack(a.subtask.index, a.epoch, a.number, entry.seq),
+                         _U32.pack(1 if entry.failed else 0), _U32.pack(len(payload)), payload])
     else:
         body = _log_prefix(a, 0) + _ATTEMPT.pack(a.subtask.index, a.epoch, a.number, 0)
     return _FRAME.pack(len(body), zlib.crc32(body)) + body
@@ -346,6 +363,15 @@ def _decode_entry(r: _Reader) -> LogEntry:
     if kind == 0:
         r.done()
         return RegistrationEntry(attempt)
+    if kind == 3:
+        payload = r.blob()
+        r.done()
+        return RequestEntry(attempt, seq, payload)
+    if kind == 4:
+        failed = r.u32()
+        payload = r.blob()
+        r.done()
+        return ResponseEntry(attempt, seq, payload, bool(failed))
     raise CorruptRecord(f"{r.what}: unknown entry kind {kind}")
 
 

@@ -78,13 +78,21 @@ class HolderListener(Protocol):
     def coordinator_failed(self, name: str, cause: str) -> None: ...
 
 
+#: Where a coordinator's answer to a request goes: ``answered(payload, failed)`` with the
+#: pickled response, or (``failed``) the refusal's reason as UTF-8 text. Called on the thread
+#: that produced the answer (the mailbox, or whichever thread completed the future).
+Answered = Callable[[bytes, bool], None]
+
+
 @dataclass(frozen=True, slots=True)
 class ReplayedEvent:
-    """An inbound event handed to a coordinator again after a reset."""
+    """An inbound event (or, with ``answered``, a request) handed to a coordinator again after
+    a reset or at a restore."""
 
     subtask: int
     attempt: int
     event: Any
+    answered: Answered | None = None
 
 
 class CoordinatorHolder:
@@ -180,6 +188,11 @@ class CoordinatorHolder:
                     self._callback("handle_event_from_operator", subtask, attempt, event)
         self._submit(run)
 
+    def deliver_request(self, subtask: int, attempt: int, request: Any, answered: Answered) -> None:
+        """An accepted request, as one mailbox action (inbound critical section): the
+        coordinator's ``handle_request``, and ``answered`` once its answer exists (rule 7)."""
+        self._submit(lambda: self._ask(subtask, attempt, request, answered))
+
     def subtask_failed(self, subtask: int, old_attempt: int, reason: str, checkpoint_id: int,
                        snapshot: bytes | None, replay: Sequence[ReplayedEvent]) -> None:
         """A task of ``subtask`` was retried inside the batch of ``checkpoint_id`` (rule 7).
@@ -273,7 +286,48 @@ class CoordinatorHolder:
             self._callback("execution_attempt_ready", subtask, attempt,
                            _Gateway(self, self.generation, subtask, attempt))
         for item in replay:
-            self._callback("handle_event_from_operator", item.subtask, item.attempt, item.event)
+            if item.answered is not None:
+                self._ask(item.subtask, item.attempt, item.event, item.answered)
+            else:
+                self._callback("handle_event_from_operator", item.subtask, item.attempt, item.event)
+
+    def _ask(self, subtask: int, attempt: int, request: Any, answered: Answered) -> None:
+        # Mailbox thread. The answer is pickled where it is produced (here, or in the thread
+        # that completes the future), and handed on only while this instance still runs: a
+        # fenced instance's answers match no surviving state (the service fails the waiters).
+        generation = self.generation
+        result = self._callback("handle_request", subtask, attempt, request)
+        if result is _CALLBACK_FAILED:
+            return
+        if isinstance(result, Future):
+            result.add_done_callback(
+                lambda f: self._answer(generation, subtask, request, f, answered))
+        else:
+            self._answer(generation, subtask, request, result, answered)
+
+    def _answer(self, generation: int, subtask: int, request: Any, result: Any,
+                answered: Answered) -> None:
+        failed = False
+        if isinstance(result, Future):
+            if result.cancelled():
+                payload, failed = b"the response future was cancelled", True
+            elif result.exception() is not None:
+                payload, failed = f"{result.exception()!r}".encode(), True
+            else:
+                result = result.result()
+        if not failed:
+            try:
+                payload = self.codec.encode(result)
+            except SparkCoordError as exc:
+                context = self._context
+                cause = (f"coordinator {self.name!r} answered request {request!r} of subtask "
+                         f"{subtask} with a response it cannot send: {exc}")
+                self._run_or_submit(lambda: self._report_failure(
+                    generation if context is None else context.generation, cause))
+                return
+        if generation != self.generation or self._globally_failed:
+            return
+        answered(payload, failed)
 
     def _fence(self, defer_close: bool = False) -> None:
         old, self.coordinator = self.coordinator, None
@@ -378,20 +432,23 @@ class CoordinatorHolder:
             if not fut.done():
                 fut.set_exception(error)
 
-    def _callback(self, method: str, *args: Any) -> None:
+    def _callback(self, method: str, *args: Any) -> Any:
+        """Call the coordinator's ``method``; its result, or ``_CALLBACK_FAILED`` when there is
+        no running instance or it raised (which fails the job)."""
         coordinator = self.coordinator
         if coordinator is None or self._globally_failed:
-            return
+            return _CALLBACK_FAILED
         if not self.mailbox.in_mailbox_thread():
             raise WrongThread(f"{method}() of coordinator {self.name!r} called outside its mailbox")
         generation = self.generation
         self._began += 1
         self._busy = f"{method}()"
         try:
-            getattr(coordinator, method)(*args)
+            return getattr(coordinator, method)(*args)
         except Exception as exc:  # noqa: BLE001 - any user exception fails the job
             self._report_failure(generation, f"coordinator {self.name!r} raised in {method}(): "
                                              f"{exc!r}{user_traceback(exc)}")
+            return _CALLBACK_FAILED
         finally:
             self._busy = None
 
@@ -404,6 +461,9 @@ class CoordinatorHolder:
         # completion notice, its timers. close() follows once the failing callback returned.
         self._fence(defer_close=True)
         self.listener.coordinator_failed(self.name, cause)
+
+
+_CALLBACK_FAILED = object()  # what _callback returns when no callback ran to its end
 
 
 def _name_of(action: Callable[[], None]) -> str:

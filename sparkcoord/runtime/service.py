@@ -38,20 +38,28 @@ from typing import Any
 from sparkcoord.coordinator import Cancellable, CoordinatorProvider
 from sparkcoord.core.checkpoints import CheckpointAbort, CheckpointTracker
 from sparkcoord.core.codec import EventCodec
-from sparkcoord.core.errors import CorruptRecord, IllegalTransition, SparkCoordError
+from sparkcoord.core.errors import (
+    CorruptRecord,
+    IllegalTransition,
+    RequestFailed,
+    SparkCoordError,
+)
 from sparkcoord.core.ids import NO_EPOCH, SubtaskId, TaskAttempt
 from sparkcoord.core.inbound import (
     InboundDecision,
     InboundGate,
+    LogEntry,
+    ReplayedItem,
+    ResponseEntry,
     RunDecision,
     Verdict,
-    surviving_events,
+    operators_with_requests,
 )
 from sparkcoord.core.records import CheckpointRecord, encode_log_entry
 from sparkcoord.core.restore import RestorePoint, RestorePointDetector
 from sparkcoord.runtime.clock import Clock, SystemClock
 from sparkcoord.runtime.config import ServiceConfig as ServiceConfig  # re-exported: its old home
-from sparkcoord.runtime.holder import CoordinatorHolder, ReplayedEvent
+from sparkcoord.runtime.holder import Answered, CoordinatorHolder, ReplayedEvent
 from sparkcoord.runtime.mailbox import Mailbox, ThreadMailbox
 from sparkcoord.runtime.storage import CheckpointStorage
 
@@ -122,6 +130,8 @@ class CoordinationService:
         self._waiting: Cancellable | None = None  # the pending checkpoint's stall warning
         self._failing = False
         self._closed = False
+        # tasks waiting for the answer to item seq of a subtask's history (rule 5)
+        self._waiters: dict[tuple[SubtaskId, int], Future[ResponseEntry]] = {}
 
     # ---------------------------------------------------------------- driver adapter calls
     def latest_offset_called(self, start_epoch: int) -> None:
@@ -165,8 +175,12 @@ class CoordinationService:
             # error naming it (and the same error comes back at every restart: it needs a person)
             try:
                 record = self.storage.read_record(epoch) if epoch != NO_EPOCH else None
-                logged = (self.storage.read_inbound_log(epoch, remember=True)
-                          if point.replays_inbound_log else [])
+                if point.replays_inbound_log:
+                    logged = self.storage.read_inbound_log(epoch, remember=True)
+                elif epoch != NO_EPOCH:
+                    logged = self.storage.read_uncommitted_inbound_log(epoch)
+                else:
+                    logged = []
             except CorruptRecord as exc:
                 what = "committed" if point.committed else "logged, not committed,"
                 self._fail(f"cannot restore the checkpoint of epoch {epoch} ({what} in Spark's "
@@ -183,14 +197,17 @@ class CoordinationService:
                 last_committed=epoch - 1 if epoch != NO_EPOCH else NO_EPOCH)
             replay: dict[str, list[ReplayedEvent]] = {name: [] for name in names}
             if point.replays_inbound_log:
-                for entry in surviving_events(logged):
-                    sid = entry.attempt.subtask
-                    if sid.operator in replay:
-                        replay[sid.operator].append(
-                            ReplayedEvent(sid.index, 0, self.codec.decode(entry.payload)))
+                items = InboundGate.replayed(logged).surviving_items()
             elif epoch != NO_EPOCH:
-                self.storage.start_inbound_log(epoch)  # truncates it durably first
-                self._gate.epoch_started(epoch)
+                items = self._resume_epoch(epoch, logged)
+            else:
+                items = []
+            for item in items:
+                sid = item.attempt.subtask
+                if sid.operator in replay:
+                    replay[sid.operator].append(ReplayedEvent(
+                        sid.index, 0, self.codec.decode(item.payload),
+                        self._replay_answer(item) if item.is_request else None))
             for spec in self.specs.values():
                 holder = CoordinatorHolder(
                     spec.name, spec.provider, spec.parallelism, self._mailbox_factory(spec.name),
@@ -202,6 +219,49 @@ class CoordinationService:
         if point.replays_inbound_log:
             self.batch_committed(epoch)
 
+    def _resume_epoch(self, epoch: int, logged: list[LogEntry]) -> list[ReplayedItem]:
+        # Under the lock, at a restore to the uncommitted epoch ``epoch`` (its batch runs
+        # again). Operators that answered requests in it keep their history: tasks of the
+        # previous run may have acted on those answers (and a sink may have kept that output),
+        # so the batch's new tasks adopt it (decision 36). For every other operator the log is
+        # truncated, as DESIGN rule 8 says. The kept entries replace the log durably before
+        # anything else, and the coordinators get them again, as after a committed batch.
+        assert self._gate is not None
+        keep = operators_with_requests(logged)
+        kept = [e for e in logged if e.attempt.subtask.operator in keep]
+        self.storage.start_inbound_log(epoch, b"".join(encode_log_entry(e) for e in kept))
+        self._gate.epoch_resumed(epoch, kept)
+        if kept:
+            log.info("epoch %d runs again with the logged history of %s (%d entries): its "
+                     "tasks get the logged answers", epoch, ", ".join(sorted(keep)), len(kept))
+        return self._gate.surviving_items()
+
+    def _replay_answer(self, item: ReplayedItem) -> Answered:
+        """Where the answer to a replayed request goes: compared with the logged answer (a
+        different one means the coordinator is not deterministic, and fails the job), or, if
+        none was logged (the batch runs again), logged and served like a live answer."""
+        attempt, seq, logged = item.attempt, item.seq, item.response
+
+        def answered(payload: bytes, failed: bool) -> None:
+            if logged is None:
+                self._response_ready(attempt, seq, payload, failed)
+                return
+            if (logged.payload, logged.failed) == (payload, failed) or (
+                    not failed and not logged.failed and self._same_value(logged.payload, payload)):
+                return
+            self._fail(f"nondeterministic coordinator {attempt.subtask.operator!r}: replaying "
+                       f"request {seq} of {attempt.subtask} in epoch {attempt.epoch} gave a "
+                       f"different answer than the logged one, which the task already used; "
+                       f"handle_request must answer from the checkpointed state and the "
+                       f"replayed inputs only (docs/coordinators.md, Requests)")
+        return answered
+
+    def _same_value(self, a: bytes, b: bytes) -> bool:
+        try:
+            return bool(self.codec.decode(a) == self.codec.decode(b))
+        except Exception:  # noqa: BLE001 - a response that does not unpickle is not equal
+            return False
+
     def batch_committed(self, epoch: int) -> None:
         """Spark committed the batch of ``epoch``: complete its futures, notify, prune.
 
@@ -212,6 +272,7 @@ class CoordinationService:
             if not tracker.batch_committed(epoch):
                 return
             gate.batch_committed(epoch)
+            self._fail_waiters(f"the batch of epoch {epoch} committed")  # none expected
             # the gate admits nothing more for this epoch: its log is final
             try:
                 self.storage.seal_inbound_log(epoch)
@@ -299,7 +360,7 @@ class CoordinationService:
             assert self._gate is not None
             decision = self._gate.attempt_registered(attempt)
             if decision.verdict is Verdict.ACCEPT:
-                if decision.replaced is not None:
+                if decision.replaced is not None and not decision.adopted:
                     self._subtask_failed(attempt, decision)
                 self._append(attempt.epoch)
             return decision
@@ -366,13 +427,84 @@ class CoordinationService:
                                      events[start:start + decision.accepted]))
             if entries:
                 self._append_many(accepted[-1][0].epoch, entries)
+            diverged = next((d.reason for d in decisions if d.diverged), None)
             by_operator: dict[str, list[tuple[int, int, list[Any]]]] = {}
             for attempt, execution_attempt, events in accepted:  # one connection: one operator
                 by_operator.setdefault(attempt.subtask.operator, []).append(
                     (attempt.subtask.index, execution_attempt, events))
             for operator, items in by_operator.items():
                 self._holders[operator].deliver_many(items)
-            return decisions
+        if diverged is not None:
+            self._fail(diverged)
+        return decisions
+
+    def request_received(self, attempt: TaskAttempt, seq: int, payload: bytes
+                         ) -> Future[ResponseEntry]:
+        """Request ``seq`` of ``attempt`` arrived (channel thread). Returns the future of its
+        logged answer: the channel sends it to the task once it resolves, or the future's
+        error (:class:`~sparkcoord.core.errors.RequestFailed`) when it fails.
+
+        The request is decided by the gate, logged, and handed to the coordinator in the
+        inbound critical section (rule 3); a repeated request (a re-send, or a retry that
+        adopted the history: DESIGN 2b) gets the logged answer without reaching the
+        coordinator again. A repeated request whose bytes differ fails the job.
+        """
+        answer: Future[ResponseEntry] = Future()
+        try:
+            request = self.codec.decode(payload)  # unpickled before it is logged (decision 6)
+        except Exception as exc:  # noqa: BLE001 - unpickling raises anything
+            answer.set_exception(RequestFailed(f"request {seq} of {attempt} cannot be unpickled "
+                                               f"on the driver: {exc!r}"))
+            return answer
+        with self._lock:
+            refusal = self._inbound_refusal()
+            if refusal:
+                answer.set_exception(RequestFailed(refusal))
+                return answer
+            gate = self._gate
+            assert gate is not None
+            decision = gate.request_received(attempt, seq, payload)
+            sid = attempt.subtask
+            if decision.verdict is Verdict.REJECT:
+                answer.set_exception(RequestFailed(decision.reason))
+                if not decision.diverged:
+                    return answer
+            elif decision.verdict is Verdict.DUPLICATE:
+                if decision.response is not None:
+                    answer.set_result(decision.response)
+                    return answer
+                return self._waiters.setdefault((sid, seq), answer)
+            else:
+                self._append(attempt.epoch)
+                self._waiters[(sid, seq)] = answer
+                self._holders[sid.operator].deliver_request(
+                    sid.index, decision.execution_attempt, request,
+                    lambda data, failed: self._response_ready(attempt, seq, data, failed))
+                return answer
+        self._fail(decision.reason)  # diverged: outside the lock, like every failure
+        return answer
+
+    def _response_ready(self, asked_by: TaskAttempt, seq: int, payload: bytes,
+                        failed: bool) -> None:
+        # The coordinator's thread that produced the answer: log it, then hand it to the task
+        # waiting for it (if any: a retry that adopts the history may ask later).
+        with self._lock:
+            if self._closed or self.failure is not None or self._gate is None:
+                return
+            entry = self._gate.response_recorded(asked_by, seq, payload, failed)
+            if entry is None:
+                return
+            self._append(asked_by.epoch)
+            waiter = self._waiters.pop((asked_by.subtask, seq), None)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(entry)
+
+    def _fail_waiters(self, why: str) -> None:
+        # Under the lock or not: every task waiting for an answer learns that none will come.
+        waiters, self._waiters = self._waiters, {}
+        for (sid, seq), waiter in waiters.items():
+            if not waiter.done():
+                waiter.set_exception(RequestFailed(f"request {seq} of {sid}: {why}"))
 
     def _inbound_refusal(self) -> str:
         # Under the lock. A closed service refuses too: a straggler task of an ended run must
@@ -514,6 +646,7 @@ class CoordinationService:
             future, self._prepared = self._prepared, None
             if self._waiting is not None:
                 self._waiting.cancel()  # the timeout stays: it aborts the checkpoint
+            self._fail_waiters(f"the job failed: {cause}")
         if future is not None and not future.done():
             future.set_exception(JobFailed(cause))
         for listener in self._failure_listeners:
@@ -535,6 +668,7 @@ class CoordinationService:
                 return
             self._closed = True
             self._cancel_checkpoint_timers()
+            self._fail_waiters("the coordination service of this run is closed")
             holders = list(self._holders.values())
         for holder in holders:
             holder.close()

@@ -54,7 +54,7 @@ from sparkcoord.core.records import (
     encode_checkpoint,
     encode_log_seal,
 )
-from sparkcoord.runtime.files import Files, FsspecFiles, LocalFiles, fsync_directory
+from sparkcoord.runtime.files import Files, FsspecFiles, LocalFiles
 from sparkcoord.runtime.subtask_state import SubtaskStateStore
 
 
@@ -130,24 +130,44 @@ class CheckpointStorage:
     def _seal_path(self, epoch: int) -> str:
         return self._path("inbound", f"{epoch}.sealed")
 
-    def start_inbound_log(self, epoch: int) -> None:
-        """Begin an empty inbound log for ``epoch``, discarding any garbage one.
+    def start_inbound_log(self, epoch: int, initial: bytes = b"") -> None:
+        """Begin the inbound log of ``epoch`` holding only ``initial`` (framed entries; empty
+        by default), discarding any garbage one.
 
         Called by the service (driver thread) when ``epoch`` is sealed, before its offset is
-        handed to Spark, and at a restore to an uncommitted epoch: so the log of every epoch
-        Spark logged exists (rule 4)."""
-        self.truncate_inbound_log(epoch)
-        self._log_epoch = epoch
+        handed to Spark, and at a restore to an uncommitted epoch (with the entries it keeps,
+        decision 36): so the log of every epoch Spark logged exists (rule 4). A local log is
+        replaced atomically (a new file renamed over the old one); on an object store the old
+        segments are deleted first, then the ``begin`` object is written with ``initial``."""
         if self._local:
+            if self._log_epoch == epoch:
+                self._close_log()
+            self._log_sums.pop(epoch, None)
+            self.files.remove(self._seal_path(epoch))
+            self.files.write_atomic(self._log_path(epoch), initial, fsync=self.fsync)
+            self._log_epoch = epoch
             self._log_file = open(self._log_path(epoch), "ab")  # noqa: SIM115 - kept open
-            if self.fsync:  # the new (empty) log's directory entry, durably
-                fsync_directory(self._path("inbound"))
         else:
+            self.truncate_inbound_log(epoch)
+            self._log_epoch = epoch
             # an object store has no empty directories: this object says the log exists
-            self.files.write_atomic(posixpath.join(self._segment_dir(epoch), "begin"), b"",
+            self.files.write_atomic(posixpath.join(self._segment_dir(epoch), "begin"), initial,
                                     fsync=self.fsync)
         self._segments = 0
-        self._log_sums[epoch] = (0, 0)
+        self._log_sums[epoch] = (len(initial), zlib.crc32(initial))
+
+    def read_uncommitted_inbound_log(self, epoch: int) -> list[LogEntry]:
+        """The entries of the inbound log of ``epoch``, whose batch Spark logged but did not
+        commit: a missing log reads as empty, a torn last frame (never acknowledged) is
+        dropped, any other damage raises :class:`CorruptRecord` naming the file. Called by the
+        service (driver thread) at a restore to an uncommitted epoch."""
+        try:
+            parts = self._log_parts(epoch)
+        except RecordNotFound:
+            return []
+        data = b"".join(part for _, part in parts)
+        where = parts[0][0] if len(parts) == 1 else self._segment_dir(epoch)
+        return decode_log(data, where, allow_torn_tail=True)[0]
 
     def append_inbound(self, epoch: int, frame: bytes) -> None:
         """Append one framed entry to the log of ``epoch`` and flush it (critical section)."""
@@ -203,8 +223,11 @@ class CheckpointStorage:
             missing = sorted(set(expected) - set(segments))[:1] or expected[-1:]
             raise RecordNotFound(f"{seg_dir}: segment {missing[0]} of the inbound log of epoch "
                                  f"{epoch} is missing (segments are numbered from 0 without gaps)")
-        return [(posixpath.join(seg_dir, n), self.files.read(posixpath.join(seg_dir, n)))
-                for n in segments]
+        begin = posixpath.join(seg_dir, "begin")
+        head = self.files.read(begin)  # the entries a restore kept (decision 36), usually none
+        return ([(begin, head)] if head else []) + [
+            (posixpath.join(seg_dir, n), self.files.read(posixpath.join(seg_dir, n)))
+            for n in segments]
 
     def read_inbound_log(self, epoch: int, *, remember: bool = False) -> list[LogEntry]:
         """Every entry of the inbound log of the committed batch of ``epoch``, verified.
