@@ -19,6 +19,7 @@ from sparkcoord.coordinator import (
     SubtaskGateway,
 )
 from sparkcoord.core.codec import EventCodec
+from sparkcoord.core.errors import RequestRefused
 from sparkcoord.core.ids import SubtaskId, TaskAttempt
 from sparkcoord.core.inbound import InboundDecision, Verdict
 from sparkcoord.core.restore import FRESH, RestorePoint
@@ -275,6 +276,45 @@ class CoordinatorHarness:
             raise InputRefused(f"the event {event!r} of subtask {subtask} was refused: "
                                f"{decision.reason}")
         return decision
+
+    def ask_from_subtask(self, subtask: int, request: Any, seq: int | None = None) -> Future[Any]:
+        """Ask ``request`` as the current task attempt of ``subtask`` in the running batch (its
+        next item, or item ``seq``: requests and events share one sequence) and run the
+        mailbox. Returns the future of the decoded answer: it fails with
+        :class:`~sparkcoord.core.errors.RequestRefused` when the coordinator refused, and
+        with :class:`~sparkcoord.core.errors.RequestFailed` when the service did."""
+        self._require_running_batch(f"ask_from_subtask({subtask}, {request!r})")
+        attempt = self._attempt(subtask)
+        if seq is None:
+            seq = self._seqs.get(attempt, 0)
+        logged = self.service.request_received(attempt, seq, self.service.codec.encode(request))
+        self._seqs[attempt] = max(self._seqs.get(attempt, 0), seq + 1)
+        answer: Future[Any] = Future()
+        codec = self.service.codec
+
+        def done(f: Future[Any]) -> None:
+            if f.exception() is not None:
+                answer.set_exception(f.exception())
+            elif f.result().failed:
+                answer.set_exception(RequestRefused(
+                    f"{self.name!r} refused request {seq} of subtask {subtask} ({request!r}): "
+                    f"{f.result().payload.decode()}"))
+            else:
+                answer.set_result(codec.decode(f.result().payload))
+        logged.add_done_callback(done)
+        self.run()
+        return answer
+
+    def request_from_subtask(self, subtask: int, request: Any, seq: int | None = None) -> Any:
+        """Like :meth:`ask_from_subtask`, but returns the answer itself; raises if the
+        coordinator has not answered after the mailbox ran (a parked future: use
+        :meth:`ask_from_subtask`), or the request was refused."""
+        answer = self.ask_from_subtask(subtask, request, seq)
+        if not answer.done():
+            raise AssertionError(f"request {request!r} of subtask {subtask} is not answered yet "
+                                 f"(the coordinator returned a future it has not completed); "
+                                 f"use ask_from_subtask() and wait for its future")
+        return answer.result()
 
     def retry_task(self, subtask: int) -> InboundDecision:
         """Simulate a Spark task retry of ``subtask`` in the running batch.

@@ -34,7 +34,7 @@ import fsspec
 
 from sparkcoord.coordinator import CoordinatorContext, OperatorCoordinator
 from sparkcoord.core.ids import NO_EPOCH, SubtaskId, TaskAttempt
-from sparkcoord.core.inbound import RunDecision, Verdict
+from sparkcoord.core.inbound import RequestEntry, RunDecision, Verdict
 from sparkcoord.runtime.service import (
     CheckpointDeclined,
     CoordinationService,
@@ -59,6 +59,8 @@ class World:
     sink: dict[int, dict[SubtaskId, list[Any]]] = field(default_factory=dict)
     # batch -> the events each subtask's surviving attempt sent in it
     committed_sends: dict[int, dict[SubtaskId, list[Any]]] = field(default_factory=dict)
+    # (subtask, epoch, seq) -> the answer any attempt of any run saw for that request
+    observed: dict[tuple[SubtaskId, int, int], Any] = field(default_factory=dict)
     # (operator, epoch) -> coordinator effects seen by each notify_checkpoint_complete(epoch)
     completions: dict[tuple[str, int], list[list[Any]]] = field(default_factory=dict)
 
@@ -134,6 +136,41 @@ class NumberingCoordinator(OperatorCoordinator):
         self.sim.world.completions.setdefault(key, []).append(list(self.effects))
 
 
+class AskingCoordinator(NumberingCoordinator):
+    """Also answers requests: each gets the next unique id, and the answer is announced to the
+    *next* subtask (an answer that another subtask acts on: a retry must not change it).
+    Every third answer comes later, from a parked future completed on the mailbox."""
+
+    def reset_to_checkpoint(self, checkpoint_id: int, state: Any) -> None:
+        self.next_id = (state or {}).get("next_id", 0)
+        self.answers: list[tuple[Any, int]] = list((state or {}).get("answers", []))
+        self.parked: list[tuple[Future[Any], int]] = []
+        super().reset_to_checkpoint(checkpoint_id, state)
+
+    def snapshot(self) -> dict[str, Any]:
+        snap = super().snapshot()
+        snap["next_id"] = self.next_id
+        snap["answers"] = list(self.answers)
+        return snap
+
+    def handle_request(self, subtask: int, attempt: int, request: Any) -> Any:
+        self.effects.append(request)
+        answer = self.next_id
+        self.next_id += 1
+        self.answers.append((request, answer))
+        self._send(self.reply_target(subtask), ("a", request, answer))
+        if answer % 3 == 1:
+            parked: Future[Any] = Future()
+            self.parked.append((parked, answer))
+            return parked
+        return answer
+
+    def complete_parked(self) -> None:
+        parked, self.parked = self.parked, []
+        for fut, answer in parked:
+            fut.set_result(answer)
+
+
 class PerSubtaskCoordinator(NumberingCoordinator):
     """Only ever touches the subtask whose event it handles: uses Flink's subtask reset."""
 
@@ -167,7 +204,9 @@ class Task:
     phase: str = "register"
     state: list[Any] = field(default_factory=list)
     rows: list[Any] = field(default_factory=list)
-    sends: list[Any] = field(default_factory=list)
+    sends: list[Any] = field(default_factory=list)  # every item's payload, in order
+    asks: set[int] = field(default_factory=set)      # the items that are requests
+    pending: Future[Any] | None = None               # the answer a request waits for
     seq: int = 0
     done: bool = False
 
@@ -178,7 +217,7 @@ class Simulation:
 
     def __init__(self, seed: int, *, parallelism: int = 2, numbers_per_subtask: int = 4,
                  defer_probability: float = 0.3, tolerable_failures: int = 1,
-                 per_subtask_operator: bool = True) -> None:
+                 per_subtask_operator: bool = True, asking_operator: bool = True) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
         self.parallelism = parallelism
@@ -190,6 +229,9 @@ class Simulation:
         if per_subtask_operator:
             self.specs.append(CoordinatorSpec(
                 "split", lambda ctx: PerSubtaskCoordinator(ctx, self), parallelism))
+        if asking_operator:
+            self.specs.append(CoordinatorSpec(
+                "ask", lambda ctx: AskingCoordinator(ctx, self), parallelism))
         self.config = ServiceConfig(checkpoint_timeout_s=TIMEOUT_S,
                                     tolerable_checkpoint_failures=tolerable_failures)
         self.runs = 0
@@ -243,6 +285,9 @@ class Simulation:
                 self.service.latest_offset_called(self.cur_end)
                 self.phase = "idle"
                 self.log(f"run {self.runs}: first call latestOffset({self.cur_end})")
+                if self.cur_end != NO_EPOCH:
+                    self.stats["requests-replayed"] += sum(
+                        isinstance(e, RequestEntry) for e in self.storage.read_inbound_log(self.cur_end))
                 self._maybe_trigger(force_checkpoint)
             else:
                 self.batch = last
@@ -250,6 +295,9 @@ class Simulation:
                 self.cur_end = end
                 self.log(f"run {self.runs}: first call partitions({start}, {end})")
                 self.record = self.service.partitions_called(start, end)
+                if self.service.holders and self.service._gate is not None and \
+                        self.service._gate.answers_requests("ask"):
+                    self.stats["resumed-with-history"] += 1  # the rerun adopts the answers
                 self._start_tasks()
             return
         if self.phase == "idle":
@@ -325,6 +373,8 @@ class Simulation:
             decision = svc.attempt_registered(task.attempt)
             if decision.verdict is Verdict.REJECT:
                 raise TaskFailed(decision.reason)
+            if decision.adopted:
+                self.stats["retry-adopted"] += 1  # rule 5 of the gate: no reset
             restored = self.storage.read_subtask_state(task.sid, task.epoch)
             task.state = pickle.loads(restored[1]) if restored else []
             task.phase = "apply"
@@ -334,14 +384,27 @@ class Simulation:
                 event = pickle.loads(payload)
                 task.state.append(event)
                 task.rows.append(event)
-            # one event back per numbered event received (replies start no new exchange)
+            # one event back per numbered event received (replies start no new exchange);
+            # subtasks of "ask" first ask a request before each (both share one sequence)
             count = sum(1 for e in task.rows if e[0] == "x")
-            task.sends = [("y", task.sid.index, task.epoch, i, len(task.state)) for i in range(count)]
+            n, s, epoch = len(task.state), task.sid.index, task.epoch
+            task.sends = []
+            for i in range(count):
+                if task.sid.operator == "ask":
+                    task.asks.add(len(task.sends))
+                    task.sends.append(("q", s, epoch, i, n))
+                task.sends.append(("y", s, epoch, i, n))
             task.phase = "send"
         elif task.phase == "send":
-            if task.seq < len(task.sends):
+            if task.seq in task.asks:
+                self._request_step(task)
+            elif task.seq < len(task.sends):
                 # a lone event or a burst (a run of consecutive events, as the channel sends)
                 count = min(len(task.sends) - task.seq, self.rng.choice((1, 1, 2, 3)))
+                for i in range(task.seq, task.seq + count):
+                    if i in task.asks:
+                        count = i - task.seq  # a burst ends before a request
+                        break
                 self._send_run(task, task.seq, count)
                 task.seq += count
             else:
@@ -351,6 +414,32 @@ class Simulation:
             task.phase = "finish"
         elif task.phase == "finish":
             task.done = True
+
+    def _request_step(self, task: Task) -> None:
+        """Ask request ``task.seq`` (or look whether its answer came): the task blocks on it."""
+        if task.pending is None:
+            task.pending = self.service.request_received(
+                task.attempt, task.seq, pickle.dumps(task.sends[task.seq]))
+        if not task.pending.done():
+            return
+        fut, task.pending = task.pending, None
+        if fut.exception() is not None:
+            raise TaskFailed(str(fut.exception()))
+        entry = fut.result()
+        assert not entry.failed, entry
+        answer = pickle.loads(entry.payload)
+        self._observe(task, task.seq, answer)
+        task.state.append(("ans", task.sends[task.seq], answer))
+        task.rows.append(("ans", task.sends[task.seq], answer))
+        task.seq += 1
+
+    def _observe(self, task: Task, seq: int, answer: Any) -> None:
+        # no answer may ever change: not for a retry, not for a replayed batch (issue 12)
+        key = (task.sid, task.epoch, seq)
+        seen = self.world.observed.setdefault(key, answer)
+        assert seen == answer, (f"seed {self.seed}: {task.attempt} got {answer} for request "
+                                f"{seq}, an earlier attempt got {seen}")
+        self.stats["answers"] += 1
 
     def _send_run(self, task: Task, first: int, count: int) -> RunDecision:
         payloads = tuple(pickle.dumps(task.sends[i]) for i in range(first, first + count))
@@ -383,8 +472,10 @@ class Simulation:
             self.driver_step()
         elif roll < 0.8:
             self._random_task_step(faults)
-        elif roll < 0.9:
+        elif roll < 0.85:
             self._complete_deferred(decline=faults and rng.random() < 0.3)
+        elif roll < 0.9:
+            self._complete_parked()
         elif faults and roll > 0.96:
             self._inject_fault()
         else:
@@ -398,6 +489,12 @@ class Simulation:
             if coord is not None:
                 subtask = self.rng.randrange(spec.parallelism)
                 coord.context.run_in_coordinator_thread(lambda c=coord, s=subtask: c.send_next(s))
+
+    def _complete_parked(self) -> None:
+        # the asking coordinator answers its parked requests (a later action on its mailbox)
+        coord = self.coordinator("ask")
+        if isinstance(coord, AskingCoordinator):
+            coord.context.run_in_coordinator_thread(coord.complete_parked)
 
     def _complete_deferred(self, decline: bool) -> None:
         # The coordinator's own thread completes a deferred future one step late: sends queued
@@ -420,7 +517,17 @@ class Simulation:
         except TaskFailed as exc:
             self.fail_task(task.sid, str(exc))
             return
-        if faults and task.phase == "send" and task.seq > 0 and self.rng.random() < 0.1:
+        if (faults and task.phase in ("send", "snapshot") and task.seq - 1 in task.asks
+                and task.pending is None and self.rng.random() < 0.2):
+            # the answer was lost on the way: the task asks again, and must get the same one
+            self.stats["lost-response"] += 1
+            again = self.service.request_received(task.attempt, task.seq - 1,
+                                                  pickle.dumps(task.sends[task.seq - 1]))
+            if again.done() and again.exception() is None:
+                self._observe(task, task.seq - 1, pickle.loads(again.result().payload))
+            return
+        if (faults and task.phase == "send" and task.seq > 0 and not task.asks
+                and self.rng.random() < 0.1):
             # acknowledgements were lost: the task sends its last events again, maybe in one
             # burst with new ones (a resend after a reconnect)
             self.stats["resend"] += 1
@@ -453,7 +560,7 @@ class Simulation:
             # that the service cannot know the attempt died, and the retry's registration
             # undoes whatever it was accepted (rule 7)
             zombie = rng.choice(self.zombies)
-            if zombie.seq < len(zombie.sends):
+            if zombie.seq < len(zombie.sends) and zombie.seq not in zombie.asks:
                 superseded = self.service.live_attempt(zombie.sid) != zombie.attempt
                 decision = self.service.event_received(zombie.attempt, zombie.seq,
                                                        pickle.dumps(zombie.sends[zombie.seq]))
@@ -481,6 +588,8 @@ class Simulation:
                         except TaskFailed as exc:
                             self.fail_task(task.sid, str(exc))
                             break
+                        self.mailboxes.run_all()
+                        self._complete_parked()
                         self.mailboxes.run_all()
             self._coordinator_sends()
             self.mailboxes.run_all()
@@ -517,8 +626,10 @@ class Simulation:
                 state = pickle.loads(restored[1]) if restored else []
                 # (1) coordinator -> subtask: the state holds exactly what the coordinator's
                 # surviving snapshot says it sent before the boundary, once each, in order
-                assert state == snap["sent"][s], (
-                    f"{ctx}: {sid} holds {state}, coordinator sent {snap['sent'][s]}")
+                # (and, for "ask", the answers it consumed: checked below)
+                received = [e for e in state if e[0] != "ans"]
+                assert received == snap["sent"][s], (
+                    f"{ctx}: {sid} holds {received}, coordinator sent {snap['sent'][s]}")
                 numbers = [e[2] for e in state if e[0] == "x"]
                 assert numbers == list(range(self.numbers_per_subtask)), (
                     f"{ctx}: {sid} numbers {numbers}")
@@ -530,6 +641,18 @@ class Simulation:
                 expected = [e for b in committed for e in w.committed_sends[b].get(sid, [])]
                 got = [e for e in coord.effects if e[1] == s]
                 assert got == expected, f"{ctx}: {spec.name} took effect of {got} from {sid}, expected {expected}"
+            if spec.name == "ask":
+                # (4) requests: every id the coordinator's surviving state handed out was
+                # consumed exactly once by a surviving task, and none was lost (no gap)
+                consumed = sorted(
+                    (e[1], e[2]) for s in range(spec.parallelism)
+                    for e in self._final_state(SubtaskId(spec.name, s), last_epoch)
+                    if e[0] == "ans")
+                handed = sorted((tuple(r), a) for r, a in snap["answers"])
+                assert [(tuple(r), a) for r, a in consumed] == handed, (
+                    f"{ctx}: answers consumed {consumed}, handed out {handed}")
+                assert sorted(a for _, a in handed) == list(range(snap["next_id"])), (
+                    f"{ctx}: ids handed out {sorted(a for _, a in handed)}")
             # every notify_checkpoint_complete(N) saw all events of the batches up to N
             # exactly once, and a repeated completion (after a restart) saw the same state
             for (name, epoch), seen in w.completions.items():
@@ -543,6 +666,10 @@ class Simulation:
                         f"{ctx}: complete({epoch}) of {name} saw {sorted(effects)}, "
                         f"expected {sorted(want.elements())}")
                 assert all(x == seen[0] for x in seen), f"{ctx}: repeated complete({epoch}) differs"
+
+    def _final_state(self, sid: SubtaskId, last_epoch: int) -> list[Any]:
+        restored = self.storage.read_subtask_state(sid, last_epoch + 1)
+        return pickle.loads(restored[1]) if restored else []
 
     def cleanup(self) -> None:
         fs = fsspec.filesystem("memory")

@@ -1,6 +1,8 @@
-"""Property: under random interleavings of sends, checkpoints, declines, timeouts, task
-retries, lost acknowledgements, late events of failed attempts, fail_job and driver crashes,
-the state that survives holds every event exactly once, in order, in both directions.
+"""Property: under random interleavings of sends, requests, checkpoints, declines, timeouts,
+task retries, lost acknowledgements and answers, late events of failed attempts, fail_job and
+driver crashes, the state that survives holds every event exactly once, in order, in both
+directions, and every answer a task saw stays the answer (retries and replayed batches get
+the logged one; every id handed out is consumed exactly once).
 
 The seed of every example is printed when it fails; replay one with
 ``SPARKCOORD_SEED=<seed> SPARKCOORD_STEPS=<steps> SPARKCOORD_PARALLELISM=<p>
@@ -54,5 +56,6 @@ def test_the_simulation_really_injects_every_kind_of_failure() -> None:
     for seed in range(60):
         totals += run_simulation(seed, 300, 2, True).stats
     for kind in ("crash", "task-failure", "fail_job", "declined", "timeout", "resend",
-                 "zombie-refused", "batches"):
+                 "zombie-refused", "batches", "answers", "lost-response", "retry-adopted",
+                 "requests-replayed", "resumed-with-history"):
         assert totals[kind] > 0, f"no {kind} in 60 seeds: {dict(totals)}"

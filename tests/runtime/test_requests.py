@@ -1,0 +1,324 @@
+"""Requests inside the running batch: logged, answered once, adopted by retries, replayed.
+
+Deterministic: the coordinator harness (a real service on manual mailboxes and clock, storage
+in memory). Each test is one scenario of docs/decisions.md 36.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+from typing import Any
+
+import pytest
+
+from sparkcoord import OperatorCoordinator, RequestFailed, RequestRefused
+from sparkcoord.core.ids import SubtaskId, TaskAttempt
+from sparkcoord.core.inbound import RegistrationEntry, RequestEntry, ResponseEntry
+from sparkcoord.core.restore import RestorePoint
+from sparkcoord.testing import CoordinatorHarness, InputRefused
+
+
+class IdIssuer(OperatorCoordinator):
+    """Hands out unique ids; announces each to the next subtask (another subtask acts on it)."""
+
+    def __init__(self, context: Any) -> None:
+        super().__init__(context)
+        self.next_id = 0
+        self.asked: list[tuple[int, int, Any]] = []
+        self.events: list[tuple[int, Any]] = []
+        self.parked: list[tuple[Future[Any], int]] = []
+        self.resets = 0
+
+    def reset_to_checkpoint(self, checkpoint_id: int, state: Any) -> None:
+        self.resets += 1
+        self.next_id = state or 0
+
+    def handle_event_from_operator(self, subtask: int, attempt: int, event: Any) -> None:
+        self.events.append((subtask, event))
+
+    def handle_request(self, subtask: int, attempt: int, request: Any) -> Any:
+        self.asked.append((subtask, attempt, request))
+        if request == "refuse":
+            refused: Future[Any] = Future()
+            refused.set_exception(ValueError("no ids for you"))
+            return refused
+        answer = self.next_id
+        self.next_id += 1
+        self.gateway((subtask + 1) % self.context.parallelism).send_event(("taken", answer))
+        if request == "later":
+            fut: Future[Any] = Future()
+            self.parked.append((fut, answer))
+            return fut
+        return answer
+
+    def checkpoint_coordinator(self, checkpoint_id: int, result: Future[Any]) -> None:
+        result.set_result(self.next_id)
+
+
+def running(parallelism: int = 2, url: str | None = None) -> CoordinatorHarness:
+    h = CoordinatorHarness(IdIssuer, parallelism, storage_url=url)
+    h.start()
+    h.checkpoint()  # epoch 0 sealed: its batch runs
+    return h
+
+
+def log_of(h: CoordinatorHarness, epoch: int | None = None) -> list[Any]:
+    epoch = h.epoch if epoch is None else epoch
+    return h.storage.read_uncommitted_inbound_log(epoch)
+
+
+def test_a_request_is_logged_before_the_coordinator_sees_it_and_its_answer_before_the_task() -> None:
+    h = running()
+    answer = h.ask_from_subtask(0, "id please")
+    assert answer.result() == 0
+    entries = log_of(h)
+    kinds = [type(e) for e in entries]
+    assert kinds == [RegistrationEntry, RequestEntry, ResponseEntry]
+    assert entries[2].seq == entries[1].seq == 0 and not entries[2].failed
+    assert h.coordinator.asked == [(0, 0, "id please")]
+
+
+def test_an_answer_given_later_from_another_thread_reaches_the_task_after_it_is_logged() -> None:
+    h = running()
+    answer = h.ask_from_subtask(1, "later")
+    assert not answer.done()
+    assert [type(e) for e in log_of(h)] == [RegistrationEntry, RequestEntry]
+    fut, value = h.coordinator.parked.pop()
+    worker = threading.Thread(target=fut.set_result, args=(value,))
+    worker.start()
+    worker.join()
+    assert answer.result(timeout=5) == value
+    assert isinstance(log_of(h)[-1], ResponseEntry)
+
+
+def test_a_refused_request_raises_the_coordinators_reason_and_is_logged_as_refused() -> None:
+    h = running()
+    with pytest.raises(RequestRefused, match="no ids for you"):
+        h.ask_from_subtask(0, "refuse").result()
+    assert log_of(h)[-1].failed
+
+
+def test_the_default_coordinator_refuses_requests_naming_what_to_implement() -> None:
+    h = CoordinatorHarness(OperatorCoordinator, 1)
+    h.start()
+    h.checkpoint()
+    with pytest.raises(RequestRefused, match="implement handle_request"):
+        h.ask_from_subtask(0, "anything").result()
+
+
+def test_events_and_requests_share_one_sequence_without_gaps() -> None:
+    h = running()
+    h.send_from_subtask(0, "e0")
+    assert h.request_from_subtask(0, "q1") == 0
+    h.send_from_subtask(0, "e2")
+    with pytest.raises(RequestFailed, match="arrived before item 3"):
+        h.ask_from_subtask(0, "q4", seq=4).result()
+    assert [(type(e).__name__, getattr(e, "seq", None)) for e in log_of(h)][1:] == [
+        ("EventEntry", 0), ("RequestEntry", 1), ("ResponseEntry", 1), ("EventEntry", 2)]
+
+
+def test_a_request_asked_again_gets_the_logged_answer_without_asking_the_coordinator() -> None:
+    h = running()
+    assert h.request_from_subtask(0, "id") == 0
+    # the answer was lost on the way: the task asks item 0 again
+    assert h.request_from_subtask(0, "id", seq=0) == 0
+    assert len(h.coordinator.asked) == 1
+
+
+def test_a_retry_after_a_request_adopts_the_history_instead_of_resetting_the_coordinator() -> None:
+    """DESIGN 2b's trace: s asks and gets X, t asks and gets Y (because X is taken), s's task
+    fails. A reset would replay only t's request and answer X to it again; the retry instead
+    continues s's history: it gets X from the log, and t's Y stays true."""
+    h = running()
+    coordinator = h.coordinator
+    h.send_from_subtask(0, "started")
+    x = h.request_from_subtask(0, "next")
+    y = h.request_from_subtask(1, "next")
+    decision = h.retry_task(0)
+    assert decision.adopted and decision.replaced is not None
+    assert h.coordinator is coordinator and coordinator.resets == 1  # no reset
+    # the retry re-sends its history: a duplicate event, then the logged answer
+    assert h.send_from_subtask(0, "started").verdict.name == "DUPLICATE"
+    assert h.request_from_subtask(0, "next") == x
+    assert h.request_from_subtask(0, "after") == 2  # and continues it
+    assert (x, y) == (0, 1)
+    assert coordinator.events == [(0, "started")]
+    assert [a[2] for a in coordinator.asked] == ["next", "next", "after"]
+
+
+def test_a_retry_whose_request_differs_from_the_logged_one_fails_the_job_naming_it() -> None:
+    h = running()
+    h.request_from_subtask(0, "next")
+    h.retry_task(0)
+    with pytest.raises(RequestFailed, match="nondeterministic subtask"):
+        h.ask_from_subtask(0, "something else").result()
+    failure = h.service.failure or ""
+    assert "coordinator[0]" in failure and "item 0 of epoch 0" in failure
+    assert "different bytes" in failure
+
+
+def test_a_retry_that_sends_an_event_where_a_request_was_logged_fails_the_job() -> None:
+    h = running()
+    h.request_from_subtask(0, "next")
+    h.retry_task(0)
+    with pytest.raises(InputRefused, match="it was a request"):
+        h.send_from_subtask(0, "next")
+    assert "nondeterministic subtask" in (h.service.failure or "")
+
+
+def test_a_retry_waits_for_the_answer_its_failed_attempt_was_still_waiting_for() -> None:
+    h = running()
+    first = h.ask_from_subtask(0, "later")
+    h.retry_task(0)
+    dead = TaskAttempt(h.service.run_id, SubtaskId(h.name, 0), h.epoch, 0)
+    late = h.service.request_received(dead, 0, h.service.codec.encode("later"))
+    with pytest.raises(RequestFailed, match="not the live attempt"):
+        late.result(timeout=1)  # the failed attempt itself is refused from now on
+    again = h.ask_from_subtask(0, "later")
+    assert not again.done()
+    fut, value = h.coordinator.parked.pop()
+    fut.set_result(value)
+    h.run()
+    assert again.result(timeout=5) == value
+    assert first.result(timeout=5) == value
+    assert len(h.coordinator.asked) == 1
+
+
+def test_a_retry_in_an_epoch_without_requests_still_resets_the_coordinator() -> None:
+    h = running()
+    before = h.coordinator
+    h.send_from_subtask(0, "a")
+    h.send_from_subtask(1, "b")
+    decision = h.retry_task(0)
+    assert not decision.adopted
+    assert h.coordinator is not before  # a fresh instance, reset to the epoch's snapshot
+    assert h.coordinator.events == [(1, "b")]  # the other subtask's event, replayed
+
+
+def test_a_global_failure_fails_every_task_waiting_for_an_answer() -> None:
+    h = running()
+    waiting = h.ask_from_subtask(0, "later")
+    h.service.fail_job("the driver side broke")
+    h.run()
+    with pytest.raises(RequestFailed, match="the driver side broke"):
+        waiting.result(timeout=1)
+
+
+def test_a_restore_after_the_batch_committed_hands_the_logged_requests_to_the_coordinator_again() -> None:
+    h = running()
+    url = h.storage_url
+    assert h.request_from_subtask(0, "a") == 0
+    assert h.request_from_subtask(1, "b") == 1
+    epoch = h.epoch
+    h.commit()
+    h.service.close()
+    again = CoordinatorHarness(IdIssuer, 2, storage_url=url)
+    again.start(RestorePoint(epoch, committed=True))
+    assert [a[2] for a in again.coordinator.asked] == ["a", "b"]
+    assert again.coordinator.next_id == 2  # the ids handed out stay handed out
+    assert again.service.failure is None
+
+
+class Forgetful(IdIssuer):
+    """Answers from a counter it does not checkpoint: a replay gives different answers."""
+
+    def reset_to_checkpoint(self, checkpoint_id: int, state: Any) -> None:
+        self.next_id = 100 if state is not None or checkpoint_id >= 0 else 0
+
+
+def test_a_coordinator_that_answers_a_replayed_request_differently_fails_the_job() -> None:
+    h = CoordinatorHarness(Forgetful, 1)
+    h.start()
+    h.checkpoint()
+    epoch = h.epoch
+    assert h.request_from_subtask(0, "a") == 0
+    h.commit()
+    h.checkpoint()  # epoch 1: state 101
+    h.request_from_subtask(0, "b")
+    h.commit()
+    h.service.close()
+    again = CoordinatorHarness(Forgetful, 1, storage_url=h.storage_url)
+    again.service.restore(RestorePoint(epoch + 1, committed=True))
+    again.run()
+    failure = again.service.failure or ""
+    assert "nondeterministic coordinator" in failure and "request 0 of coordinator[0]" in failure
+
+
+def test_a_batch_that_runs_again_after_a_crash_gets_the_answers_its_first_run_logged() -> None:
+    h = running()
+    url = h.storage_url
+    h.send_from_subtask(0, "ev")  # an event of subtask 0, then its request
+    assert h.request_from_subtask(0, "a") == 0
+    assert h.request_from_subtask(1, "b") == 1
+    pending = h.ask_from_subtask(1, "later")  # the driver dies before this one is answered
+    assert not pending.done()
+    epoch = h.epoch
+    h.service.close()  # the driver died; Spark logged the epoch, nothing committed
+    rerun = CoordinatorHarness(IdIssuer, 2, storage_url=url)
+    rerun.service.restore(RestorePoint(epoch, committed=False))
+    rerun.run()
+    coordinator = rerun.coordinator
+    # restored to snapshot 0 and handed the kept history again, in log order
+    assert coordinator.events == [(0, "ev")]
+    assert [a[2] for a in coordinator.asked] == ["a", "b", "later"]
+    # the batch's new tasks re-send and re-ask: every answer is the logged one
+    assert rerun.send_from_subtask(0, "ev").verdict.name == "DUPLICATE"
+    assert rerun.request_from_subtask(0, "a") == 0
+    assert rerun.request_from_subtask(1, "b") == 1
+    later = rerun.ask_from_subtask(1, "later")
+    fut, value = coordinator.parked.pop()
+    fut.set_result(value)
+    rerun.run()
+    assert later.result(timeout=5) == value == 2
+    assert len(coordinator.asked) == 3
+
+
+class Silent(OperatorCoordinator):
+    def __init__(self, context: Any) -> None:
+        super().__init__(context)
+        self.events: list[Any] = []
+
+    def handle_event_from_operator(self, subtask: int, attempt: int, event: Any) -> None:
+        self.events.append(event)
+
+
+def test_a_batch_that_runs_again_drops_the_events_of_operators_that_answered_no_request() -> None:
+    import uuid
+
+    from sparkcoord.runtime.service import CoordinationService, CoordinatorSpec
+    from sparkcoord.runtime.storage import CheckpointStorage
+    from sparkcoord.testing import ManualClock, ManualMailboxes
+
+    url = f"memory://sparkcoord-test/{uuid.uuid4().hex}"
+
+    def service() -> tuple[CoordinationService, ManualMailboxes]:
+        boxes = ManualMailboxes()
+        svc = CoordinationService([CoordinatorSpec("ids", IdIssuer, 1),
+                                   CoordinatorSpec("plain", Silent, 1)],
+                                  CheckpointStorage(url), clock=ManualClock(),
+                                  mailbox_factory=boxes)
+        return svc, boxes
+
+    from sparkcoord.core.restore import FRESH
+    svc, boxes = service()
+    svc.restore(FRESH)
+    boxes.run_all()
+    fut = svc.trigger_checkpoint(0)
+    boxes.run_all()
+    svc.seal(fut.result())
+    codec = svc.codec
+    ids = TaskAttempt(svc.run_id, SubtaskId("ids", 0), 0, 0)
+    plain = TaskAttempt(svc.run_id, SubtaskId("plain", 0), 0, 0)
+    svc.attempt_registered(ids)
+    svc.attempt_registered(plain)
+    svc.event_received(plain, 0, codec.encode("plain event"))
+    svc.request_received(ids, 0, codec.encode("q"))
+    boxes.run_all()
+    svc.close()
+    again, boxes = service()
+    again.restore(RestorePoint(0, committed=False))
+    boxes.run_all()
+    assert again.holders["plain"].coordinator.events == []  # type: ignore[union-attr]
+    kept = again.storage.read_uncommitted_inbound_log(0)
+    assert {e.attempt.subtask.operator for e in kept} == {"ids"}
