@@ -50,11 +50,34 @@ def _count_numbers(sim: Any, row: dict[str, Any]) -> None:
             row["out of order"] += int(numbers != sorted(numbers))
 
 
+def _count_answers(sim: Any, row: dict[str, Any]) -> None:
+    """Answers to requests: consumed by surviving tasks, ids handed out and never consumed
+    (lost), ids consumed twice (duplicated). Diverging answers (a retry or a replayed batch
+    that saw another answer than an earlier attempt) fail the run where they happen."""
+    import pickle
+
+    from sparkcoord.core.ids import SubtaskId
+
+    if "ask" not in {spec.name for spec in sim.specs}:
+        return
+    last = max(sim.world.commits)
+    epoch = sim.world.offsets[last][1]
+    snap = pickle.loads(sim.storage.read_record(epoch).snapshots["ask"])
+    consumed = []
+    for s in range(sim.parallelism):
+        found = sim.storage.read_subtask_state(SubtaskId("ask", s), epoch + 1)
+        consumed += [e[2] for e in (pickle.loads(found[1]) if found else []) if e[0] == "ans"]
+    row["answers"] += len(consumed)
+    row["lost answers"] += len(set(range(snap["next_id"])) - set(consumed))
+    row["duplicated answers"] += len(consumed) - len(set(consumed))
+
+
 def soak_simulation(seeds: list[int]) -> dict[str, Any]:
     from tests.runtime.simulation import Simulation
 
     row: dict[str, Any] = {"runs": 0, "passes": 0, "lost": 0, "duplicated": 0,
-                           "out of order": 0, "failed seeds": []}
+                           "out of order": 0, "failed seeds": [], "answers": 0,
+                           "lost answers": 0, "duplicated answers": 0, "diverging answers": 0}
     for seed in seeds:
         row["runs"] += 1
         sim = Simulation(seed)
@@ -63,9 +86,11 @@ def soak_simulation(seeds: list[int]) -> dict[str, Any]:
                 sim.random_step(faults=True)
             sim.drain()
             _count_numbers(sim, row)
+            _count_answers(sim, row)
             sim.check_invariants()
             row["passes"] += 1
         except AssertionError as exc:
+            row["diverging answers"] += "an earlier attempt got" in str(exc)
             row["failed seeds"].append(f"{seed}: {str(exc)[:100]}")
         finally:
             sim.cleanup()
@@ -140,6 +165,9 @@ def soak_driver_kill(seeds: list[int]) -> dict[str, Any]:
     return row
 
 
+#: Requests (issue 12): only the simulation has a requesting operator so far.
+ANSWER_COLUMNS = ("answers", "lost answers", "duplicated answers", "diverging answers")
+
 SCENARIOS = {"simulation": soak_simulation, "two-speeds": soak_two_speeds,
              "driver-kill": soak_driver_kill, "cluster": soak_cluster}
 
@@ -150,10 +178,10 @@ def main() -> int:
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--first-seed", type=int, default=0)
     args = ap.parse_args()
-    console = Console(width=max(Console().width, 110))  # full columns in logs and pipes too
+    console = Console(width=max(Console().width, 160))  # full columns in logs and pipes too
     table = Table(title=f"soak: {args.seeds} seeds per scenario from {args.first_seed}")
     for col in ("scenario", "runs", "passes", "lost", "duplicated", "out of order",
-                "failed seeds", "time"):
+                *ANSWER_COLUMNS, "failed seeds", "time"):
         table.add_column(col)
     names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
     ok = True
@@ -164,6 +192,7 @@ def main() -> int:
         ok &= not row["failed seeds"]
         table.add_row(name, str(row["runs"]), str(row["passes"]), str(row["lost"]),
                       str(row["duplicated"]), str(row["out of order"]),
+                      *(str(row.get(col, "-")) for col in ANSWER_COLUMNS),
                       ", ".join(map(str, row["failed seeds"])) or "-",
                       f"{time.monotonic() - t0:.0f}s")
         console.print(f"{name}: done")

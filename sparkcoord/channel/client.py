@@ -14,6 +14,11 @@ Rules:
      server still handles it first; a task that sends nothing never connects. A retried
      attempt registers eagerly, so that the service resets the coordinator before anything
      else even if the retry sends nothing.
+  2b. A request (:meth:`request`) is the next item of the same sequence: the burst buffer goes
+     out before it, and the call blocks until its RESPONSE arrives (the answer was logged
+     before it was sent) or ``timeout_s`` passes. After a reconnect it is sent again with
+     the same number, after the unacknowledged events; the service answers a repeated
+     request from its log.
   3. A REJECT fails the task with the service's reason. A lost connection or a reply that does
      not come within ``ack_timeout_s`` is retried: reconnect, register again (a duplicate
      registration is acknowledged), re-send every unacknowledged event with its number; after
@@ -38,11 +43,13 @@ from sparkcoord.channel.frames import (
     Replies,
     Reply,
     ReplyVerdict,
+    Request,
+    Response,
     authenticate_and_parse,
     encode,
 )
 from sparkcoord.channel.server import FrameReader
-from sparkcoord.core.errors import SparkCoordError
+from sparkcoord.core.errors import RequestFailed, SparkCoordError
 from sparkcoord.core.ids import TaskAttempt
 
 
@@ -78,6 +85,7 @@ class ChannelClient:
         self._frames = EventFrames(attempt, secret)
         self._sock: socket.socket | None = None
         self._reader: FrameReader | None = None
+        self._request: tuple[int, bytes] | None = None  # the request waiting for its answer
         self.reconnects = 0
 
     # ------------------------------------------------------------------------------- api
@@ -138,6 +146,68 @@ class ChannelClient:
         while len(self._unacked) >= self.window:
             self._with_retries(self._read_one_reply)
         return seq
+
+    def request(self, payload: bytes, timeout_s: float) -> Response:
+        """Send one encoded request as the next item and wait for its answer. Task thread.
+
+        Returns the RESPONSE: ANSWER (the pickled answer), REFUSED (the coordinator's reason)
+        or FAILED (the service's reason: the job failed, the run ended, ...). Raises
+        :class:`~sparkcoord.core.errors.RequestFailed` after ``timeout_s`` without an answer,
+        and :class:`ChannelUnavailable` when the service cannot be reached (rule 3).
+        """
+        self._write_pending()  # events sent before the request go first, in order
+        seq = self.next_seq
+        self.next_seq += 1
+        self._request = (seq, payload)
+        frame = encode(Request(self.attempt, seq, payload), self.secret)
+        if self._register_pending:  # rule 1a: the registration precedes the first item
+            frame = encode(Register(self.attempt), self.secret) + frame
+            self._register_pending = False
+        deadline = time.monotonic() + timeout_s
+        try:
+            self._connected().sendall(frame)
+        except OSError:
+            self.close()
+        failures = 0
+        try:
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise RequestFailed(f"{self.attempt}: no answer to request {seq} within "
+                                        f"{timeout_s} s")
+                try:
+                    if self._sock is None:
+                        self._resend_all()  # registers, re-sends the events and the request
+                    assert self._sock is not None
+                    self._sock.settimeout(min(remaining, self.ack_timeout_s))
+                    message = self._read_message()
+                except TimeoutError:
+                    continue  # the deadline decides; the connection stays
+                except (OSError, FrameError) as exc:
+                    failures += 1
+                    self.close()
+                    if failures > self.max_retries:
+                        raise ChannelUnavailable(
+                            f"{self.attempt}: channel to {self.address} failed {failures} "
+                            f"times while request {seq} waited for its answer: {exc!r}") from exc
+                    time.sleep(min(0.02 * 2 ** failures, 1.0))
+                    self.reconnects += 1
+                    continue
+                if isinstance(message, Response):
+                    if message.seq == seq:
+                        return message
+                    continue  # a stale answer of an earlier connection
+                if isinstance(message, Reply):
+                    self._apply(message)
+                elif isinstance(message, Replies):
+                    for reply in message.replies:
+                        self._apply(reply)
+                else:
+                    raise FrameError(f"expected a response, got {type(message).__name__}")
+        finally:
+            self._request = None
+            if self._sock is not None:
+                self._sock.settimeout(self.ack_timeout_s)
 
     def flush(self) -> None:
         """Wait until every sent event is acknowledged (logged and on the coordinator's mailbox).
@@ -238,6 +308,9 @@ class ChannelClient:
             size += len(payload)
         if chunk:
             sock.sendall(self._frames.encode_many(first, chunk))
+        if self._request is not None:  # the request waiting for its answer comes last
+            seq, payload = self._request
+            sock.sendall(encode(Request(self.attempt, seq, payload), self.secret))
 
     def _read_one_reply(self) -> None:
         self._write_pending()  # never wait for acknowledgements of events still buffered here
@@ -262,6 +335,8 @@ class ChannelClient:
             replies = [message]
         elif isinstance(message, Replies):
             replies = list(message.replies)
+        elif isinstance(message, Response):
+            return []  # a stale answer to a request a reconnect asked again
         else:
             raise FrameError(f"expected a reply, got {type(message).__name__}")
         for reply in replies:

@@ -23,7 +23,7 @@ from sparkcoord.core.errors import SparkCoordError
 from sparkcoord.core.ids import SubtaskId, TaskAttempt
 
 MAGIC = b"SC"
-VERSION = 2  # 2: a reply covers a range of sequence numbers (count)
+VERSION = 3  # 2: a reply covers a range of sequence numbers (count); 3: requests
 HEADER = struct.Struct(">2sBBI")
 MAC_SIZE = 32
 _ATTEMPT = struct.Struct(">IqI")  # index, epoch, number
@@ -43,6 +43,14 @@ class FrameType(enum.IntEnum):
     DELIVERY = 5
     REPLIES = 6  # several replies in one frame (the server's answer to a pipelined batch)
     EVENTS = 7  # consecutive events of one attempt in one frame (a client's burst)
+    REQUEST = 8  # a request of one attempt (shares the sequence of its events)
+    RESPONSE = 9  # the logged answer to a request, or why there is none
+
+
+class ResponseStatus(enum.IntEnum):
+    ANSWER = 0   # the coordinator's answer (pickled)
+    REFUSED = 1  # the coordinator refused the request; the body is its reason
+    FAILED = 2   # no answer will come (the service refused it, the job failed); the reason
 
 
 class ReplyVerdict(enum.IntEnum):
@@ -106,13 +114,31 @@ class Events:
 
 
 @dataclass(frozen=True, slots=True)
+class Request:
+    """Request ``seq`` of ``attempt``: the task waits for its :class:`Response`."""
+
+    attempt: TaskAttempt
+    seq: int
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    """The answer to request ``seq`` of the connection's attempt (logged before it is sent)."""
+
+    seq: int
+    status: ResponseStatus
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class Replies:
     """The replies to several requests of one connection, in request order."""
 
     replies: tuple[Reply, ...]
 
 
-Message = Register | Event | Events | Reply | Fetch | Delivery | Replies
+Message = Register | Event | Events | Reply | Fetch | Delivery | Replies | Request | Response
 _REASON = struct.Struct(">H")
 
 
@@ -180,6 +206,12 @@ def encode(message: Message, secret: bytes) -> bytes:
             parts.append(_REPLY.pack(r.request, r.seq, r.count, r.verdict, r.execution_attempt))
             parts.append(_REASON.pack(len(reason)) + reason)
         body = b"".join(parts)
+    elif isinstance(message, Request):
+        kind = FrameType.REQUEST
+        body = _attempt(message.attempt) + _SEQ.pack(message.seq) + message.payload
+    elif isinstance(message, Response):
+        kind = FrameType.RESPONSE
+        body = _SEQ.pack(message.seq) + bytes([message.status]) + message.payload
     elif isinstance(message, Fetch):
         kind = FrameType.FETCH
         body = _text(message.operator) + struct.pack(">Iq", message.index, message.epoch)
@@ -254,6 +286,9 @@ def _parse(frame_type: FrameType, body: memoryview) -> Message:
         if pos != len(body):
             raise ValueError("trailing bytes after the replies")
         return Replies(tuple(replies))
+    if frame_type is FrameType.RESPONSE:
+        (seq,) = _SEQ.unpack_from(body, 0)
+        return Response(seq, ResponseStatus(body[_SEQ.size]), bytes(body[_SEQ.size + 1:]))
     if frame_type is FrameType.FETCH:
         operator = text()
         index, epoch = struct.unpack_from(">Iq", body, pos)
@@ -274,6 +309,8 @@ def _parse(frame_type: FrameType, body: memoryview) -> Message:
     pos += _SEQ.size
     if frame_type is FrameType.EVENTS:
         return Events(attempt, seq, _blobs(body, pos, "event"))
+    if frame_type is FrameType.REQUEST:
+        return Request(attempt, seq, bytes(body[pos:]))
     return Event(attempt, seq, bytes(body[pos:]))
 
 

@@ -37,6 +37,7 @@ import socketserver
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from typing import Protocol
 
 from sparkcoord.channel.frames import (
@@ -53,12 +54,16 @@ from sparkcoord.channel.frames import (
     Replies,
     Reply,
     ReplyVerdict,
+    Request,
+    Response,
+    ResponseStatus,
     authenticate_and_parse,
     check_header,
     encode,
 )
+from sparkcoord.core.errors import SparkCoordError
 from sparkcoord.core.ids import TaskAttempt
-from sparkcoord.core.inbound import InboundDecision, RunDecision, Verdict
+from sparkcoord.core.inbound import InboundDecision, ResponseEntry, RunDecision, Verdict
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +80,12 @@ class InboundHandler(Protocol):
                             ) -> list[RunDecision]:
         """Runs of consecutive events ``(attempt, first_seq, payloads)`` of one connection,
         decided in order."""
+        ...
+
+    def request_received(self, attempt: TaskAttempt, seq: int, payload: bytes
+                         ) -> Future[ResponseEntry]:
+        """Request ``seq`` of ``attempt``: the future of its logged answer (it fails with the
+        reason when no answer will come)."""
         ...
 
 
@@ -352,7 +363,7 @@ class ChannelServer:
             sock.sendall(self._answer(self._dispatch_batch(batch)))
             self.frames_served += len(batch)
 
-    def _answer(self, answers: list[Reply | Delivery]) -> bytes:
+    def _answer(self, answers: list[Reply | Delivery | Response]) -> bytes:
         # consecutive replies travel as one REPLIES frame: one MAC for the whole batch
         frames: list[bytes] = []
         run: list[Reply] = []
@@ -367,12 +378,12 @@ class ChannelServer:
                 frames.append(encode(answer, self.secret))
         return b"".join(frames)
 
-    def _dispatch_batch(self, batch: list[Message]) -> list[Reply | Delivery]:
+    def _dispatch_batch(self, batch: list[Message]) -> list[Reply | Delivery | Response]:
         # Consecutive event frames go to the service as one call of runs (an EVENTS frame is a
         # run, a lone EVENT a run of one); each run is answered with at most three range
         # replies (duplicates, accepted, rejected), and adjacent ranges with the same verdict
         # are merged, so a burst of any size costs a few bytes of acknowledgement.
-        replies: list[Reply | Delivery] = []
+        replies: list[Reply | Delivery | Response] = []
         i = 0
         while i < len(batch):
             j = i
@@ -411,7 +422,18 @@ class ChannelServer:
             threading.Event().wait(float(action.split(":", 1)[1]))
         return False
 
-    def _dispatch(self, message: object) -> Reply | Delivery:
+    def _dispatch(self, message: object) -> Reply | Delivery | Response:
+        if isinstance(message, Request):
+            # The connection's thread waits for the logged answer: its task waits for it too
+            # and sends nothing meanwhile. A failure or the end of the run fails the future.
+            try:
+                entry = self.handler.request_received(message.attempt, message.seq,
+                                                      message.payload).result()
+            except Exception as exc:  # noqa: BLE001 - the reason travels to the task
+                reason = str(exc) if isinstance(exc, SparkCoordError) else repr(exc)
+                return Response(message.seq, ResponseStatus.FAILED, reason.encode())
+            status = ResponseStatus.REFUSED if entry.failed else ResponseStatus.ANSWER
+            return Response(message.seq, status, entry.payload)
         if isinstance(message, Register):
             decision = self.handler.attempt_registered(message.attempt)
             return Reply(FrameType.REGISTER, 0, _VERDICTS[decision.verdict],
@@ -423,7 +445,7 @@ class ChannelServer:
         raise FrameError(f"a client may not send {type(message).__name__} frames")
 
 
-def _add_range(replies: list[Reply | Delivery], reply: Reply) -> None:
+def _add_range(replies: list[Reply | Delivery | Response], reply: Reply) -> None:
     """Append ``reply``, merged into the previous one if it continues its range alike."""
     last = replies[-1] if replies else None
     if (isinstance(last, Reply) and last.request is FrameType.EVENT and not last.reason

@@ -10,7 +10,8 @@ own (``subprocess.run(..., start_new_session=True)``); Linux only (reads /proc).
 
 Points: ``sealing`` (every coordinator completed, record not written), ``sealed`` (record
 durable, offset not yet returned to Spark), ``mid-batch`` (a task sent its events, before it
-finished), ``sink-committed`` (the sink committed, Spark's commit log not written).
+finished), ``answered`` (a task got the logged answer to a request, mid-batch),
+``sink-committed`` (the sink committed, Spark's commit log not written).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import os
 import signal
 
 _PLAN = os.environ.get("SPARKCOORD_TEST_KILL")
-POINTS = ("sealing", "sealed", "mid-batch", "sink-committed")
+POINTS = ("sealing", "sealed", "mid-batch", "answered", "sink-committed")
 
 
 def kill_point(point: str, epoch: int) -> None:

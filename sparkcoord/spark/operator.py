@@ -12,17 +12,26 @@ class SubtaskContext:
     Thread model: used from the Spark task's thread only.
     """
 
+    #: How long :meth:`request` waits for an answer by default (seconds).
+    DEFAULT_REQUEST_TIMEOUT_S = 60.0
+
     def __init__(self, operator_id: str, subtask: int, parallelism: int, epoch: int,
                  attempt: int | Callable[[], int], spark_attempt: int,
-                 send: Callable[[Any], None]) -> None:
+                 send: Callable[[Any], None],
+                 request: Callable[[Any, float], Any] | None = None) -> None:
+        #: the coordinated operator's name
         self.operator_id = operator_id
+        #: this subtask's index, 0 .. parallelism - 1
         self.subtask = subtask
         self.parallelism = parallelism
+        #: the epoch whose batch this task runs (the service's checkpoint id, not Spark's
+        #: batch id)
         self.epoch = epoch
         self._attempt = attempt
         #: Spark's task attempt number within this batch (0 = first try)
         self.spark_attempt = spark_attempt
         self._send = send
+        self._request = request
 
     @property
     def attempt(self) -> int:
@@ -43,6 +52,27 @@ class SubtaskContext:
         coordinator's mailbox); the coordinator handles it exactly once in the surviving state.
         """
         self._send(event)
+
+    def request(self, request: Any, timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S) -> Any:
+        """Ask the coordinator and wait for its answer, inside the running batch. Task thread.
+
+        The coordinator's ``handle_request(subtask, attempt, request)`` answers on its
+        mailbox (or later, through a future). Exactly once: the request is logged before the
+        coordinator sees it and the answer before this call returns it, so a retried task or a
+        replayed batch that asks its k-th item again gets the logged answer, byte for byte,
+        without asking the coordinator again. Requests and events of a task share one order:
+        a retry must send and ask the same things in the same order (a different request
+        fails the job as nondeterministic).
+
+        Raises :class:`~sparkcoord.core.errors.RequestRefused` when the coordinator refused
+        (failed its future), and :class:`~sparkcoord.core.errors.RequestFailed` when no answer
+        came within ``timeout_s`` or none will (the job failed over, the run ended); both name
+        the operator, the subtask, the epoch and the request.
+        """
+        if self._request is None:
+            raise RuntimeError(f"{self.operator_id}[{self.subtask}]: this context cannot ask "
+                               f"requests")
+        return self._request(request, timeout_s)
 
 
 class SubtaskOperator:

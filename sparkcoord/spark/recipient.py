@@ -30,7 +30,7 @@ from sparkcoord.core.ids import SubtaskId, TaskAttempt
 from sparkcoord.runtime.files import files_for
 from sparkcoord.spark.operator import SubtaskContext, SubtaskOperator
 from sparkcoord.spark.source import MARKER, SourceSpec
-from sparkcoord.spark.subtask import state_store
+from sparkcoord.spark.subtask import request_function, state_store
 
 
 class NoEpochInThisBatch(SparkCoordError):
@@ -124,8 +124,17 @@ class RecipientFunction:
         # not have left a state.
         restored = store.read_before(sid, batch)
         state = pickle.loads(restored[1]) if restored is not None else None
+        ask = request_function(client, codec, sid, epoch) if client is not None else None
+
+        def request(value: Any, timeout_s: float) -> Any:
+            if ask is None:
+                raise NoEpochInThisBatch(
+                    f"{sid} in Spark batch {batch}: this batch carries no new epoch (epoch "
+                    f"{epoch} was delivered earlier), so it cannot ask the coordinator")
+            return ask(value, timeout_s)
+
         context = SubtaskContext(op.name, index, op.parallelism, epoch, execution_attempt,
-                                 number, send)
+                                 number, send, request)
         operator: SubtaskOperator = op.operator()
         names = self.arrow_schema.names
         try:

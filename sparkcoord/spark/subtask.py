@@ -14,11 +14,13 @@ that sends nothing never connects); a retry registers before anything else. See 
 from __future__ import annotations
 
 import pickle
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from sparkcoord.channel.client import ChannelClient
+from sparkcoord.channel.frames import ResponseStatus
 from sparkcoord.core.codec import EventCodec
+from sparkcoord.core.errors import RequestFailed, RequestRefused
 from sparkcoord.core.ids import SubtaskId, TaskAttempt
 from sparkcoord.runtime.subtask_state import SubtaskStateStore
 from sparkcoord.spark.faults import kill_point
@@ -49,6 +51,27 @@ def state_store(spec: SourceSpec) -> SubtaskStateStore:
     return store
 
 
+def request_function(client: ChannelClient, codec: EventCodec, sid: SubtaskId, epoch: int
+                     ) -> Callable[[Any, float], Any]:
+    """What ``SubtaskContext.request`` calls in a task: encode, ask over the channel, decode
+    the logged answer or raise an error naming operator, subtask, epoch and request."""
+    def ask(request: Any, timeout_s: float) -> Any:
+        try:
+            response = client.request(codec.encode(request), timeout_s)
+        except RequestFailed as exc:
+            raise RequestFailed(f"request {request!r} of {sid} in epoch {epoch}: {exc}") from None
+        if response.status is ResponseStatus.ANSWER:
+            kill_point("answered", epoch)
+            return pickle.loads(response.payload)
+        reason = response.payload.decode(errors="replace")
+        if response.status is ResponseStatus.REFUSED:
+            raise RequestRefused(f"coordinator {sid.operator!r} refused request {request!r} of "
+                                 f"{sid} in epoch {epoch}: {reason}")
+        raise RequestFailed(f"request {request!r} of {sid} in epoch {epoch} got no answer: "
+                            f"{reason}")
+    return ask
+
+
 def run_subtask(spec: SourceSpec, p: CoordinatedPartition) -> Iterator[tuple[Any, ...]]:
     """Generator of the subtask's rows for the batch of ``p.epoch`` (task thread)."""
     op_spec = spec.operator(p.operator)
@@ -68,7 +91,8 @@ def run_subtask(spec: SourceSpec, p: CoordinatedPartition) -> Iterator[tuple[Any
         client.send(codec.encode(event))
 
     context = SubtaskContext(p.operator, p.index, op_spec.parallelism, p.epoch,
-                             client.registered_attempt, number, send)
+                             client.registered_attempt, number, send,
+                             request_function(client, codec, sid, p.epoch))
     operator: SubtaskOperator = op_spec.operator()
     try:
         operator.open(context, state)

@@ -1,0 +1,159 @@
+"""Requests over real loopback TCP against the real coordination service (thread mailboxes)."""
+
+from __future__ import annotations
+
+import pickle
+import threading
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import Future
+from typing import Any
+
+import pytest
+
+from sparkcoord import OperatorCoordinator
+from sparkcoord.channel.client import ChannelClient
+from sparkcoord.channel.frames import (
+    HEADER,
+    Request,
+    Response,
+    ResponseStatus,
+    authenticate_and_parse,
+    encode,
+)
+from sparkcoord.channel.server import ChannelServer
+from sparkcoord.core.errors import RequestFailed
+from sparkcoord.core.ids import SubtaskId, TaskAttempt
+from sparkcoord.core.restore import FRESH
+from sparkcoord.runtime.service import CoordinationService, CoordinatorSpec
+from sparkcoord.runtime.storage import CheckpointStorage
+
+SECRET = b"r" * 32
+
+
+class Counter(OperatorCoordinator):
+    def __init__(self, context: Any) -> None:
+        super().__init__(context)
+        self.next = 0
+        self.asked: list[Any] = []
+        self.events: list[Any] = []
+        self.parked: list[Future[Any]] = []
+
+    def handle_event_from_operator(self, subtask: int, attempt: int, event: Any) -> None:
+        self.events.append(event)
+
+    def handle_request(self, subtask: int, attempt: int, request: Any) -> Any:
+        self.asked.append(request)
+        if request == "park":
+            fut: Future[Any] = Future()
+            self.parked.append(fut)
+            return fut
+        if request == "refuse":
+            refused: Future[Any] = Future()
+            refused.set_exception(LookupError("nothing left"))
+            return refused
+        self.next += 1
+        return (request, self.next, list(self.events))
+
+
+@pytest.fixture()
+def running(tmp_path) -> Iterator[tuple[CoordinationService, ChannelServer]]:
+    service = CoordinationService([CoordinatorSpec("op", Counter, 2)],
+                                  CheckpointStorage(str(tmp_path / f"c-{uuid.uuid4().hex}")))
+    service.restore(FRESH)
+    record = service.checkpoint(0)
+    assert record is not None
+    server = ChannelServer(service, SECRET).start()
+    yield service, server
+    server.close()
+    service.close()
+
+
+def attempt(service: CoordinationService, index: int, number: int = 0) -> TaskAttempt:
+    return TaskAttempt(service.run_id, SubtaskId("op", index), 0, number)
+
+
+def coordinator(service: CoordinationService) -> Counter:
+    instance = service.holders["op"].coordinator
+    assert isinstance(instance, Counter)
+    return instance
+
+
+def test_request_and_response_frames_round_trip() -> None:
+    a = TaskAttempt("run", SubtaskId("op", 1), 4, 0)
+    for message in (Request(a, 7, b"ask"), Response(7, ResponseStatus.REFUSED, b"why")):
+        frame = encode(message, SECRET)
+        header, mac, body = frame[:HEADER.size], frame[HEADER.size:HEADER.size + 32], frame[HEADER.size + 32:]
+        assert authenticate_and_parse(header, mac, body, SECRET) == message
+
+
+def test_a_task_gets_the_answer_after_the_events_it_sent_before_the_request(running) -> None:
+    service, server = running
+    client = ChannelClient(server.address, SECRET, attempt(service, 0))
+    client.register_with_first_event()  # lazily: the registration travels with the first item
+    client.send(pickle.dumps("e0"))
+    client.send(pickle.dumps("e1"))
+    response = client.request(pickle.dumps("first"), timeout_s=10)
+    assert response.status is ResponseStatus.ANSWER
+    # the coordinator had both events when it answered: one connection, one order
+    assert pickle.loads(response.payload) == ("first", 1, ["e0", "e1"])
+    client.flush()
+    client.close()
+
+
+def test_a_refused_request_comes_back_with_the_coordinators_reason(running) -> None:
+    service, server = running
+    client = ChannelClient(server.address, SECRET, attempt(service, 1))
+    client.register()
+    response = client.request(pickle.dumps("refuse"), timeout_s=10)
+    assert response.status is ResponseStatus.REFUSED
+    assert "nothing left" in response.payload.decode()
+    client.close()
+
+
+def test_a_request_times_out_with_an_error_naming_it(running) -> None:
+    service, server = running
+    client = ChannelClient(server.address, SECRET, attempt(service, 1))
+    client.register()
+    with pytest.raises(RequestFailed, match="no answer to request 0 within 0.3 s"):
+        client.request(pickle.dumps("park"), timeout_s=0.3)
+    client.close()
+
+
+def test_a_request_whose_connection_breaks_is_asked_again_and_answered_once(running) -> None:
+    service, server = running
+    client = ChannelClient(server.address, SECRET, attempt(service, 0))
+    client.register()
+    result: list[Response] = []
+    asking = threading.Thread(target=lambda: result.append(
+        client.request(pickle.dumps("park"), timeout_s=20)))
+    asking.start()
+    while not coordinator(service).parked:
+        threading.Event().wait(0.01)
+    # the connection dies while the task waits: it reconnects and asks item 0 again
+    assert client._sock is not None
+    client._sock.shutdown(2)
+    while client.reconnects == 0:
+        threading.Event().wait(0.01)
+    coordinator(service).parked[0].set_result("late answer")
+    asking.join(10)
+    assert [pickle.loads(r.payload) for r in result] == ["late answer"]
+    assert coordinator(service).asked == ["park"]  # asked once, answered from the log after
+    client.close()
+
+
+def test_a_job_failure_answers_a_waiting_task_with_the_cause(running) -> None:
+    service, server = running
+    client = ChannelClient(server.address, SECRET, attempt(service, 1))
+    client.register()
+    result: list[Response] = []
+    asking = threading.Thread(target=lambda: result.append(
+        client.request(pickle.dumps("park"), timeout_s=20)))
+    asking.start()
+    while not coordinator(service).parked:
+        threading.Event().wait(0.01)
+    service.fail_job("the source broke")
+    asking.join(10)
+    assert result and result[0].status is ResponseStatus.FAILED
+    assert "the source broke" in result[0].payload.decode()
+    client.close()
