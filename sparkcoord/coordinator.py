@@ -86,6 +86,17 @@ class CoordinatorContext(abc.ABC):
         Any thread. An exception from ``action`` fails the job like one from a callback.
         """
 
+    def request_batch(self) -> None:
+        """Ask for another batch: work is pending (a queue is not empty, a split is not done).
+
+        Any thread. At Spark's next ``latestOffset`` a new epoch is sealed and its batch runs
+        even if no event is held for a subtask (otherwise a batch runs only when there are
+        events to carry, or ``checkpoint_interval_s`` passed). One batch per call made before
+        that checkpoint; call it again (e.g. from ``notify_checkpoint_complete``) for more.
+        Subtasks ask the same with ``SubtaskContext.request_batch()``.
+        """
+        raise NotImplementedError
+
     @abc.abstractmethod
     def call_periodically(self, interval_s: float, action: Callable[[], None]) -> Cancellable:
         """Run ``action`` on the mailbox every ``interval_s`` seconds until cancelled or reset."""

@@ -48,6 +48,7 @@ from sparkcoord.coordinator import (
     SubtaskGateway,
 )
 from sparkcoord.core.codec import EventCodec
+from sparkcoord.core.control import BatchRequested
 from sparkcoord.core.errors import (
     AttemptNoLongerLive,
     EventEncodingError,
@@ -125,6 +126,9 @@ class CoordinatorHolder:
         self._watchdog: Cancellable | None = None
         # failed instances whose close() waits for the failing callback to return
         self._closing: list[OperatorCoordinator] = []
+        # the coordinator or one of its subtasks asked for another batch (work pending); a
+        # plain bool: set from any thread, cleared on the mailbox at the next checkpoint
+        self.batch_requested = False
 
     # -------------------------------------------------------------------- service-facing API
     def start(self, checkpoint_id: int, snapshot: bytes | None,
@@ -185,6 +189,9 @@ class CoordinatorHolder:
         def run() -> None:
             for subtask, attempt, events in runs:
                 for event in events:
+                    if type(event) is BatchRequested:  # for the runtime, not the coordinator
+                        self.batch_requested = True
+                        continue
                     self._callback("handle_event_from_operator", subtask, attempt, event)
         self._submit(run)
 
@@ -288,6 +295,8 @@ class CoordinatorHolder:
         for item in replay:
             if item.answered is not None:
                 self._ask(item.subtask, item.attempt, item.event, item.answered)
+            elif type(item.event) is BatchRequested:
+                self.batch_requested = True
             else:
                 self._callback("handle_event_from_operator", item.subtask, item.attempt, item.event)
 
@@ -359,6 +368,7 @@ class CoordinatorHolder:
             self._busy = None
 
     def _trigger(self, checkpoint_id: int) -> None:
+        self.batch_requested = False  # this checkpoint's batch is the one that was asked for
         self.valve.checkpoint_triggered(checkpoint_id)
         result: Future[Any] = Future()
         generation = self.generation
@@ -591,6 +601,10 @@ class _Context(CoordinatorContext):
         holder = self.holder
         holder._run_or_submit(lambda: holder._report_failure(
             self.generation, f"coordinator {holder.name!r} called fail_job: {text}"))
+
+    def request_batch(self) -> None:
+        if not self.fenced:
+            self.holder.batch_requested = True
 
     def run_in_coordinator_thread(self, action: Callable[[], None]) -> None:
         holder = self.holder

@@ -287,6 +287,13 @@ class CoordinationService:
         """Whether any coordinator holds events for a future epoch (a hint; any thread)."""
         return any(h.held_count() for h in self._holders.values())
 
+    def wants_batch(self) -> bool:
+        """Whether a new epoch should be sealed now (a hint; any thread): events are held for
+        a subtask, a coordinator or subtask asked for a batch (work pending), or nothing was
+        ever sealed (the first batch of a job lets its subtasks register and ask)."""
+        return (self.last_sealed == NO_EPOCH
+                or any(h.held_count() or h.batch_requested for h in self._holders.values()))
+
     def trigger_checkpoint(self, checkpoint_id: int) -> Future[PreparedCheckpoint]:
         """Start checkpoint ``checkpoint_id`` on every coordinator (driver thread).
 

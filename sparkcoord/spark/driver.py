@@ -7,7 +7,7 @@ Rules (see also :mod:`sparkcoord.spark.source`, whose reader delegates here):
      workers must not pay for: docs/decisions.md 32).
   2. ``latest_epoch(start)``: the run's first call restores; later ones signal that the batch
      of ``start`` committed. A new epoch is sealed only when there is something to carry (held
-     events) or the checkpoint interval passed, and its record is durable before its epoch is
+     events, a batch asked for, the job's first batch) or the checkpoint interval passed, and its record is durable before its epoch is
      returned; otherwise ``start`` is returned and Spark runs no batch.
   3. A global failure makes the next call raise, failing the query with the failure's text.
 
@@ -117,7 +117,7 @@ class DriverSide:
         self.service.latest_offset_called(start_epoch)
         interval = self.spec.checkpoint_interval_s
         due = interval is not None and time.monotonic() - self.last_seal >= interval
-        if not (due or self.service.has_held_events()):
+        if not (due or self.service.wants_batch()):
             return start_epoch
         future = self.service.trigger_checkpoint(self.service.next_checkpoint_id)
         try:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from sparkcoord.core.control import BatchRequested
+
 
 class SubtaskContext:
     """What a subtask knows and may do. Created by the runtime for each task attempt.
@@ -52,6 +54,13 @@ class SubtaskContext:
         coordinator's mailbox); the coordinator handles it exactly once in the surviving state.
         """
         self._send(event)
+
+    def request_batch(self) -> None:
+        """Ask for another batch: this subtask has work pending (a split it did not finish).
+        Task thread. Travels and is logged like an event (the coordinator does not see it);
+        a new epoch is sealed at Spark's next ``latestOffset`` even if nothing else is to
+        carry."""
+        self._send(BatchRequested())
 
     def request(self, request: Any, timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S) -> Any:
         """Ask the coordinator and wait for its answer, inside the running batch. Task thread.

@@ -1,0 +1,128 @@
+"""A work queue: subtasks pull items of uneven cost from the coordinator inside the batch.
+
+``WorkQueue`` holds the items; a ``QueueWorker`` asks ``"next"`` with
+``SubtaskContext.request`` inside ``process()``, works on the item it gets, and asks again until
+the answer is ``None`` ("nothing more this batch"): a fast worker takes more items, so the batch
+ends near total work / P instead of waiting for the unluckiest static share. ``StaticShares``
+and ``ShareWorker`` are the same work split at batch start (every item sent as an event to
+subtask ``index % P``: what a coordinator could do before requests). Rows: ``SCHEMA``.
+
+Work is simulated by sleeping ``cost`` seconds (an I/O-bound item, like reading a file), so the
+comparison does not depend on the number of cores. Failures are injected once per job (marker
+files, as in :mod:`sparkcoord.examples.numbers`).
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future
+from typing import Any
+
+from sparkcoord.coordinator import CoordinatorContext, OperatorCoordinator
+from sparkcoord.examples.numbers import _once
+from sparkcoord.spark.operator import SubtaskContext, SubtaskOperator
+
+SCHEMA = "item int, subtask int, epoch int"
+
+
+def skewed_costs(count: int, total_s: float, seed: int = 7) -> list[float]:
+    """``count`` item costs summing to ``total_s``: a few large items and many small ones
+    (a Pareto-like spread, deterministic for ``seed``)."""
+    import random
+
+    rng = random.Random(seed)
+    weights = [rng.paretovariate(1.2) for _ in range(count)]
+    scale = total_s / sum(weights)
+    return [w * scale for w in weights]
+
+
+class WorkQueue(OperatorCoordinator):
+    """Hands out items one at a time; ``None`` when none is left. State: the items not yet
+    handed out, and who got which (a checkpointed assignment: exactly once)."""
+
+    def __init__(self, context: CoordinatorContext, costs: list[float] | None = None,
+                 fail_job_after: int | None = None, marker_dir: str | None = None) -> None:
+        super().__init__(context)
+        self.costs = list(costs or [])
+        self.fail_job_after = fail_job_after
+        self.marker_dir = marker_dir
+
+    def reset_to_checkpoint(self, checkpoint_id: int, state: Any) -> None:
+        if state is None:
+            state = {"next": 0, "assigned": {}}
+        self.next = state["next"]
+        self.assigned: dict[int, int] = dict(state["assigned"])
+
+    def handle_request(self, subtask: int, attempt: int, request: Any) -> Any:
+        if request != "next":
+            raise ValueError(f"unknown request {request!r}")
+        if self.next >= len(self.costs):
+            return None
+        if (self.fail_job_after is not None and self.next == self.fail_job_after
+                and _once(self.marker_dir, "fail_job-workqueue")):
+            self.context.fail_job(f"injected failure before item {self.next}")
+            return None
+        item = self.next
+        self.next += 1
+        self.assigned[item] = subtask
+        return (item, self.costs[item])
+
+    def checkpoint_coordinator(self, checkpoint_id: int, result: Future[Any]) -> None:
+        result.set_result({"next": self.next, "assigned": self.assigned})
+
+    def done(self) -> bool:
+        """Every item was handed out (mailbox thread)."""
+        return self.next >= len(self.costs)
+
+
+class QueueWorker(SubtaskOperator):
+    """Pulls items until the queue says ``None``; optionally fails its task once after taking
+    item ``fail_task_at`` (a retry in the middle of the queue)."""
+
+    def __init__(self, fail_task_at: int | None = None, marker_dir: str | None = None) -> None:
+        self.fail_task_at = fail_task_at
+        self.marker_dir = marker_dir
+
+    def process(self) -> Any:
+        ctx: SubtaskContext = self.context
+        while True:
+            answer = ctx.request("next")
+            if answer is None:
+                return
+            item, cost = answer
+            if (self.fail_task_at is not None and item == self.fail_task_at
+                    and _once(self.marker_dir, f"fail_task-{item}")):
+                raise RuntimeError(f"injected task failure after taking item {item}")
+            time.sleep(cost)
+            yield (item, ctx.subtask, ctx.epoch)
+
+
+class StaticShares(OperatorCoordinator):
+    """The baseline: every item sent at once as an event to subtask ``item % P``."""
+
+    def __init__(self, context: CoordinatorContext, costs: list[float] | None = None) -> None:
+        super().__init__(context)
+        self.costs = list(costs or [])
+
+    def reset_to_checkpoint(self, checkpoint_id: int, state: Any) -> None:
+        self.sent = bool(state)
+
+    def execution_attempt_ready(self, subtask: int, attempt: int, gateway: Any) -> None:
+        super().execution_attempt_ready(subtask, attempt, gateway)
+        if not self.sent and len(self._gateways) == self.context.parallelism:
+            self.sent = True
+            p = self.context.parallelism
+            for s, g in self.ready_gateways():
+                g.send_events([(i, c) for i, c in enumerate(self.costs) if i % p == s])
+
+    def checkpoint_coordinator(self, checkpoint_id: int, result: Future[Any]) -> None:
+        result.set_result(self.sent)
+
+
+class ShareWorker(SubtaskOperator):
+    """Works on the items its static share holds."""
+
+    def handle_operator_event(self, event: Any) -> Any:
+        item, cost = event
+        time.sleep(cost)
+        yield (item, self.context.subtask, self.context.epoch)
