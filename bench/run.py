@@ -7,7 +7,8 @@
 Benchmarks: core (in-process send -> seal -> delivery), seal (inside latestOffset), durability
 (what fsync=True costs against the default fsync=False), memory
 (runner RSS over many epochs), batches (per micro-batch vs a plain source, real Spark),
-channel (from Spark tasks), recovery (task failure, fail_job). Each measures its baseline in
+channel (from Spark tasks), recovery (task failure, fail_job), requests (round trip and rate
+of requests from Spark tasks, the skewed work queue). Each measures its baseline in
 the same run; the report gives medians and ratios.
 """
 
@@ -26,6 +27,7 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 IN_PROCESS = ["core", "seal", "durability", "memory"]
 ON_SPARK = ["batches", "channel", "recovery"]
+OWN_SESSION = ["requests"]  # starts a Spark session of its own, in a subprocess
 
 
 def main() -> int:
@@ -36,10 +38,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description="sparkcoord benchmarks")
     ap.add_argument("--preset", choices=["quick", "full"], default="quick")
     ap.add_argument("--only", default="", help="comma-separated subset of "
-                    + ", ".join(IN_PROCESS + ON_SPARK))
+                    + ", ".join(IN_PROCESS + ON_SPARK + OWN_SESSION))
     ap.add_argument("--out", default=None, help="output directory (default bench/results/<preset>)")
     args = ap.parse_args()
-    chosen = [n for n in IN_PROCESS + ON_SPARK if not args.only or n in args.only.split(",")]
+    chosen = [n for n in IN_PROCESS + ON_SPARK + OWN_SESSION
+              if not args.only or n in args.only.split(",")]
     out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", args.preset)
     console = Console(width=max(Console().width, 120))
     t0 = time.time()
@@ -57,6 +60,10 @@ def main() -> int:
             if name in ON_SPARK:
                 spark = spark or spark_session()
                 bench = module.run(args.preset, spark)
+            elif name in OWN_SESSION and spark is not None:
+                spark.stop()  # never two Spark sessions at once on this machine
+                spark = None
+                bench = module.run(args.preset)
             else:
                 bench = module.run(args.preset)
         except Exception:  # noqa: BLE001 - report a broken benchmark, run the others

@@ -170,6 +170,21 @@ class OperatorCoordinator:
             f"answer requests: implement handle_request(subtask, attempt, request)"))
         return refused
 
+    def handle_client_request(self, request: Any) -> Any:
+        """Answer ``request`` from a client of the job: the user's driver program, through
+        ``CoordinatedJob.request`` (status, pause and resume, add work). Mailbox thread.
+
+        Return the answer or a future, as in :meth:`handle_request`. The request is logged
+        before it reaches you, so what it changes survives a task retry's reset and a restore
+        (it is handed to you again, in log order); its answer is the state when it was asked
+        and is not compared when replayed. The default refuses every request.
+        """
+        refused: Future[Any] = Future()
+        refused.set_exception(NotImplementedError(
+            f"coordinator {self.context.operator_id!r} ({type(self).__qualname__}) does not "
+            f"answer client requests: implement handle_client_request(request)"))
+        return refused
+
     def checkpoint_coordinator(self, checkpoint_id: int, result: Future[Any]) -> None:
         """Take checkpoint ``checkpoint_id``: complete ``result`` with your state.
 

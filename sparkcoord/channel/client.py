@@ -34,6 +34,7 @@ import time
 from collections import OrderedDict
 
 from sparkcoord.channel.frames import (
+    ClientRequest,
     Delivery,
     EventFrames,
     Fetch,
@@ -355,3 +356,78 @@ class ChannelClient:
             unacked = self._unacked
             for seq in range(reply.seq, reply.seq + reply.count):
                 unacked.pop(seq, None)
+
+
+class JobClient:
+    """Asks the coordinators of a running job: the user's driver program side of client
+    requests (``CoordinatedJob.request``).
+
+    Each request carries this client's id and a sequence number; after a lost connection it is
+    sent again with the same number, and the service answers a repeated one from its log (the
+    request takes effect once).
+
+    Thread model: one request at a time (the caller serializes; ``CoordinatedJob`` holds a
+    lock around it).
+    """
+
+    def __init__(self, address: tuple[str, int], secret: bytes, client_id: str, *,
+                 max_retries: int = 5) -> None:
+        self.address = address
+        self.secret = secret
+        self.client_id = client_id
+        self.max_retries = max_retries
+        self.next_seq = 0
+        self._sock: socket.socket | None = None
+        self._reader: FrameReader | None = None
+
+    def request(self, operator: str, payload: bytes, timeout_s: float) -> Response:
+        """Ask coordinator ``operator``; the RESPONSE (see :meth:`ChannelClient.request`).
+        Raises :class:`~sparkcoord.core.errors.RequestFailed` after ``timeout_s`` and
+        :class:`ChannelUnavailable` when the connection keeps failing."""
+        seq = self.next_seq
+        self.next_seq += 1
+        frame = encode(ClientRequest(operator, self.client_id, seq, payload), self.secret)
+        deadline = time.monotonic() + timeout_s
+        failures = 0
+        sent = False
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise RequestFailed(f"no answer from coordinator {operator!r} to client "
+                                    f"request {seq} within {timeout_s} s")
+            try:
+                if self._sock is None:
+                    sock = socket.create_connection(self.address, timeout=remaining)
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    self._sock, self._reader = sock, FrameReader(sock, 1 << 30)
+                    sent = False
+                if not sent:
+                    self._sock.sendall(frame)
+                    sent = True
+                self._sock.settimeout(remaining)
+                assert self._reader is not None
+                raw = self._reader.read_frame()
+                if raw is None:
+                    raise OSError("the coordination service closed the connection")
+                message = authenticate_and_parse(*raw, self.secret)
+            except TimeoutError:
+                continue
+            except (OSError, FrameError) as exc:
+                failures += 1
+                self.close()
+                if failures > self.max_retries:
+                    raise ChannelUnavailable(f"client request {seq} to {operator!r}: channel to "
+                                             f"{self.address} failed {failures} times: "
+                                             f"{exc!r}") from exc
+                time.sleep(min(0.02 * 2 ** failures, 1.0))
+                continue
+            if isinstance(message, Response) and message.seq == seq:
+                return message
+
+    def close(self) -> None:
+        if self._sock is not None:
+            try:
+                self._sock.close()
+            finally:
+                self._sock = None
+                self._reader = None

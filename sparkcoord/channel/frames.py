@@ -45,6 +45,7 @@ class FrameType(enum.IntEnum):
     EVENTS = 7  # consecutive events of one attempt in one frame (a client's burst)
     REQUEST = 8  # a request of one attempt (shares the sequence of its events)
     RESPONSE = 9  # the logged answer to a request, or why there is none
+    CLIENT_REQUEST = 10  # a request of a client of the job (the user's driver program)
 
 
 class ResponseStatus(enum.IntEnum):
@@ -123,6 +124,16 @@ class Request:
 
 
 @dataclass(frozen=True, slots=True)
+class ClientRequest:
+    """Request ``seq`` of client ``client`` (a driver program's id) to coordinator ``operator``."""
+
+    operator: str
+    client: str
+    seq: int
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
 class Response:
     """The answer to request ``seq`` of the connection's attempt (logged before it is sent)."""
 
@@ -138,7 +149,8 @@ class Replies:
     replies: tuple[Reply, ...]
 
 
-Message = Register | Event | Events | Reply | Fetch | Delivery | Replies | Request | Response
+Message = (Register | Event | Events | Reply | Fetch | Delivery | Replies | Request | Response
+           | ClientRequest)
 _REASON = struct.Struct(">H")
 
 
@@ -209,6 +221,10 @@ def encode(message: Message, secret: bytes) -> bytes:
     elif isinstance(message, Request):
         kind = FrameType.REQUEST
         body = _attempt(message.attempt) + _SEQ.pack(message.seq) + message.payload
+    elif isinstance(message, ClientRequest):
+        kind = FrameType.CLIENT_REQUEST
+        body = (_text(message.operator) + _text(message.client) + _SEQ.pack(message.seq)
+                + message.payload)
     elif isinstance(message, Response):
         kind = FrameType.RESPONSE
         body = _SEQ.pack(message.seq) + bytes([message.status]) + message.payload
@@ -289,6 +305,11 @@ def _parse(frame_type: FrameType, body: memoryview) -> Message:
     if frame_type is FrameType.RESPONSE:
         (seq,) = _SEQ.unpack_from(body, 0)
         return Response(seq, ResponseStatus(body[_SEQ.size]), bytes(body[_SEQ.size + 1:]))
+    if frame_type is FrameType.CLIENT_REQUEST:
+        operator = text()
+        client = text()
+        (seq,) = _SEQ.unpack_from(body, pos)
+        return ClientRequest(operator, client, seq, bytes(body[pos + _SEQ.size:]))
     if frame_type is FrameType.FETCH:
         operator = text()
         index, epoch = struct.unpack_from(">Iq", body, pos)

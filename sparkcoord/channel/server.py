@@ -43,6 +43,7 @@ from typing import Protocol
 from sparkcoord.channel.frames import (
     HEADER,
     MAC_SIZE,
+    ClientRequest,
     Delivery,
     Event,
     Events,
@@ -63,7 +64,13 @@ from sparkcoord.channel.frames import (
 )
 from sparkcoord.core.errors import SparkCoordError
 from sparkcoord.core.ids import TaskAttempt
-from sparkcoord.core.inbound import InboundDecision, ResponseEntry, RunDecision, Verdict
+from sparkcoord.core.inbound import (
+    ClientResponseEntry,
+    InboundDecision,
+    ResponseEntry,
+    RunDecision,
+    Verdict,
+)
 
 log = logging.getLogger(__name__)
 
@@ -83,9 +90,14 @@ class InboundHandler(Protocol):
         ...
 
     def request_received(self, attempt: TaskAttempt, seq: int, payload: bytes
-                         ) -> Future[ResponseEntry]:
+                         ) -> Future[ResponseEntry | ClientResponseEntry]:
         """Request ``seq`` of ``attempt``: the future of its logged answer (it fails with the
         reason when no answer will come)."""
+        ...
+
+    def client_request_received(self, operator: str, client: str, seq: int, payload: bytes
+                                ) -> Future[ResponseEntry | ClientResponseEntry]:
+        """Request ``seq`` of a client of the job to ``operator``: as :meth:`request_received`."""
         ...
 
 
@@ -423,12 +435,17 @@ class ChannelServer:
         return False
 
     def _dispatch(self, message: object) -> Reply | Delivery | Response:
-        if isinstance(message, Request):
+        if isinstance(message, (Request, ClientRequest)):
             # The connection's thread waits for the logged answer: its task waits for it too
             # and sends nothing meanwhile. A failure or the end of the run fails the future.
             try:
-                entry = self.handler.request_received(message.attempt, message.seq,
-                                                      message.payload).result()
+                if isinstance(message, Request):
+                    answer = self.handler.request_received(message.attempt, message.seq,
+                                                           message.payload)
+                else:
+                    answer = self.handler.client_request_received(
+                        message.operator, message.client, message.seq, message.payload)
+                entry = answer.result()
             except Exception as exc:  # noqa: BLE001 - the reason travels to the task
                 reason = str(exc) if isinstance(exc, SparkCoordError) else repr(exc)
                 return Response(message.seq, ResponseStatus.FAILED, reason.encode())

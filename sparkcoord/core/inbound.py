@@ -98,7 +98,38 @@ class ResponseEntry:
     failed: bool = False
 
 
-LogEntry = RegistrationEntry | EventEntry | EventRunEntry | RequestEntry | ResponseEntry
+#: The subtask index of a client request's log identity (no subtask has it).
+CLIENT_INDEX = 0xFFFFFFFF
+
+
+def client_identity(operator: str, client: str, epoch: int) -> TaskAttempt:
+    """The log identity of client ``client``'s requests to ``operator`` in ``epoch``'s log."""
+    return TaskAttempt(client, SubtaskId(operator, CLIENT_INDEX), epoch, 0)
+
+
+@dataclass(frozen=True, slots=True)
+class ClientRequestEntry:
+    """Log entry: request ``seq`` of a client of the job (the user's driver program) to the
+    coordinator ``attempt.subtask.operator``; ``attempt`` is :func:`client_identity` (its run is
+    the client's id). Client requests are in no subtask's history: they always survive."""
+
+    attempt: TaskAttempt
+    seq: int
+    payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class ClientResponseEntry:
+    """Log entry: the coordinator's answer to client request ``seq`` (as :class:`ResponseEntry`)."""
+
+    attempt: TaskAttempt
+    seq: int
+    payload: bytes
+    failed: bool = False
+
+
+LogEntry = (RegistrationEntry | EventEntry | EventRunEntry | RequestEntry | ResponseEntry
+            | ClientRequestEntry | ClientResponseEntry)
 #: The entries that are items of a subtask's history (numbered by sequence).
 ItemEntry = EventEntry | EventRunEntry | RequestEntry
 
@@ -171,7 +202,7 @@ class RequestDecision:
     reason: str = ""
     execution_attempt: int = 0
     diverged: bool = False
-    response: ResponseEntry | None = None
+    response: ResponseEntry | ClientResponseEntry | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,7 +216,9 @@ class ReplayedItem:
     seq: int
     payload: bytes
     is_request: bool = False
-    response: ResponseEntry | None = None
+    response: ResponseEntry | ClientResponseEntry | None = None
+    #: a client's request (``attempt`` is its :func:`client_identity`)
+    client: bool = False
 
 
 @dataclass(slots=True)
@@ -223,6 +256,10 @@ class InboundGate:
         self._histories: dict[SubtaskId, _History] = {}
         self._responses: dict[tuple[SubtaskId, int], ResponseEntry] = {}
         self._requested: set[str] = set()  # operators that accepted a request this epoch
+        # client requests of the current log, (operator, client, seq) -> answer (None: not
+        # yet); kept from a batch's commit until the next epoch starts (the log of the
+        # committed epoch takes client requests until then)
+        self._client: dict[tuple[str, str, int], ClientResponseEntry | None] = {}
         self._log: list[LogEntry] = []
         self._execution_attempts: dict[SubtaskId, int] = {}
 
@@ -235,6 +272,7 @@ class InboundGate:
             raise CheckpointIdRegression("epoch start", epoch, floor)
         self.running_epoch = epoch
         self._clear()
+        self._client.clear()  # client requests now go to this epoch's log
 
     def epoch_resumed(self, epoch: int, entries: Iterable[LogEntry]) -> None:
         """The batch of ``epoch`` runs again in this run, continuing the kept log ``entries``
@@ -386,6 +424,49 @@ class InboundGate:
         self._log.append(entry)
         return entry
 
+    @property
+    def client_log_epoch(self) -> int | None:
+        """The epoch whose log takes client requests now: the running one, else the last
+        committed one until the next epoch starts; None before anything was sealed."""
+        if self.running_epoch is not None:
+            return self.running_epoch
+        return self.last_committed if self.last_committed != NO_EPOCH else None
+
+    def client_request_received(self, operator: str, client: str, seq: int, payload: bytes
+                                ) -> RequestDecision:
+        """Request ``seq`` of ``client`` to ``operator`` arrived. ACCEPT: log
+        ``self.last_entry`` in the log of :attr:`client_log_epoch`, hand it to the coordinator,
+        answer when :meth:`client_response_recorded` took the answer. DUPLICATE: a client's
+        re-send, answered from the log. A client request does not make task retries adopt
+        (it is in no subtask's history); its effect survives resets and restores because it
+        is replayed with the other inputs, in log order."""
+        if operator not in self.parallelism:
+            return RequestDecision(Verdict.REJECT, f"unknown operator {operator!r}")
+        epoch = self.client_log_epoch
+        if epoch is None:
+            return RequestDecision(Verdict.REJECT, "no epoch was sealed yet (the query is "
+                                                   "starting); ask again")
+        key = (operator, client, seq)
+        if key in self._client:
+            return RequestDecision(Verdict.DUPLICATE, response=self._client[key])
+        entry = ClientRequestEntry(client_identity(operator, client, epoch), seq, payload)
+        self._client[key] = None
+        self._log.append(entry)
+        return RequestDecision(Verdict.ACCEPT)
+
+    def client_response_recorded(self, asked_by: TaskAttempt, seq: int, payload: bytes,
+                                 failed: bool = False) -> ClientResponseEntry | None:
+        """The coordinator answered client request ``seq`` (``asked_by`` is its identity):
+        the entry to log, or None when it is no longer part of the current log."""
+        key = (asked_by.subtask.operator, asked_by.run, seq)
+        if key not in self._client or self._client[key] is not None \
+                or asked_by.epoch != self.client_log_epoch:
+            return None
+        entry = ClientResponseEntry(asked_by, seq, payload, failed)
+        self._client[key] = entry
+        self._log.append(entry)
+        return entry
+
     def response_of(self, subtask: SubtaskId, seq: int) -> ResponseEntry | None:
         """The logged answer to item ``seq`` of ``subtask``'s history, if any."""
         return self._responses.get((subtask, seq))
@@ -403,9 +484,15 @@ class InboundGate:
         histories = self._histories
         out: list[ReplayedItem] = []
         for entry in self._log:
-            if isinstance(entry, (RegistrationEntry, ResponseEntry)):
+            if isinstance(entry, (RegistrationEntry, ResponseEntry, ClientResponseEntry)):
                 continue
             sid = entry.attempt.subtask
+            if isinstance(entry, ClientRequestEntry):
+                if operator is None or sid.operator == operator:
+                    out.append(ReplayedItem(entry.attempt, entry.seq, entry.payload, True,
+                                            self._client.get((sid.operator, entry.attempt.run,
+                                                              entry.seq)), client=True))
+                continue
             if sid == excluding or (operator is not None and sid.operator != operator):
                 continue
             history = histories.get(sid)
@@ -443,6 +530,14 @@ class InboundGate:
         if isinstance(entry, ResponseEntry):
             sid = entry.attempt.subtask
             self._responses.setdefault((sid, entry.seq), entry)
+            self._log.append(entry)
+            return
+        if isinstance(entry, (ClientRequestEntry, ClientResponseEntry)):
+            key = (entry.attempt.subtask.operator, entry.attempt.run, entry.seq)
+            if isinstance(entry, ClientResponseEntry):
+                self._client[key] = entry
+            else:
+                self._client.setdefault(key, None)
             self._log.append(entry)
             return
         sid = entry.attempt.subtask
@@ -506,5 +601,16 @@ def surviving_events(entries: Iterable[LogEntry]) -> list[EventEntry]:
 
 
 def operators_with_requests(entries: Iterable[LogEntry]) -> set[str]:
-    """The operators that accepted a request in a log (a restore keeps their history)."""
+    """The operators that accepted a subtask's request in a log (a restore keeps their
+    history)."""
     return {e.attempt.subtask.operator for e in entries if isinstance(e, RequestEntry)}
+
+
+def kept_at_rerun(entries: Iterable[LogEntry]) -> list[LogEntry]:
+    """What a restore to an uncommitted epoch keeps of its log (docs/decisions.md 36, 38):
+    every entry of the operators that answered a subtask's request, and every client request
+    and answer (a client was answered: the effect must survive); the rest is truncated."""
+    entries = list(entries)
+    keep = operators_with_requests(entries)
+    return [e for e in entries if e.attempt.subtask.operator in keep
+            or isinstance(e, (ClientRequestEntry, ClientResponseEntry))]

@@ -9,7 +9,8 @@ snapshot payloads inside it stay opaque bytes until the user's code decodes them
 Inbound logs are a sequence of *frames* (length, CRC-32, body) appended one by one. A frame holds
 a registration (kind 0), one event (1), a run of consecutive events of one attempt that were
 accepted together (2; acknowledged together, so they are durable together), a request (3) or
-the coordinator's response to one (4; logged before the task sees it). A frame whose checksum fails is
+the coordinator's response to one (4; logged before the task sees it), a request of a client
+of the job (5) or its response (6). A frame whose checksum fails is
 damage wherever it is, the last frame included: an append that a crash cut short leaves a
 *short* frame, never a full-length one with other bytes in it. A short last frame is a torn
 write; only a reader that may see the log of a batch that never committed may drop it
@@ -33,6 +34,8 @@ from dataclasses import dataclass, field
 from sparkcoord.core.errors import CorruptRecord, UnknownRecordVersion
 from sparkcoord.core.ids import SubtaskId, TaskAttempt
 from sparkcoord.core.inbound import (
+    ClientRequestEntry,
+    ClientResponseEntry,
     EventEntry,
     EventRunEntry,
     LogEntry,
@@ -235,13 +238,15 @@ def encode_log_entry(entry: LogEntry) -> bytes:
         body = b"".join([_log_prefix(a, 2),
                          _ATTEMPT.pack(a.subtask.index, a.epoch, a.number, entry.first_seq),
                          struct.pack(f">I{n}I", n, *map(len, payloads)), *payloads])
-    elif isinstance(entry, RequestEntry):
+    elif isinstance(entry, (RequestEntry, ClientRequestEntry)):
         payload = entry.payload
-        body = b"".join([_log_prefix(a, 3), _ATTEMPT.pack(a.subtask.index, a.epoch, a.number, entry.seq),
+        kind = 3 if isinstance(entry, RequestEntry) else 5
+        body = b"".join([_log_prefix(a, kind), _ATTEMPT.pack(a.subtask.index, a.epoch, a.number, entry.seq),
                          _U32.pack(len(payload)), payload])
-    elif isinstance(entry, ResponseEntry):
+    elif isinstance(entry, (ResponseEntry, ClientResponseEntry)):
         payload = entry.payload
-        body = b"".join([_log_prefix(a, 4), _ATTEMPT.pack(a.subtask.index, a.epoch, a.number, entry.seq),
+        kind = 4 if isinstance(entry, ResponseEntry) else 6
+        body = b"".join([_log_prefix(a, kind), _ATTEMPT.pack(a.subtask.index, a.epoch, a.number, entry.seq),
                          _U32.pack(1 if entry.failed else 0), _U32.pack(len(payload)), payload])
     else:
         body = _log_prefix(a, 0) + _ATTEMPT.pack(a.subtask.index, a.epoch, a.number, 0)
@@ -363,15 +368,16 @@ def _decode_entry(r: _Reader) -> LogEntry:
     if kind == 0:
         r.done()
         return RegistrationEntry(attempt)
-    if kind == 3:
+    if kind in (3, 5):
         payload = r.blob()
         r.done()
-        return RequestEntry(attempt, seq, payload)
-    if kind == 4:
+        return (RequestEntry if kind == 3 else ClientRequestEntry)(attempt, seq, payload)
+    if kind in (4, 6):
         failed = r.u32()
         payload = r.blob()
         r.done()
-        return ResponseEntry(attempt, seq, payload, bool(failed))
+        return (ResponseEntry if kind == 4 else ClientResponseEntry)(attempt, seq, payload,
+                                                                      bool(failed))
     raise CorruptRecord(f"{r.what}: unknown entry kind {kind}")
 
 

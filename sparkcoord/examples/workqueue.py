@@ -43,15 +43,33 @@ class WorkQueue(OperatorCoordinator):
     def __init__(self, context: CoordinatorContext, costs: list[float] | None = None,
                  fail_job_after: int | None = None, marker_dir: str | None = None) -> None:
         super().__init__(context)
-        self.costs = list(costs or [])
+        self.initial_costs = list(costs or [])
+        self.costs = list(self.initial_costs)
         self.fail_job_after = fail_job_after
         self.marker_dir = marker_dir
 
     def reset_to_checkpoint(self, checkpoint_id: int, state: Any) -> None:
         if state is None:
-            state = {"next": 0, "assigned": {}}
-        self.next = state["next"]
+            state = {"next": 0, "assigned": {}, "added": []}
+        self.next: int = state["next"]
         self.assigned: dict[int, int] = dict(state["assigned"])
+        # items added by client requests (part of the state: they survive restores)
+        self.added: list[float] = list(state["added"])
+        self.costs = self.initial_costs + self.added
+
+    def handle_client_request(self, request: Any) -> Any:
+        """``"status"``: how many items were handed out and are left; ``("add", costs)``: more
+        items (a batch is asked for, so they are pulled without waiting for a timer)."""
+        if request == "status":
+            return {"handed_out": self.next, "left": len(self.costs) - self.next,
+                    "done": self.next >= len(self.costs)}
+        if isinstance(request, tuple) and request[0] == "add":
+            first = len(self.costs)
+            self.added.extend(request[1])
+            self.costs.extend(request[1])
+            self.context.request_batch()
+            return list(range(first, len(self.costs)))
+        raise ValueError(f"unknown client request {request!r}")
 
     def handle_request(self, subtask: int, attempt: int, request: Any) -> Any:
         if request != "next":
@@ -68,7 +86,7 @@ class WorkQueue(OperatorCoordinator):
         return (item, self.costs[item])
 
     def checkpoint_coordinator(self, checkpoint_id: int, result: Future[Any]) -> None:
-        result.set_result({"next": self.next, "assigned": self.assigned})
+        result.set_result({"next": self.next, "assigned": self.assigned, "added": self.added})
 
     def done(self) -> bool:
         """Every item was handed out (mailbox thread)."""

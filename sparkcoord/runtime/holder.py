@@ -94,6 +94,8 @@ class ReplayedEvent:
     attempt: int
     event: Any
     answered: Answered | None = None
+    #: a client's request (to ``handle_client_request``; ``subtask`` means nothing)
+    client: bool = False
 
 
 class CoordinatorHolder:
@@ -200,6 +202,10 @@ class CoordinatorHolder:
         coordinator's ``handle_request``, and ``answered`` once its answer exists (rule 7)."""
         self._submit(lambda: self._ask(subtask, attempt, request, answered))
 
+    def deliver_client_request(self, request: Any, answered: Answered) -> None:
+        """An accepted client request, as one mailbox action (inbound critical section)."""
+        self._submit(lambda: self._ask_client(request, answered))
+
     def subtask_failed(self, subtask: int, old_attempt: int, reason: str, checkpoint_id: int,
                        snapshot: bytes | None, replay: Sequence[ReplayedEvent]) -> None:
         """A task of ``subtask`` was retried inside the batch of ``checkpoint_id`` (rule 7).
@@ -293,7 +299,9 @@ class CoordinatorHolder:
             self._callback("execution_attempt_ready", subtask, attempt,
                            _Gateway(self, self.generation, subtask, attempt))
         for item in replay:
-            if item.answered is not None:
+            if item.client:
+                self._ask_client(item.event, item.answered or (lambda data, failed: None))
+            elif item.answered is not None:
                 self._ask(item.subtask, item.attempt, item.event, item.answered)
             elif type(item.event) is BatchRequested:
                 self.batch_requested = True
@@ -314,6 +322,17 @@ class CoordinatorHolder:
         else:
             self._answer(generation, subtask, request, result, answered)
 
+    def _ask_client(self, request: Any, answered: Answered) -> None:
+        generation = self.generation
+        result = self._callback("handle_client_request", request)
+        if result is _CALLBACK_FAILED:
+            return
+        if isinstance(result, Future):
+            result.add_done_callback(
+                lambda f: self._answer(generation, -1, request, f, answered))
+        else:
+            self._answer(generation, -1, request, result, answered)
+
     def _answer(self, generation: int, subtask: int, request: Any, result: Any,
                 answered: Answered) -> None:
         failed = False
@@ -329,8 +348,9 @@ class CoordinatorHolder:
                 payload = self.codec.encode(result)
             except SparkCoordError as exc:
                 context = self._context
-                cause = (f"coordinator {self.name!r} answered request {request!r} of subtask "
-                         f"{subtask} with a response it cannot send: {exc}")
+                asker = "a client" if subtask < 0 else f"subtask {subtask}"
+                cause = (f"coordinator {self.name!r} answered request {request!r} of {asker} "
+                         f"with a response it cannot send: {exc}")
                 self._run_or_submit(lambda: self._report_failure(
                     generation if context is None else context.generation, cause))
                 return

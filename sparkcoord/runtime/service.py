@@ -46,6 +46,7 @@ from sparkcoord.core.errors import (
 )
 from sparkcoord.core.ids import NO_EPOCH, SubtaskId, TaskAttempt
 from sparkcoord.core.inbound import (
+    ClientResponseEntry,
     InboundDecision,
     InboundGate,
     LogEntry,
@@ -53,7 +54,7 @@ from sparkcoord.core.inbound import (
     ResponseEntry,
     RunDecision,
     Verdict,
-    operators_with_requests,
+    kept_at_rerun,
 )
 from sparkcoord.core.records import CheckpointRecord, encode_log_entry
 from sparkcoord.core.restore import RestorePoint, RestorePointDetector
@@ -64,6 +65,10 @@ from sparkcoord.runtime.mailbox import Mailbox, ThreadMailbox
 from sparkcoord.runtime.storage import CheckpointStorage
 
 log = logging.getLogger(__name__)
+
+
+#: The logged answer to a task's or a client's request.
+Answer = ResponseEntry | ClientResponseEntry
 
 
 class CheckpointDeclined(SparkCoordError):
@@ -131,7 +136,9 @@ class CoordinationService:
         self._failing = False
         self._closed = False
         # tasks waiting for the answer to item seq of a subtask's history (rule 5)
-        self._waiters: dict[tuple[SubtaskId, int], Future[ResponseEntry]] = {}
+        self._waiters: dict[tuple[SubtaskId, int], Future[Answer]] = {}
+        # clients waiting for answers, by (operator, client id, seq)
+        self._client_waiters: dict[tuple[str, str, int], Future[Answer]] = {}
 
     # ---------------------------------------------------------------- driver adapter calls
     def latest_offset_called(self, start_epoch: int) -> None:
@@ -207,7 +214,7 @@ class CoordinationService:
                 if sid.operator in replay:
                     replay[sid.operator].append(ReplayedEvent(
                         sid.index, 0, self.codec.decode(item.payload),
-                        self._replay_answer(item) if item.is_request else None))
+                        self._replay_answer(item) if item.is_request else None, item.client))
             for spec in self.specs.values():
                 holder = CoordinatorHolder(
                     spec.name, spec.provider, spec.parallelism, self._mailbox_factory(spec.name),
@@ -227,13 +234,13 @@ class CoordinationService:
         # truncated, as DESIGN rule 8 says. The kept entries replace the log durably before
         # anything else, and the coordinators get them again, as after a committed batch.
         assert self._gate is not None
-        keep = operators_with_requests(logged)
-        kept = [e for e in logged if e.attempt.subtask.operator in keep]
+        kept = kept_at_rerun(logged)
         self.storage.start_inbound_log(epoch, b"".join(encode_log_entry(e) for e in kept))
         self._gate.epoch_resumed(epoch, kept)
         if kept:
-            log.info("epoch %d runs again with the logged history of %s (%d entries): its "
-                     "tasks get the logged answers", epoch, ", ".join(sorted(keep)), len(kept))
+            log.info("epoch %d runs again with %d logged entries of %s kept: its tasks get "
+                     "the logged answers", epoch, len(kept),
+                     ", ".join(sorted({e.attempt.subtask.operator for e in kept})))
         return self._gate.surviving_items()
 
     def _replay_answer(self, item: ReplayedItem) -> Answered:
@@ -243,6 +250,12 @@ class CoordinationService:
         attempt, seq, logged = item.attempt, item.seq, item.response
 
         def answered(payload: bytes, failed: bool) -> None:
+            if item.client:
+                # a client's answer reflects the state when it was asked; only its effect
+                # must survive (decision 38): not compared, logged if it was not yet
+                if logged is None:
+                    self._client_response_ready(attempt, seq, payload, failed)
+                return
             if logged is None:
                 self._response_ready(attempt, seq, payload, failed)
                 return
@@ -446,7 +459,7 @@ class CoordinationService:
         return decisions
 
     def request_received(self, attempt: TaskAttempt, seq: int, payload: bytes
-                         ) -> Future[ResponseEntry]:
+                         ) -> Future[Answer]:
         """Request ``seq`` of ``attempt`` arrived (channel thread). Returns the future of its
         logged answer: the channel sends it to the task once it resolves, or the future's
         error (:class:`~sparkcoord.core.errors.RequestFailed`) when it fails.
@@ -456,20 +469,14 @@ class CoordinationService:
         adopted the history: DESIGN 2b) gets the logged answer without reaching the
         coordinator again. A repeated request whose bytes differ fails the job.
         """
-        answer: Future[ResponseEntry] = Future()
-        try:
-            request = self.codec.decode(payload)  # unpickled before it is logged (decision 6)
-        except Exception as exc:  # noqa: BLE001 - unpickling raises anything
-            answer.set_exception(RequestFailed(f"request {seq} of {attempt} cannot be unpickled "
-                                               f"on the driver: {exc!r}"))
+        answer: Future[Answer] = Future()
+        request = self._decoded_request(payload, f"request {seq} of {attempt}", answer)
+        if answer.done():
             return answer
         with self._lock:
-            refusal = self._inbound_refusal()
-            if refusal:
-                answer.set_exception(RequestFailed(refusal))
+            gate = self._admitting(answer)
+            if gate is None:
                 return answer
-            gate = self._gate
-            assert gate is not None
             decision = gate.request_received(attempt, seq, payload)
             sid = attempt.subtask
             if decision.verdict is Verdict.REJECT:
@@ -490,6 +497,75 @@ class CoordinationService:
                 return answer
         self._fail(decision.reason)  # diverged: outside the lock, like every failure
         return answer
+
+    def client_request_received(self, operator: str, client: str, seq: int, payload: bytes
+                                ) -> Future[Answer]:
+        """Request ``seq`` of ``client`` (the user's driver program, through
+        ``CoordinatedJob.request``) to ``operator`` arrived (channel thread). Returns the future
+        of its logged answer, as :meth:`request_received` does for a task.
+
+        Logged in the current epoch's log (the running batch's, or after a committed batch's
+        entries until the next epoch starts: decision 38) before the coordinator's
+        ``handle_client_request`` sees it, so its effect survives a reset and a restore; a
+        re-send of the same ``(client, seq)`` is answered from the log.
+        """
+        answer: Future[Answer] = Future()
+        request = self._decoded_request(payload, f"client request {seq} to {operator!r}", answer)
+        if answer.done():
+            return answer
+        with self._lock:
+            gate = self._admitting(answer)
+            if gate is None:
+                return answer
+            decision = gate.client_request_received(operator, client, seq, payload)
+            key = (operator, client, seq)
+            if decision.verdict is Verdict.REJECT:
+                answer.set_exception(RequestFailed(decision.reason))
+                return answer
+            if decision.verdict is Verdict.DUPLICATE:
+                if decision.response is not None:
+                    answer.set_result(decision.response)
+                    return answer
+                return self._client_waiters.setdefault(key, answer)
+            epoch = gate.client_log_epoch
+            assert epoch is not None
+            identity = gate.last_entry.attempt
+            self._append(epoch)
+            self._client_waiters[key] = answer
+            self._holders[operator].deliver_client_request(
+                request, lambda data, failed: self._client_response_ready(identity, seq, data, failed))
+            return answer
+
+    def _decoded_request(self, payload: bytes, what: str, answer: Future[Answer]) -> Any:
+        # Unpickled before it is logged (decision 6): a request the driver cannot unpickle
+        # fails ``answer`` (the asker learns why) and is never logged.
+        try:
+            return self.codec.decode(payload)
+        except Exception as exc:  # noqa: BLE001 - unpickling raises anything
+            answer.set_exception(RequestFailed(f"{what} cannot be unpickled on the driver: "
+                                               f"{exc!r}"))
+            return None
+
+    def _admitting(self, answer: Future[Answer]) -> InboundGate | None:
+        # Under the lock: the gate, or None (and ``answer`` failed) when nothing is admitted.
+        refusal = self._inbound_refusal()
+        if refusal:
+            answer.set_exception(RequestFailed(refusal))
+            return None
+        return self._gate
+
+    def _client_response_ready(self, asked_by: TaskAttempt, seq: int, payload: bytes,
+                               failed: bool) -> None:
+        with self._lock:
+            if self._closed or self.failure is not None or self._gate is None:
+                return
+            entry = self._gate.client_response_recorded(asked_by, seq, payload, failed)
+            if entry is None:
+                return
+            self._append(asked_by.epoch)
+            waiter = self._client_waiters.pop((asked_by.subtask.operator, asked_by.run, seq), None)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(entry)
 
     def _response_ready(self, asked_by: TaskAttempt, seq: int, payload: bytes,
                         failed: bool) -> None:
@@ -512,6 +588,13 @@ class CoordinationService:
         for (sid, seq), waiter in waiters.items():
             if not waiter.done():
                 waiter.set_exception(RequestFailed(f"request {seq} of {sid}: {why}"))
+
+    def _fail_client_waiters(self, why: str) -> None:
+        waiters, self._client_waiters = self._client_waiters, {}
+        for (operator, client, seq), waiter in waiters.items():
+            if not waiter.done():
+                waiter.set_exception(RequestFailed(f"request {seq} of client {client} to "
+                                                   f"{operator!r}: {why}"))
 
     def _inbound_refusal(self) -> str:
         # Under the lock. A closed service refuses too: a straggler task of an ended run must
@@ -545,9 +628,13 @@ class CoordinationService:
         record = self._record
         if record is None or record.epoch != attempt.epoch:
             raise IllegalTransition(f"task retry {attempt} without the record of its epoch")
-        replay = [ReplayedEvent(e.attempt.subtask.index, self._gate.execution_attempt(e.attempt.subtask),
-                                self.codec.decode(e.payload))
-                  for e in self._gate.surviving_events(sid.operator, excluding=sid)]
+        # the other subtasks' events and the clients' requests, in log order (a reset comes
+        # before any subtask request of the epoch: rule 5 of the gate)
+        replay = [ReplayedEvent(i.attempt.subtask.index,
+                                0 if i.client else self._gate.execution_attempt(i.attempt.subtask),
+                                self.codec.decode(i.payload),
+                                (lambda data, failed: None) if i.client else None, i.client)
+                  for i in self._gate.surviving_items(sid.operator, excluding=sid)]
         reason = (f"task of {sid} in epoch {attempt.epoch} was retried: Spark attempt "
                   f"{decision.replaced.number} replaced by attempt {attempt.number}")
         self._holders[sid.operator].subtask_failed(
@@ -654,6 +741,7 @@ class CoordinationService:
             if self._waiting is not None:
                 self._waiting.cancel()  # the timeout stays: it aborts the checkpoint
             self._fail_waiters(f"the job failed: {cause}")
+            self._fail_client_waiters(f"the job failed: {cause}")
         if future is not None and not future.done():
             future.set_exception(JobFailed(cause))
         for listener in self._failure_listeners:
@@ -676,6 +764,7 @@ class CoordinationService:
             self._closed = True
             self._cancel_checkpoint_timers()
             self._fail_waiters("the coordination service of this run is closed")
+            self._fail_client_waiters("the coordination service of this run is closed")
             holders = list(self._holders.values())
         for holder in holders:
             holder.close()

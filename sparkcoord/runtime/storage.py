@@ -44,7 +44,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from sparkcoord.core.errors import CorruptRecord
 from sparkcoord.core.ids import SubtaskId
-from sparkcoord.core.inbound import LogEntry
+from sparkcoord.core.inbound import ClientRequestEntry, ClientResponseEntry, LogEntry
 from sparkcoord.core.records import (
     CheckpointRecord,
     LogSeal,
@@ -239,28 +239,64 @@ class CheckpointStorage:
         seal; each error names the file, the epoch and what was expected (rule 4).
         """
         parts = self._log_parts(epoch)
-        entries: list[LogEntry] = []
-        length, crc = 0, 0
-        for name, data in parts:
-            entries.extend(decode_log(data, name)[0])
-            length += len(data)
-            crc = zlib.crc32(data, crc)
+        where = (parts[0][0] if parts and parts[0][0].endswith(".log")
+                 else self._segment_dir(epoch))
         seal_path = self._seal_path(epoch)
         try:
             seal = decode_log_seal(self.files.read(seal_path), seal_path)
         except FileNotFoundError:
             seal = None  # the run crashed before it learnt that the batch committed
-        if seal is not None and (seal.epoch, seal.length, seal.crc32) != (epoch, length, crc):
-            where = (parts[0][0] if parts and parts[0][0].endswith(".log")
-                     else self._segment_dir(epoch))
-            raise CorruptRecord(
-                f"{where}: the inbound log of epoch {epoch} holds {length} bytes with "
-                f"CRC-32 {crc:#010x}, but its seal {seal_path} says epoch {seal.epoch}, "
-                f"{seal.length} bytes, CRC-32 {seal.crc32:#010x} (frames are missing or the "
-                f"log was cut at a frame boundary)")
+        if seal is None:
+            entries: list[LogEntry] = []
+            length, crc = 0, 0
+            for name, data in parts:
+                entries.extend(decode_log(data, name)[0])
+                length += len(data)
+                crc = zlib.crc32(data, crc)
+        else:
+            # The seal covers what the batch logged; a client of the job may have appended
+            # requests after the batch committed (decision 38): whole client frames, of which
+            # the last may be torn (it was never answered) and is cut off here.
+            data = b"".join(part for _, part in parts)
+            prefix = data[:seal.length]
+            entries = decode_log(prefix, where)[0]  # a damaged frame is named first
+            if (seal.epoch, len(prefix), zlib.crc32(prefix)) != (epoch, seal.length, seal.crc32):
+                raise CorruptRecord(
+                    f"{where}: the inbound log of epoch {epoch} holds {len(prefix)} bytes with "
+                    f"CRC-32 {zlib.crc32(prefix):#010x}, but its seal {seal_path} says epoch "
+                    f"{seal.epoch}, {seal.length} bytes, CRC-32 {seal.crc32:#010x} (frames are "
+                    f"missing or the log was cut at a frame boundary)")
+            after, valid = decode_log(data[seal.length:], f"{where} (after its seal)",
+                                      allow_torn_tail=True)
+            stray = next((e for e in after if not isinstance(
+                e, (ClientRequestEntry, ClientResponseEntry))), None)
+            if stray is not None:
+                raise CorruptRecord(f"{where}: the inbound log of epoch {epoch} holds a "
+                                    f"{type(stray).__name__} after its seal (only client "
+                                    f"requests may follow a committed batch's entries)")
+            entries.extend(after)
+            length = seal.length + valid
+            crc = zlib.crc32(data[:length])
+            if remember and length < len(data):
+                self._cut_torn_tail(epoch, length)
         if remember:
             self._log_sums[epoch] = (length, crc)
         return entries
+
+    def _cut_torn_tail(self, epoch: int, length: int) -> None:
+        # Before anything is appended after it: a torn last frame (a client request the
+        # crash cut short, never answered) is cut off, so that later appends follow whole
+        # frames. On an object store (segments are written whole, so this is damage rather
+        # than a crash) the last segment is rewritten with its whole frames.
+        if self._log_epoch == epoch:
+            self._close_log()
+        if self._local:
+            os.truncate(self._log_path(epoch), length)
+            return
+        parts = self._log_parts(epoch)
+        start = sum(len(data) for _, data in parts[:-1])
+        name, data = parts[-1]
+        self.files.write_atomic(name, data[:max(0, length - start)], fsync=self.fsync)
 
     def seal_inbound_log(self, epoch: int) -> None:
         """The batch of ``epoch`` committed: record its log's length and CRC-32 (rule 4).

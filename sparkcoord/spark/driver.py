@@ -68,12 +68,14 @@ class DriverSide:
         self.last_seal = time.monotonic()
         self.closed = False
         # Where this run listens. Downstream subtasks learn the address and the secret here
-        # (they have no InputPartition of ours); the file is written before the run's first
-        # batch plans, and is as private as the checkpoint directory that holds it.
+        # (they have no InputPartition of ours), and so do client requests; the file is written
+        # before the run's first batch plans, and is as private as the checkpoint directory
+        # that holds it (mode 0600).
+        # The secret is here for downstream subtasks and for client requests of the user's
+        # driver program (CoordinatedJob.request), which read this file too.
         info: dict[str, Any] = {"host": self.address[0], "port": self.address[1],
-                                "pid": os.getpid(), "run": self.service.run_id}
-        if spec.recipients:
-            info["secret"] = self.secret.hex()
+                                "pid": os.getpid(), "run": self.service.run_id,
+                                "secret": self.secret.hex()}
         # private: a local file is created 0600 and renamed into place (never readable by others)
         storage.files.write_atomic(f"{storage.root}/channel.json", json.dumps(info).encode(),
                                    private=True)

@@ -11,11 +11,13 @@ import logging
 import os
 import threading
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from sparkcoord.coordinator import CoordinatorProvider
+from sparkcoord.core.codec import EventCodec
 from sparkcoord.core.errors import SparkCoordError
 from sparkcoord.core.text import plural
 from sparkcoord.runtime.config import ServiceConfig
@@ -68,6 +70,10 @@ class CoordinatedJob:
         self.channel_fault_plan = channel_fault_plan  # tests only (sparkcoord.channel.faults)
         self._names: set[str] = set()
         self._specs: dict[str, SourceSpec] = {}
+        # client requests (request()): one client per run of a source, one request at a time
+        self._client_lock = threading.Lock()
+        self._clients: dict[tuple[str, str], Any] = {}
+        self._client_id = uuid.uuid4().hex[:12]
         spark.dataSource.register(CoordinatedSource)
 
     @property
@@ -165,6 +171,78 @@ class CoordinatedJob:
             handle.stop()
             raise
         return handle.report
+
+    def request(self, operator: str, request: Any, *, timeout_s: float = 30.0) -> Any:
+        """Ask coordinator ``operator`` of the running job (its ``handle_client_request``) and
+        return the answer: a status, a pause, work to add. Any thread of the driver program,
+        while the job runs (e.g. from ``until``, or while a :class:`JobHandle` runs it).
+
+        The request is logged in the runner before the coordinator sees it (decision 38), so
+        what it changes survives a task retry, a restart and a killed driver; a request
+        re-sent after a lost connection takes effect once. While the query is starting or
+        restarting, the request waits (up to ``timeout_s``). Raises
+        :class:`~sparkcoord.core.errors.RequestRefused` when the coordinator refused and
+        :class:`~sparkcoord.core.errors.RequestFailed` when no answer came in time.
+        """
+        import pickle
+
+        from sparkcoord.channel.client import ChannelUnavailable, JobClient
+        from sparkcoord.channel.frames import ResponseStatus
+        from sparkcoord.core.errors import RequestFailed, RequestRefused
+        from sparkcoord.runtime.files import files_for
+
+        spec = next((sp for sp in self._specs.values()
+                     if operator in {op.name for op in list(sp.operators) + list(sp.recipients)}),
+                    None)
+        if spec is None:
+            known = sorted(op.name for sp in self._specs.values()
+                           for op in list(sp.operators) + list(sp.recipients))
+            raise ValueError(f"no coordinated operator {operator!r} in this job (operators: "
+                             f"{known})")
+        payload = EventCodec(self.config.max_event_bytes).encode(request)
+        deadline = time.monotonic() + timeout_s
+        last = "the query has not started its coordinated source yet"
+        with self._client_lock:
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise RequestFailed(f"request {request!r} to coordinator {operator!r}: no "
+                                        f"answer within {timeout_s} s ({last})")
+                try:
+                    files, root = files_for(spec.checkpoint_url)
+                    info = json.loads(files.read(f"{root}/channel.json"))
+                except (OSError, ValueError) as exc:
+                    last = f"no channel.json yet: {exc!r}"
+                    time.sleep(min(0.2, remaining))
+                    continue
+                key = (spec.name, info["run"])
+                client = self._clients.get(key)
+                if client is None:
+                    for old in self._clients.values():
+                        old.close()
+                    self._clients = {key: (client := JobClient(
+                        (info["host"], int(info["port"])), bytes.fromhex(info["secret"]),
+                        f"{self._client_id}-{info['run']}", max_retries=2))}
+                try:
+                    response = client.request(operator, payload, remaining)
+                except ChannelUnavailable as exc:  # the run ended; a restart writes a new file
+                    last = str(exc)
+                    self._clients.pop(key, None)
+                    time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+                    continue
+                reason = response.payload.decode(errors="replace")
+                if response.status is ResponseStatus.ANSWER:
+                    return pickle.loads(response.payload)
+                if response.status is ResponseStatus.REFUSED:
+                    raise RequestRefused(f"coordinator {operator!r} refused request "
+                                         f"{request!r}: {reason}")
+                if "ask again" in reason or "not been restored" in reason or "is closed" in reason:
+                    last = reason  # starting or ending a run: wait for the next one
+                    self._clients.pop(key, None)
+                    time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+                    continue
+                raise RequestFailed(f"request {request!r} to coordinator {operator!r} got no "
+                                    f"answer: {reason}")
 
     def failure_cause(self) -> str | None:
         """The cause of the global failure of the latest run of this job's coordinated

@@ -213,6 +213,7 @@ class CoordinatorHarness:
             clock=self.clock, mailbox_factory=self.mailboxes)
         self._attempt_numbers: dict[int, int] = {}
         self._seqs: dict[TaskAttempt, int] = {}
+        self._client_seqs: dict[str, int] = {}
 
     @property
     def coordinator(self) -> OperatorCoordinator:
@@ -289,6 +290,12 @@ class CoordinatorHarness:
             seq = self._seqs.get(attempt, 0)
         logged = self.service.request_received(attempt, seq, self.service.codec.encode(request))
         self._seqs[attempt] = max(self._seqs.get(attempt, 0), seq + 1)
+        answer = self._decoded(logged, f"request {seq} of subtask {subtask} ({request!r})")
+        self.run()
+        return answer
+
+    def _decoded(self, logged: Future[Any], what: str) -> Future[Any]:
+        """The future of the decoded answer of a logged one (a refusal: RequestRefused)."""
         answer: Future[Any] = Future()
         codec = self.service.codec
 
@@ -297,12 +304,10 @@ class CoordinatorHarness:
                 answer.set_exception(f.exception())
             elif f.result().failed:
                 answer.set_exception(RequestRefused(
-                    f"{self.name!r} refused request {seq} of subtask {subtask} ({request!r}): "
-                    f"{f.result().payload.decode()}"))
+                    f"{self.name!r} refused {what}: {f.result().payload.decode()}"))
             else:
                 answer.set_result(codec.decode(f.result().payload))
         logged.add_done_callback(done)
-        self.run()
         return answer
 
     def request_from_subtask(self, subtask: int, request: Any, seq: int | None = None) -> Any:
@@ -315,6 +320,21 @@ class CoordinatorHarness:
                                  f"(the coordinator returned a future it has not completed); "
                                  f"use ask_from_subtask() and wait for its future")
         return answer.result()
+
+    def ask_as_client(self, request: Any, client: str = "client", seq: int | None = None
+                      ) -> Future[Any]:
+        """Ask ``request`` as a client of the job (``CoordinatedJob.request``: the
+        coordinator's ``handle_client_request``), with ``client``'s next number or ``seq``
+        (the same number again is a re-send), and run the mailbox. The future of the decoded
+        answer, as :meth:`ask_from_subtask`."""
+        if seq is None:
+            seq = self._client_seqs.get(client, 0)
+        self._client_seqs[client] = max(self._client_seqs.get(client, 0), seq + 1)
+        logged = self.service.client_request_received(self.name, client, seq,
+                                                      self.service.codec.encode(request))
+        answer = self._decoded(logged, f"client request {seq} ({request!r})")
+        self.run()
+        return answer
 
     def retry_task(self, subtask: int) -> InboundDecision:
         """Simulate a Spark task retry of ``subtask`` in the running batch.
