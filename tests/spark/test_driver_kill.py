@@ -62,3 +62,32 @@ def test_a_killed_driver_restarts_exactly_once(tmp_path, point: str, min_epoch: 
     for s in (0, 1):
         reports = [v for _, v in snap["reports"][s]]
         assert reports == list(range(len(reports)))
+
+
+def run_queue_job(workdir: pathlib.Path, kill: str | None, first: int, added: int
+                  ) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "SPARKCOORD_TEST_KILL"}
+    env["PYSPARK_PYTHON"] = sys.executable
+    if kill is not None:
+        env["SPARKCOORD_TEST_KILL"] = kill
+    return subprocess.run([sys.executable, "-m", "tests.spark.queue_kill_job", str(workdir),
+                           str(first), str(added)],
+                          cwd=REPO, env=env, start_new_session=True, timeout=400,
+                          capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("point", [
+    "answered",       # a task got a logged answer mid-queue: the batch runs again after
+    "client-added",   # the driver program's request was answered: its effect must survive
+])
+def test_a_killed_driver_loses_and_repeats_no_answer_of_the_work_queue(tmp_path, point: str) -> None:
+    first, added = 12, 8
+    markers = tmp_path / "markers"
+    run1 = run_queue_job(tmp_path, f"{point}:0:{markers}", first, added)
+    assert run1.returncode == -signal.SIGKILL, run1.stderr[-3000:]
+    assert (markers / f"killed-{point}").exists()
+    run2 = run_queue_job(tmp_path, None, first, added)
+    assert run2.returncode == 0, run2.stderr[-3000:]
+    rows = [r for b in read_batch_files(str(tmp_path / "sink")).values() for r in b]
+    items = sorted(r["item"] for r in rows)
+    assert items == list(range(first + added)), items  # every item once: none lost or repeated
