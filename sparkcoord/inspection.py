@@ -44,7 +44,16 @@ from typing import Any
 
 from sparkcoord.core.errors import CorruptRecord, SparkCoordError
 from sparkcoord.core.ids import NO_EPOCH, TaskAttempt
-from sparkcoord.core.inbound import EventEntry, EventRunEntry, LogEntry, RegistrationEntry
+from sparkcoord.core.inbound import (
+    ClientRequestEntry,
+    ClientResponseEntry,
+    EventEntry,
+    EventRunEntry,
+    LogEntry,
+    RegistrationEntry,
+    RequestEntry,
+    ResponseEntry,
+)
 from sparkcoord.core.records import (
     decode_checkpoint,
     decode_log,
@@ -490,7 +499,13 @@ def _inbound_log(files: Files, directory: str, names: set[str], epoch: int,
         else:
             seal.update(epoch=found.epoch, length=found.length, crc32=f"{found.crc32:#010x}")
             if missing is None and frames_ok:
-                seal["matches"] = (found.epoch, found.length, found.crc32) == (epoch, length, crc)
+                # the seal covers a prefix: client requests may follow it (decision 38)
+                whole = b"".join(data for _, data in parts)
+                head = whole[:found.length]
+                seal["matches"] = (found.epoch, found.length, found.crc32) == (
+                    epoch, len(head), zlib.crc32(head))
+                if len(whole) > found.length:
+                    seal["bytes_after"] = len(whole) - found.length
                 if not seal["matches"]:
                     message = (f"{out['file']}: the inbound log of epoch {epoch} holds {length} "
                                f"bytes with CRC-32 {crc:#010x}, but its seal {seal_path} says "
@@ -508,8 +523,15 @@ def _summarise(entries: list[LogEntry]) -> dict[str, Any]:
     registrations = []
     events: dict[TaskAttempt, dict[str, Any]] = {}
     total = 0
+    kinds = {"requests": 0, "responses": 0, "client_requests": 0, "client_responses": 0}
     for entry in entries:
         a = entry.attempt
+        if isinstance(entry, (RequestEntry, ResponseEntry, ClientRequestEntry,
+                              ClientResponseEntry)):
+            kinds[{RequestEntry: "requests", ResponseEntry: "responses",
+                   ClientRequestEntry: "client_requests",
+                   ClientResponseEntry: "client_responses"}[type(entry)]] += 1
+            continue
         if isinstance(entry, RegistrationEntry):
             registrations.append({"subtask": str(a.subtask), "operator": a.subtask.operator,
                                   "index": a.subtask.index, "attempt": a.number, "run": a.run,
@@ -529,7 +551,7 @@ def _summarise(entries: list[LogEntry]) -> dict[str, Any]:
         row["first_seq"] = min(row["first_seq"], first)
         row["last_seq"] = max(row["last_seq"], first + count - 1)
     return {"entries": len(entries), "registrations": registrations,
-            "events": list(events.values()), "event_count": total}
+            "events": list(events.values()), "event_count": total, **kinds}
 
 
 # -------------------------------------------------------------------------- subtask state
@@ -679,6 +701,9 @@ def _render_source(source: dict[str, Any], add: Callable[[str], None]) -> None:
         for ev in lg["events"]:
             add(f"      events of {ev['subtask']} attempt {ev['attempt']} (run {ev['run']}): "
                 f"{ev['count']} (seq {ev['first_seq']}..{ev['last_seq']})")
+        if lg.get("requests") or lg.get("client_requests"):
+            add(f"      requests {lg['requests']} (answered {lg['responses']}), client "
+                f"requests {lg['client_requests']} (answered {lg['client_responses']})")
         if "note" in lg:
             add(f"      note: {lg['note']}")
 

@@ -297,3 +297,39 @@ def test_inspect_reads_an_object_store_checkpoint_whose_logs_are_segments_and_na
                              "of epoch 1 is missing (segments are numbered from 0 without gaps)")]
     assert report["url"] == url
     assert render_text(report).startswith(f"checkpoint {url} (a coordinated source's directory)")
+
+
+def test_inspect_counts_requests_and_client_requests_and_accepts_client_frames_after_the_seal(
+        tmp_path) -> None:
+    from concurrent.futures import Future
+    from typing import Any
+
+    from sparkcoord import OperatorCoordinator
+    from sparkcoord.inspection import inspect_checkpoint
+    from sparkcoord.testing import CoordinatorHarness
+
+    class Answers(OperatorCoordinator):
+        def handle_request(self, subtask: int, attempt: int, request: Any) -> Any:
+            return request
+
+        def handle_client_request(self, request: Any) -> Any:
+            return request
+
+        def checkpoint_coordinator(self, checkpoint_id: int, result: Future[Any]) -> None:
+            result.set_result(0)
+
+    url = str(tmp_path / "coordination" / "src")
+    h = CoordinatorHarness(Answers, 1, storage_url=url)
+    h.start()
+    h.checkpoint()
+    h.request_from_subtask(0, "q")
+    h.commit()
+    h.ask_as_client("c").result()  # between batches: after the sealed entries
+    h.service.close()
+    report = inspect_checkpoint(str(tmp_path))
+    logs = report["sources"][0]["inbound_logs"]
+    log = next(lg for lg in logs if lg["epoch"] == 0)
+    assert (log["requests"], log["responses"]) == (1, 1)
+    assert (log["client_requests"], log["client_responses"]) == (1, 1)
+    assert log["seal"]["matches"] is True and log["seal"]["bytes_after"] > 0
+    assert report["problems"] == []

@@ -170,6 +170,7 @@ class ChannelClient:
         except OSError:
             self.close()
         failures = 0
+        shortened = False
         try:
             while True:
                 remaining = deadline - time.monotonic()
@@ -180,7 +181,9 @@ class ChannelClient:
                     if self._sock is None:
                         self._resend_all()  # registers, re-sends the events and the request
                     assert self._sock is not None
-                    self._sock.settimeout(min(remaining, self.ack_timeout_s))
+                    if remaining < self.ack_timeout_s:  # else the socket's own timeout
+                        self._sock.settimeout(remaining)
+                        shortened = True
                     message = self._read_message()
                 except TimeoutError:
                     continue  # the deadline decides; the connection stays
@@ -207,7 +210,7 @@ class ChannelClient:
                     raise FrameError(f"expected a response, got {type(message).__name__}")
         finally:
             self._request = None
-            if self._sock is not None:
+            if shortened and self._sock is not None:
                 self._sock.settimeout(self.ack_timeout_s)
 
     def flush(self) -> None:

@@ -356,6 +356,7 @@ class ChannelServer:
 
     def _serve_frames(self, sock: socket.socket, reader: FrameReader) -> None:
         secret = self.secret
+        writer = _Writer(sock, self)
         while True:
             frame = reader.read_frame()
             if frame is None:
@@ -363,16 +364,16 @@ class ChannelServer:
             batch: list[Message] = [authenticate_and_parse(*frame, secret)]
             reader.clear_deadline()  # authenticated: may idle between events (rule 4)
             if self.fault is not None:  # test hook: one message at a time
-                if self._inject(batch[0], sock):
+                if self._inject(batch[0], sock, writer):
                     return
-                sock.sendall(self._answer(self._dispatch_batch(batch)))
+                writer.send(self._answer(self._dispatch_batch(batch, writer)))
                 self.frames_served += 1
                 continue
             while reader.frame_ready():
                 more = reader.read_frame()
                 assert more is not None
                 batch.append(authenticate_and_parse(*more, secret))
-            sock.sendall(self._answer(self._dispatch_batch(batch)))
+            writer.send(self._answer(self._dispatch_batch(batch, writer)))
             self.frames_served += len(batch)
 
     def _answer(self, answers: list[Reply | Delivery | Response]) -> bytes:
@@ -390,7 +391,8 @@ class ChannelServer:
                 frames.append(encode(answer, self.secret))
         return b"".join(frames)
 
-    def _dispatch_batch(self, batch: list[Message]) -> list[Reply | Delivery | Response]:
+    def _dispatch_batch(self, batch: list[Message], writer: _Writer | None = None
+                        ) -> list[Reply | Delivery | Response]:
         # Consecutive event frames go to the service as one call of runs (an EVENTS frame is a
         # run, a lone EVENT a run of one); each run is answered with at most three range
         # replies (duplicates, accepted, rejected), and adjacent ranges with the same verdict
@@ -402,8 +404,12 @@ class ChannelServer:
             while j < len(batch) and isinstance(batch[j], (Event, Events)):
                 j += 1
             if j == i:
-                replies.append(self._dispatch(batch[i]))
+                message = batch[i]
                 i += 1
+                if isinstance(message, (Request, ClientRequest)) and writer is not None:
+                    self._request(message, writer)  # answered when its answer is logged
+                    continue
+                replies.append(self._dispatch(message))
                 continue
             runs = [(m.attempt, m.first_seq, m.payloads) if isinstance(m, Events)
                     else (m.attempt, m.seq, (m.payload,))
@@ -420,14 +426,31 @@ class ChannelServer:
             i = j
         return replies
 
-    def _inject(self, message: Message, sock: socket.socket) -> bool:
+    def _request(self, message: Request | ClientRequest, writer: _Writer) -> None:
+        # The answer is written by the thread that logs it (the coordinator's, usually) the
+        # moment it exists: the connection's thread does not wait for it (one thread handoff
+        # less per request), and goes back to reading the socket.
+        handler = self.handler
+        seq = message.seq
+        if isinstance(message, Request):
+            answer = handler.request_received(message.attempt, seq, message.payload)
+        else:
+            answer = handler.client_request_received(message.operator, message.client, seq,
+                                                     message.payload)
+
+        def answered(f: Future[ResponseEntry | ClientResponseEntry]) -> None:
+            writer.send(encode(_response(seq, f), self.secret), quiet=True)
+        answer.add_done_callback(answered)
+
+    def _inject(self, message: Message, sock: socket.socket, writer: _Writer) -> bool:
         assert self.fault is not None
         action = self.fault(message)
         if action == "drop-before":
             sock.close()
             return True
         if action == "drop-after":
-            self._dispatch_batch([message])
+            writer.closed = True  # a lost answer: nothing more is written to this connection
+            self._dispatch_batch([message], writer)
             sock.close()
             return True
         if action and action.startswith("delay:"):
@@ -435,22 +458,6 @@ class ChannelServer:
         return False
 
     def _dispatch(self, message: object) -> Reply | Delivery | Response:
-        if isinstance(message, (Request, ClientRequest)):
-            # The connection's thread waits for the logged answer: its task waits for it too
-            # and sends nothing meanwhile. A failure or the end of the run fails the future.
-            try:
-                if isinstance(message, Request):
-                    answer = self.handler.request_received(message.attempt, message.seq,
-                                                           message.payload)
-                else:
-                    answer = self.handler.client_request_received(
-                        message.operator, message.client, message.seq, message.payload)
-                entry = answer.result()
-            except Exception as exc:  # noqa: BLE001 - the reason travels to the task
-                reason = str(exc) if isinstance(exc, SparkCoordError) else repr(exc)
-                return Response(message.seq, ResponseStatus.FAILED, reason.encode())
-            status = ResponseStatus.REFUSED if entry.failed else ResponseStatus.ANSWER
-            return Response(message.seq, status, entry.payload)
         if isinstance(message, Register):
             decision = self.handler.attempt_registered(message.attempt)
             return Reply(FrameType.REGISTER, 0, _VERDICTS[decision.verdict],
@@ -460,6 +467,45 @@ class ChannelServer:
                 return Delivery("", message.epoch, (), "this server serves no downstream operators")
             return self.deliveries.fetch(message.operator, message.index, message.epoch)
         raise FrameError(f"a client may not send {type(message).__name__} frames")
+
+
+def _response(seq: int, answer: Future[ResponseEntry | ClientResponseEntry]) -> Response:
+    """The RESPONSE frame's message for a resolved answer future (its error: FAILED)."""
+    exc = answer.exception()
+    if exc is not None:
+        reason = str(exc) if isinstance(exc, SparkCoordError) else repr(exc)
+        return Response(seq, ResponseStatus.FAILED, reason.encode())
+    entry = answer.result()
+    status = ResponseStatus.REFUSED if entry.failed else ResponseStatus.ANSWER
+    return Response(seq, status, entry.payload)
+
+
+class _Writer:
+    """Writes to one connection from its own thread and from the threads that answer its
+    requests (one ``sendall`` at a time, so frames never interleave)."""
+
+    __slots__ = ("sock", "server", "lock", "closed")
+
+    def __init__(self, sock: socket.socket, server: ChannelServer) -> None:
+        self.sock = sock
+        self.server = server
+        self.lock = threading.Lock()
+        self.closed = False
+
+    def send(self, data: bytes, quiet: bool = False) -> None:
+        """Write ``data`` whole. ``quiet``: from an answering thread, where a connection that
+        went away is not an error (the task asks again on its next connection)."""
+        if not data:
+            return
+        with self.lock:
+            if self.closed:
+                return
+            try:
+                self.sock.sendall(data)
+            except OSError:
+                if not quiet:
+                    raise
+                self.closed = True
 
 
 def _add_range(replies: list[Reply | Delivery | Response], reply: Reply) -> None:

@@ -2,7 +2,8 @@
 
 Rules:
   1. Every coordinator callback, every valve change and every future of this coordinator is
-     touched on the mailbox thread only. Other threads enqueue.
+     touched on the mailbox thread only (its own thread, or a thread that claimed the idle
+     mailbox to answer a request: mailbox rule 2). Other threads enqueue.
   2. A send or a checkpoint completion made on the mailbox thread takes effect at once; from
      another thread it is enqueued at the instant it happens. Either way the mailbox order is
      the order in which the sends and the completion happened, which defines the boundary.
@@ -197,14 +198,19 @@ class CoordinatorHolder:
                     self._callback("handle_event_from_operator", subtask, attempt, event)
         self._submit(run)
 
-    def deliver_request(self, subtask: int, attempt: int, request: Any, answered: Answered) -> None:
+    def deliver_request(self, subtask: int, attempt: int, request: Any, answered: Answered) -> bool:
         """An accepted request, as one mailbox action (inbound critical section): the
-        coordinator's ``handle_request``, and ``answered`` once its answer exists (rule 7)."""
-        self._submit(lambda: self._ask(subtask, attempt, request, answered))
+        coordinator's ``handle_request``, and ``answered`` once its answer exists (rule 7).
 
-    def deliver_client_request(self, request: Any, answered: Answered) -> None:
-        """An accepted client request, as one mailbox action (inbound critical section)."""
-        self._submit(lambda: self._ask_client(request, answered))
+        True when the calling thread claimed the idle mailbox: it must then run it
+        (``self.mailbox.run_claimed()``) once it left the critical section, and answers the
+        request itself, without a thread handoff (mailbox rule 2)."""
+        return self.mailbox.execute_claiming(lambda: self._ask(subtask, attempt, request, answered))
+
+    def deliver_client_request(self, request: Any, answered: Answered) -> bool:
+        """An accepted client request, as one mailbox action (inbound critical section); the
+        result as for :meth:`deliver_request`."""
+        return self.mailbox.execute_claiming(lambda: self._ask_client(request, answered))
 
     def subtask_failed(self, subtask: int, old_attempt: int, reason: str, checkpoint_id: int,
                        snapshot: bytes | None, replay: Sequence[ReplayedEvent]) -> None:

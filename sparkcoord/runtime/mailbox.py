@@ -1,16 +1,26 @@
 """Single-thread mailboxes: where each coordinator's callbacks run, one at a time, in order.
 
+Rules:
+  1. Actions run one at a time, in submission order, never two at once.
+  2. Usually on the mailbox's own thread. A thread that submits an action while the mailbox is
+     idle (nothing queued, nothing running) may *claim* it and run the queue itself
+     (:meth:`Mailbox.execute_claiming`, then :meth:`Mailbox.run_claimed`): a request from a
+     task is then answered on its connection's thread without waking the mailbox thread (two
+     thread handoffs less per request). While it runs the queue, that thread is the mailbox
+     thread (:meth:`Mailbox.in_mailbox_thread` says so); rule 1 holds either way.
+
 Thread model: ``execute`` may be called from any thread; actions run on the mailbox's own thread
-in submission order. An action that raises does not stop the mailbox: the mailbox's owner wraps
-actions so that an exception becomes a global failover of the coordinator.
+(or a claiming thread, rule 2) in submission order. An action that raises does not stop the
+mailbox: the mailbox's owner wraps actions so that an exception becomes a global failover of
+the coordinator.
 """
 
 from __future__ import annotations
 
 import abc
 import logging
-import queue
 import threading
+from collections import deque
 from collections.abc import Callable
 
 log = logging.getLogger(__name__)
@@ -33,32 +43,64 @@ class Mailbox(abc.ABC):
     def close(self) -> None:
         """Stop taking actions; queued ones are dropped. Any thread; idempotent."""
 
+    def execute_claiming(self, action: Action) -> bool:
+        """Queue ``action``; if the mailbox was idle, claim it for the calling thread and return
+        True: the caller must then call :meth:`run_claimed` (soon, and outside any lock that
+        the actions may take). Any thread. By default nothing is claimed."""
+        self.execute(action)
+        return False
 
-_STOP = object()
+    def run_claimed(self) -> None:
+        """Run the queued actions on the calling thread, which claimed the mailbox with
+        :meth:`execute_claiming`, until the queue is empty; then release it."""
+        raise NotImplementedError("this mailbox never hands out a claim")
+
 
 
 class ThreadMailbox(Mailbox):
-    """A mailbox backed by one daemon thread."""
+    """A mailbox backed by one daemon thread (and by claiming threads: module rule 2)."""
 
     def __init__(self, name: str) -> None:
-        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._actions: deque[Action] = deque()
+        self._busy = False  # a thread runs (or claimed) the queue
+        self._owner: int | None = None  # the thread running actions now
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=f"mailbox-{name}", daemon=True)
         self._thread.start()
-        # compared on every send: an ident comparison is cheaper than current_thread()
-        self._ident = self._thread.ident
 
     def execute(self, action: Action) -> None:
-        if not self._closed:
-            self._queue.put(action)
+        with self._lock:
+            if self._closed:
+                return
+            self._actions.append(action)
+            if not self._busy:
+                self._wake.notify()
+
+    def execute_claiming(self, action: Action) -> bool:
+        with self._lock:
+            if self._closed:
+                return False
+            self._actions.append(action)
+            if self._busy:
+                return False  # whoever runs the queue runs this one too, in order
+            self._busy = True
+            return True
+
+    def run_claimed(self) -> None:
+        self._drain()
 
     def in_mailbox_thread(self) -> bool:
-        return threading.get_ident() == self._ident
+        # compared on every send: an ident comparison is cheaper than current_thread()
+        return threading.get_ident() == self._owner
 
     def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self._queue.put(_STOP)
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._actions.clear()
+                self._wake.notify()
 
     def join(self, timeout: float | None = None) -> None:
         """Wait for the thread to end after :meth:`close` (tests and shutdown)."""
@@ -66,10 +108,26 @@ class ThreadMailbox(Mailbox):
 
     def _run(self) -> None:
         while True:
-            action = self._queue.get()
-            if action is _STOP or self._closed:
-                return
+            with self._lock:
+                while (self._busy or not self._actions) and not self._closed:
+                    self._wake.wait()
+                if self._closed:
+                    return
+                self._busy = True
+            self._drain()
+
+    def _drain(self) -> None:
+        # The thread that holds the claim (_busy) runs actions in order until none is left.
+        self._owner = threading.get_ident()
+        actions = self._actions
+        while True:
+            with self._lock:
+                if not actions or self._closed:
+                    self._owner = None
+                    self._busy = False
+                    return
+                action = actions.popleft()
             try:
-                action()  # type: ignore[operator]
+                action()
             except BaseException:  # noqa: BLE001 - the owner wraps actions; never die silently
                 log.exception("unhandled exception in mailbox action")

@@ -473,6 +473,7 @@ class CoordinationService:
         request = self._decoded_request(payload, f"request {seq} of {attempt}", answer)
         if answer.done():
             return answer
+        claimed: CoordinatorHolder | None = None
         with self._lock:
             gate = self._admitting(answer)
             if gate is None:
@@ -491,10 +492,18 @@ class CoordinationService:
             else:
                 self._append(attempt.epoch)
                 self._waiters[(sid, seq)] = answer
-                self._holders[sid.operator].deliver_request(
-                    sid.index, decision.execution_attempt, request,
-                    lambda data, failed: self._response_ready(attempt, seq, data, failed))
-                return answer
+                holder = self._holders[sid.operator]
+                if holder.deliver_request(
+                        sid.index, decision.execution_attempt, request,
+                        lambda data, failed: self._response_ready(attempt, seq, data, failed)):
+                    claimed = holder
+                else:
+                    return answer
+        if claimed is not None:
+            # this thread claimed the idle mailbox: it runs handle_request (and whatever was
+            # queued behind it) now, outside the lock (rule 3: no user code under the lock)
+            claimed.mailbox.run_claimed()
+            return answer
         self._fail(decision.reason)  # diverged: outside the lock, like every failure
         return answer
 
@@ -532,9 +541,13 @@ class CoordinationService:
             identity = gate.last_entry.attempt
             self._append(epoch)
             self._client_waiters[key] = answer
-            self._holders[operator].deliver_client_request(
-                request, lambda data, failed: self._client_response_ready(identity, seq, data, failed))
-            return answer
+            holder = self._holders[operator]
+            if not holder.deliver_client_request(
+                    request,
+                    lambda data, failed: self._client_response_ready(identity, seq, data, failed)):
+                return answer
+        holder.mailbox.run_claimed()  # claimed the idle mailbox: answer here, outside the lock
+        return answer
 
     def _decoded_request(self, payload: bytes, what: str, answer: Future[Answer]) -> Any:
         # Unpickled before it is logged (decision 6): a request the driver cannot unpickle
