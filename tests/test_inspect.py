@@ -302,7 +302,6 @@ def test_inspect_reads_an_object_store_checkpoint_whose_logs_are_segments_and_na
 def test_inspect_counts_requests_and_client_requests_and_accepts_client_frames_after_the_seal(
         tmp_path) -> None:
     from concurrent.futures import Future
-    from typing import Any
 
     from sparkcoord import OperatorCoordinator
     from sparkcoord.inspection import inspect_checkpoint

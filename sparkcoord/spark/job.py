@@ -325,6 +325,11 @@ class JobHandle:
         """The error the job ended with (``JobGaveUp``, ``TimeoutError``, ...), if it ended so."""
         return self._error
 
+    def request(self, operator: str, request: Any, *, timeout_s: float = 30.0) -> Any:
+        """Ask coordinator ``operator`` of this running job: :meth:`CoordinatedJob.request`.
+        Any thread."""
+        return self.job.request(operator, request, timeout_s=timeout_s)
+
     def stop(self, timeout_s: float | None = None) -> None:
         """Stop the query (and any pending restart) and wait for the job to end. Any thread."""
         self._stop.set()

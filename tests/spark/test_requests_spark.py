@@ -103,3 +103,20 @@ def test_a_downstream_operator_asks_the_coordinator_inside_its_batch(spark, tmp_
     ids = [r.item for r in rows]
     assert ids and len(ids) == len(set(ids)) and set(ids) <= set(range(8))
     assert {r.epoch for r in rows} == {0}
+
+
+def test_a_job_ends_when_its_coordinator_says_so_through_a_client_request(spark, tmp_path) -> None:
+    job, df = queue_job(spark, str(tmp_path))
+    out = str(tmp_path / "out")
+    writer = df.writeStream.format("parquet").option("path", out).trigger(processingTime="0 seconds")
+    seen: list[dict[str, Any]] = []
+
+    def done() -> bool:
+        status = job.request("queue", "status", timeout_s=60)  # the driver program asks
+        seen.append(status)
+        return bool(status["done"]) and len(sink_rows(spark, out)) >= N
+
+    handle = job.start(writer, until=done, poll_s=0.2, timeout_s=180)
+    assert handle.await_termination(200)
+    assert seen[-1] == {"handed_out": N, "left": 0, "done": True}
+    assert sorted(r.item for r in sink_rows(spark, out)) == list(range(N))
