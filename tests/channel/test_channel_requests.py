@@ -79,6 +79,27 @@ def coordinator(service: CoordinationService) -> Counter:
     return instance
 
 
+def wait_for(condition: Any, what: str, timeout_s: float = 10.0) -> None:
+    """Wait (in short steps, with a deadline) for another thread to make ``condition`` true."""
+    deadline = threading.Event()
+    for _ in range(int(timeout_s / 0.01)):
+        if condition():
+            return
+        deadline.wait(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def ask_parked(service: CoordinationService, client: ChannelClient
+               ) -> tuple[threading.Thread, list[Response]]:
+    """Ask "park" from another thread; return once the coordinator parked the answer."""
+    result: list[Response] = []
+    asking = threading.Thread(target=lambda: result.append(
+        client.request(pickle.dumps("park"), timeout_s=20)))
+    asking.start()
+    wait_for(lambda: coordinator(service).parked, "the coordinator to park the request")
+    return asking, result
+
+
 def test_request_and_response_frames_round_trip() -> None:
     a = TaskAttempt("run", SubtaskId("op", 1), 4, 0)
     for message in (Request(a, 7, b"ask"), Response(7, ResponseStatus.REFUSED, b"why")):
@@ -124,17 +145,11 @@ def test_a_request_whose_connection_breaks_is_asked_again_and_answered_once(runn
     service, server = running
     client = ChannelClient(server.address, SECRET, attempt(service, 0))
     client.register()
-    result: list[Response] = []
-    asking = threading.Thread(target=lambda: result.append(
-        client.request(pickle.dumps("park"), timeout_s=20)))
-    asking.start()
-    while not coordinator(service).parked:
-        threading.Event().wait(0.01)
+    asking, result = ask_parked(service, client)
     # the connection dies while the task waits: it reconnects and asks item 0 again
     assert client._sock is not None
     client._sock.shutdown(2)
-    while client.reconnects == 0:
-        threading.Event().wait(0.01)
+    wait_for(lambda: client.reconnects > 0, "the client to reconnect")
     coordinator(service).parked[0].set_result("late answer")
     asking.join(10)
     assert [pickle.loads(r.payload) for r in result] == ["late answer"]
@@ -146,12 +161,7 @@ def test_a_job_failure_answers_a_waiting_task_with_the_cause(running) -> None:
     service, server = running
     client = ChannelClient(server.address, SECRET, attempt(service, 1))
     client.register()
-    result: list[Response] = []
-    asking = threading.Thread(target=lambda: result.append(
-        client.request(pickle.dumps("park"), timeout_s=20)))
-    asking.start()
-    while not coordinator(service).parked:
-        threading.Event().wait(0.01)
+    asking, result = ask_parked(service, client)
     service.fail_job("the source broke")
     asking.join(10)
     assert result and result[0].status is ResponseStatus.FAILED
