@@ -383,7 +383,8 @@ def _records(files: Files, root: str, decode: bool, problem: _Report) -> list[di
             entry["error"] = f"{path}: holds epoch {record.epoch}, expected {epoch}"
             problem(path, entry["error"])
         entry["coordinators"] = [{"name": coordinator, "snapshot": _payload(snap, decode)}
-                                 for coordinator, snap in record.snapshots.items()]
+                                 for coordinator, snap in record.snapshots.items()
+                                 if not coordinator.startswith("\x00")]  # runtime entries
         entry["events"] = [{"subtask": str(sid), "operator": sid.operator, "index": sid.index,
                             "count": len(events)}
                            for sid, events in sorted(record.events.items()) if events]

@@ -383,12 +383,16 @@ class JobClient:
         self._sock: socket.socket | None = None
         self._reader: FrameReader | None = None
 
-    def request(self, operator: str, payload: bytes, timeout_s: float) -> Response:
+    def request(self, operator: str, payload: bytes, timeout_s: float,
+                seq: int | None = None) -> Response:
         """Ask coordinator ``operator``; the RESPONSE (see :meth:`ChannelClient.request`).
+        ``seq``: the request's number (this client's next one by default); the same number
+        again is a re-send (e.g. to the next run after a restart), answered once.
         Raises :class:`~sparkcoord.core.errors.RequestFailed` after ``timeout_s`` and
         :class:`ChannelUnavailable` when the connection keeps failing."""
-        seq = self.next_seq
-        self.next_seq += 1
+        if seq is None:
+            seq = self.next_seq
+        self.next_seq = max(self.next_seq, seq + 1)
         frame = encode(ClientRequest(operator, self.client_id, seq, payload), self.secret)
         deadline = time.monotonic() + timeout_s
         failures = 0

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import bisect
 import enum
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -100,6 +101,13 @@ class ResponseEntry:
 
 #: The subtask index of a client request's log identity (no subtask has it).
 CLIENT_INDEX = 0xFFFFFFFF
+
+
+#: How many client requests the gate remembers for answering re-sends (module docstring).
+CLIENT_MEMORY = 4096
+#: What a client's re-send hears when its request took effect but its answer was lost.
+LOST_ANSWER = ("the request took effect, but its answer was lost when the run that owed it "
+               "ended (it was not answered before the checkpoint the job restarted from)")
 
 
 def client_identity(operator: str, client: str, epoch: int) -> TaskAttempt:
@@ -256,10 +264,10 @@ class InboundGate:
         self._histories: dict[SubtaskId, _History] = {}
         self._responses: dict[tuple[SubtaskId, int], ResponseEntry] = {}
         self._requested: set[str] = set()  # operators that accepted a request this epoch
-        # client requests of the current log, (operator, client, seq) -> answer (None: not
-        # yet); kept from a batch's commit until the next epoch starts (the log of the
-        # committed epoch takes client requests until then)
-        self._client: dict[tuple[str, str, int], ClientResponseEntry | None] = {}
+        # the newest client requests, (operator, client, seq) -> answer (None: not yet), kept
+        # across epochs (a client re-sends a request it got no answer to, also to the next
+        # run after a restart) and bounded; a restore seeds it from the log it replays
+        self._client: OrderedDict[tuple[str, str, int], ClientResponseEntry | None] = OrderedDict()
         self._log: list[LogEntry] = []
         self._execution_attempts: dict[SubtaskId, int] = {}
 
@@ -272,7 +280,6 @@ class InboundGate:
             raise CheckpointIdRegression("epoch start", epoch, floor)
         self.running_epoch = epoch
         self._clear()
-        self._client.clear()  # client requests now go to this epoch's log
 
     def epoch_resumed(self, epoch: int, entries: Iterable[LogEntry]) -> None:
         """The batch of ``epoch`` runs again in this run, continuing the kept log ``entries``
@@ -450,20 +457,59 @@ class InboundGate:
         if key in self._client:
             return RequestDecision(Verdict.DUPLICATE, response=self._client[key])
         entry = ClientRequestEntry(client_identity(operator, client, epoch), seq, payload)
-        self._client[key] = None
+        self._remember_client(key, None)
         self._log.append(entry)
         return RequestDecision(Verdict.ACCEPT)
+
+    def client_memory(self) -> list[tuple[str, str, int, bytes | None, bool]]:
+        """The remembered client requests as ``(operator, client, seq, answer, failed)``
+        (answer None: not answered yet), oldest first: stored with each checkpoint record, so
+        that a restore to that record still answers a client's re-send once (decision 38)."""
+        return [(op, client, seq, None if a is None else a.payload, False if a is None else a.failed)
+                for (op, client, seq), a in self._client.items()]
+
+    def client_memory_restored(self, memory: Iterable[tuple[str, str, int, bytes | None, bool]],
+                               epoch: int) -> None:
+        """A restore to the record of ``epoch`` brings back its client memory. A request that
+        had no answer yet took effect (it is in the snapshots) but its answer is gone with the
+        run that owed it: a re-send is told so instead of being applied again."""
+        for op, client, seq, payload, failed in memory:
+            identity = client_identity(op, client, epoch)
+            if payload is None:
+                answer = ClientResponseEntry(identity, seq, LOST_ANSWER.encode(), True)
+            else:
+                answer = ClientResponseEntry(identity, seq, payload, failed)
+            self._remember_client((op, client, seq), answer)
+
+    def clients_replayed(self, entries: Iterable[LogEntry]) -> None:
+        """A restore replays ``entries`` (a committed batch's log): remember their client
+        requests, so that a client re-sending one to this run is answered, not applied again."""
+        for entry in entries:
+            if isinstance(entry, (ClientRequestEntry, ClientResponseEntry)):
+                key = (entry.attempt.subtask.operator, entry.attempt.run, entry.seq)
+                if isinstance(entry, ClientResponseEntry):
+                    self._remember_client(key, entry)
+                elif key not in self._client:
+                    self._remember_client(key, None)
+
+    def _remember_client(self, key: tuple[str, str, int],
+                         answer: ClientResponseEntry | None) -> None:
+        self._client[key] = answer
+        self._client.move_to_end(key)
+        while len(self._client) > CLIENT_MEMORY:
+            self._client.popitem(last=False)
 
     def client_response_recorded(self, asked_by: TaskAttempt, seq: int, payload: bytes,
                                  failed: bool = False) -> ClientResponseEntry | None:
         """The coordinator answered client request ``seq`` (``asked_by`` is its identity):
-        the entry to log, or None when it is no longer part of the current log."""
+        the entry to log in the log of :attr:`client_log_epoch` (which may be a later epoch's
+        than the request's), or None when it was answered already or is forgotten."""
         key = (asked_by.subtask.operator, asked_by.run, seq)
         if key not in self._client or self._client[key] is not None \
-                or asked_by.epoch != self.client_log_epoch:
+                or self.client_log_epoch is None:
             return None
         entry = ClientResponseEntry(asked_by, seq, payload, failed)
-        self._client[key] = entry
+        self._remember_client(key, entry)
         self._log.append(entry)
         return entry
 
@@ -533,11 +579,7 @@ class InboundGate:
             self._log.append(entry)
             return
         if isinstance(entry, (ClientRequestEntry, ClientResponseEntry)):
-            key = (entry.attempt.subtask.operator, entry.attempt.run, entry.seq)
-            if isinstance(entry, ClientResponseEntry):
-                self._client[key] = entry
-            else:
-                self._client.setdefault(key, None)
+            self.clients_replayed([entry])
             self._log.append(entry)
             return
         sid = entry.attempt.subtask

@@ -28,6 +28,7 @@ code runs.
 from __future__ import annotations
 
 import logging
+import pickle
 import threading
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -69,6 +70,8 @@ log = logging.getLogger(__name__)
 
 #: The logged answer to a task's or a client's request.
 Answer = ResponseEntry | ClientResponseEntry
+#: Where a record keeps the service's memory of client requests (no operator has this name).
+CLIENTS_KEY = "\x00clients"
 
 
 class CheckpointDeclined(SparkCoordError):
@@ -203,8 +206,12 @@ class CoordinationService:
                 self.run_id, {s.name: s.parallelism for s in self.specs.values()},
                 last_committed=epoch - 1 if epoch != NO_EPOCH else NO_EPOCH)
             replay: dict[str, list[ReplayedEvent]] = {name: [] for name in names}
+            clients = record.snapshots.get(CLIENTS_KEY) if record is not None else None
+            if clients is not None:  # re-sent client requests are answered once (decision 38)
+                self._gate.client_memory_restored(pickle.loads(clients), epoch)
             if point.replays_inbound_log:
                 items = InboundGate.replayed(logged).surviving_items()
+                self._gate.clients_replayed(logged)
             elif epoch != NO_EPOCH:
                 items = self._resume_epoch(epoch, logged)
             else:
@@ -335,7 +342,14 @@ class CoordinationService:
         Only after this returns may the epoch's offset be handed to Spark.
         """
         epoch = prepared.checkpoint_id
-        record = CheckpointRecord(epoch, prepared.snapshots, prepared.events)
+        snapshots = dict(prepared.snapshots)
+        with self._lock:
+            # the client requests behind these snapshots (none is admitted while a checkpoint
+            # is pending), so that a restore to this record answers their re-sends once
+            clients = self._gate.client_memory() if self._gate is not None else []
+        if clients:
+            snapshots[CLIENTS_KEY] = pickle.dumps(clients, protocol=pickle.HIGHEST_PROTOCOL)
+        record = CheckpointRecord(epoch, snapshots, prepared.events)
         self.storage.write_record(record)
         self.storage.start_inbound_log(epoch)
         with self._lock:
@@ -523,7 +537,7 @@ class CoordinationService:
         if answer.done():
             return answer
         with self._lock:
-            gate = self._admitting(answer)
+            gate = self._admitting(answer, client=True)
             if gate is None:
                 return answer
             decision = gate.client_request_received(operator, client, seq, payload)
@@ -559,9 +573,15 @@ class CoordinationService:
                                                f"{exc!r}"))
             return None
 
-    def _admitting(self, answer: Future[Answer]) -> InboundGate | None:
+    def _admitting(self, answer: Future[Answer], client: bool = False) -> InboundGate | None:
         # Under the lock: the gate, or None (and ``answer`` failed) when nothing is admitted.
         refusal = self._inbound_refusal()
+        if not refusal and client and self._tracker is not None \
+                and self._tracker.pending is not None:
+            # A client request handled after a coordinator's boundary would be in neither
+            # the snapshot nor a log that a restore to this checkpoint replays: hold it off
+            # until the checkpoint is sealed or aborted (between batches, briefly).
+            refusal = (f"checkpoint {self._tracker.pending} is being taken; ask again")
         if refusal:
             answer.set_exception(RequestFailed(refusal))
             return None
@@ -573,9 +593,10 @@ class CoordinationService:
             if self._closed or self.failure is not None or self._gate is None:
                 return
             entry = self._gate.client_response_recorded(asked_by, seq, payload, failed)
-            if entry is None:
+            epoch = self._gate.client_log_epoch
+            if entry is None or epoch is None:
                 return
-            self._append(asked_by.epoch)
+            self._append(epoch)  # the current log, maybe a later epoch's than the request's
             waiter = self._client_waiters.pop((asked_by.subtask.operator, asked_by.run, seq), None)
         if waiter is not None and not waiter.done():
             waiter.set_result(entry)
@@ -646,7 +667,7 @@ class CoordinationService:
         replay = [ReplayedEvent(i.attempt.subtask.index,
                                 0 if i.client else self._gate.execution_attempt(i.attempt.subtask),
                                 self.codec.decode(i.payload),
-                                (lambda data, failed: None) if i.client else None, i.client)
+                                self._replay_answer(i) if i.client else None, i.client)
                   for i in self._gate.surviving_items(sid.operator, excluding=sid)]
         reason = (f"task of {sid} in epoch {attempt.epoch} was retried: Spark attempt "
                   f"{decision.replaced.number} replaced by attempt {attempt.number}")

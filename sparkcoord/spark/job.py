@@ -74,6 +74,7 @@ class CoordinatedJob:
         self._client_lock = threading.Lock()
         self._clients: dict[tuple[str, str], Any] = {}
         self._client_id = uuid.uuid4().hex[:12]
+        self._client_seq = 0
         spark.dataSource.register(CoordinatedSource)
 
     @property
@@ -203,6 +204,10 @@ class CoordinatedJob:
         deadline = time.monotonic() + timeout_s
         last = "the query has not started its coordinated source yet"
         with self._client_lock:
+            # one number per call, kept when the call is re-sent to the next run after a
+            # restart: the service answers a request it logged once (decision 38)
+            seq = self._client_seq
+            self._client_seq += 1
             while True:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -222,9 +227,9 @@ class CoordinatedJob:
                         old.close()
                     self._clients = {key: (client := JobClient(
                         (info["host"], int(info["port"])), bytes.fromhex(info["secret"]),
-                        f"{self._client_id}-{info['run']}", max_retries=2))}
+                        self._client_id, max_retries=2))}
                 try:
-                    response = client.request(operator, payload, remaining)
+                    response = client.request(operator, payload, remaining, seq)
                 except ChannelUnavailable as exc:  # the run ended; a restart writes a new file
                     last = str(exc)
                     self._clients.pop(key, None)

@@ -46,6 +46,7 @@ from sparkcoord.runtime.storage import CheckpointStorage
 from sparkcoord.testing import ManualClock, ManualMailboxes
 
 TIMEOUT_S = 10.0
+CLIENT_REQUESTS = 4  # the driver program's requests per simulated job
 
 
 # ------------------------------------------------------------------------------ the world
@@ -61,6 +62,11 @@ class World:
     committed_sends: dict[int, dict[SubtaskId, list[Any]]] = field(default_factory=dict)
     # (subtask, epoch, seq) -> the answer any attempt of any run saw for that request
     observed: dict[tuple[SubtaskId, int, int], Any] = field(default_factory=dict)
+    # the driver program's client: its next request number, the one it waits for (it
+    # re-sends it, also to the next run, until it gets an answer), and the answered ones
+    client_next: int = 0
+    client_waiting: Any = None
+    client_answered: list[int] = field(default_factory=list)
     # (operator, epoch) -> coordinator effects seen by each notify_checkpoint_complete(epoch)
     completions: dict[tuple[str, int], list[list[Any]]] = field(default_factory=dict)
 
@@ -144,6 +150,7 @@ class AskingCoordinator(NumberingCoordinator):
     def reset_to_checkpoint(self, checkpoint_id: int, state: Any) -> None:
         self.next_id = (state or {}).get("next_id", 0)
         self.answers: list[tuple[Any, int]] = list((state or {}).get("answers", []))
+        self.client_adds: list[int] = list((state or {}).get("client_adds", []))
         self.parked: list[tuple[Future[Any], int]] = []
         super().reset_to_checkpoint(checkpoint_id, state)
 
@@ -151,7 +158,13 @@ class AskingCoordinator(NumberingCoordinator):
         snap = super().snapshot()
         snap["next_id"] = self.next_id
         snap["answers"] = list(self.answers)
+        snap["client_adds"] = list(self.client_adds)
         return snap
+
+    def handle_client_request(self, request: Any) -> Any:
+        """The driver program adds ``k`` (its k-th request): must take effect exactly once."""
+        self.client_adds.append(request[1])
+        return len(self.client_adds)
 
     def handle_request(self, subtask: int, attempt: int, request: Any) -> Any:
         self.effects.append(request)
@@ -262,6 +275,7 @@ class Simulation:
         self.log(f"CRASH ({why}) in phase {self.phase}")
         self.stats["crash"] += 1
         self._new_run()
+        self.world.client_waiting = None  # its connection died: the client re-sends
 
     def log(self, line: str) -> None:
         self.trace.append(line)
@@ -286,8 +300,10 @@ class Simulation:
                 self.phase = "idle"
                 self.log(f"run {self.runs}: first call latestOffset({self.cur_end})")
                 if self.cur_end != NO_EPOCH:
-                    self.stats["requests-replayed"] += sum(
-                        isinstance(e, RequestEntry) for e in self.storage.read_inbound_log(self.cur_end))
+                    replayed = sum(isinstance(e, RequestEntry)
+                                   for e in self.storage.read_inbound_log(self.cur_end))
+                    self.stats["requests-replayed"] += replayed
+                    self.stats["requests-replayed-after-commit"] += replayed
                 self._maybe_trigger(force_checkpoint)
             else:
                 self.batch = last
@@ -298,6 +314,10 @@ class Simulation:
                 if self.service.holders and self.service._gate is not None and \
                         self.service._gate.answers_requests("ask"):
                     self.stats["resumed-with-history"] += 1  # the rerun adopts the answers
+                    # and the restored coordinators were handed the kept requests again
+                    self.stats["requests-replayed"] += sum(
+                        isinstance(e, RequestEntry)
+                        for e in self.storage.read_uncommitted_inbound_log(end))
                 self._start_tasks()
             return
         if self.phase == "idle":
@@ -474,8 +494,10 @@ class Simulation:
             self._random_task_step(faults)
         elif roll < 0.85:
             self._complete_deferred(decline=faults and rng.random() < 0.3)
-        elif roll < 0.9:
+        elif roll < 0.88:
             self._complete_parked()
+        elif roll < 0.9:
+            self._client_step(lost=faults and rng.random() < 0.3)
         elif faults and roll > 0.96:
             self._inject_fault()
         else:
@@ -489,6 +511,27 @@ class Simulation:
             if coord is not None:
                 subtask = self.rng.randrange(spec.parallelism)
                 coord.context.run_in_coordinator_thread(lambda c=coord, s=subtask: c.send_next(s))
+
+    def _client_step(self, lost: bool = False) -> None:
+        """The driver program asks the "ask" coordinator to add its next number (or re-sends
+        the request it has no answer to, with the same number: the service answers it once).
+        ``lost``: an answer that came is lost on the way, so the request is sent again."""
+        if "ask" not in self.service.holders:
+            return
+        w = self.world
+        seq = w.client_next
+        if seq >= CLIENT_REQUESTS:
+            return
+        if w.client_waiting is None or w.client_waiting.done() and (
+                w.client_waiting.exception() is not None or lost):
+            w.client_waiting = self.service.client_request_received(
+                "ask", "driver", seq, pickle.dumps(("add", seq)))
+            self.stats["client-requests"] += 1
+        fut = w.client_waiting
+        if fut.done() and fut.exception() is None and not lost:
+            w.client_answered.append(seq)
+            w.client_next += 1
+            w.client_waiting = None
 
     def _complete_parked(self) -> None:
         # the asking coordinator answers its parked requests (a later action on its mailbox)
@@ -539,13 +582,21 @@ class Simulation:
 
     def _inject_fault(self) -> None:
         rng = self.rng
-        kind = rng.choice(["task", "task", "crash", "fail_job", "timeout", "zombie"])
+        kind = rng.choice(["task", "task", "crash", "crash-idle", "fail_job", "timeout",
+                           "zombie"])
         if kind == "task" and self.phase == "running":
             running = [t for t in self.tasks.values() if not t.done]
             if running:
                 self.fail_task(rng.choice(running).sid, "injected")
         elif kind == "crash" and self.stats["crash"] < 3:
             self.crash("injected")
+        elif (kind == "crash-idle" and self.phase == "idle" and self.stats["crash"] < 4
+              and self.cur_end != NO_EPOCH and any(
+                  isinstance(e, RequestEntry)
+                  for e in self.storage.read_uncommitted_inbound_log(self.cur_end))):
+            # right after a batch with requests committed: the restore replays that batch's
+            # log, its requests and their logged answers included
+            self.crash("injected after a commit")
         elif kind == "fail_job" and self.stats["fail_job"] < 2:
             coord = self.coordinator(rng.choice(self.specs).name)
             if coord is not None:
@@ -601,6 +652,12 @@ class Simulation:
     def _quiescent(self) -> bool:
         if self.phase != "idle" or self.service.has_held_events():
             return False
+        if any(spec.name == "ask" for spec in self.specs):
+            self._client_step()
+            self.mailboxes.run_all()
+            self._client_step()
+            if self.world.client_next < CLIENT_REQUESTS:
+                return False
         for spec in self.specs:
             coord = self.coordinator(spec.name)
             if coord is None or any(n < self.numbers_per_subtask for n in coord.next):
@@ -653,6 +710,13 @@ class Simulation:
                     f"{ctx}: answers consumed {consumed}, handed out {handed}")
                 assert sorted(a for _, a in handed) == list(range(snap["next_id"])), (
                     f"{ctx}: ids handed out {sorted(a for _, a in handed)}")
+                # (5) client requests: every answered one took effect exactly once, in order,
+                # and none that was only logged twice (the live, restored state)
+                assert isinstance(coord, AskingCoordinator)
+                adds = coord.client_adds
+                assert adds == sorted(set(adds)), f"{ctx}: client adds {adds}"
+                assert set(w.client_answered) <= set(adds), (
+                    f"{ctx}: answered {w.client_answered}, in the state {adds}")
             # every notify_checkpoint_complete(N) saw all events of the batches up to N
             # exactly once, and a repeated completion (after a restart) saw the same state
             for (name, epoch), seen in w.completions.items():

@@ -149,3 +149,22 @@ def test_a_job_failure_answers_a_waiting_client_with_the_cause() -> None:
     h.run()
     with pytest.raises(RequestFailed, match="the runner broke"):
         waiting.result(timeout=1)
+
+
+def test_a_client_request_re_sent_to_the_next_run_is_answered_from_the_log_not_applied_again() -> None:
+    """The driver died after it logged (and answered) the request, but the answer never reached
+    the client: ``CoordinatedJob.request`` re-sends it, with the same client id and number, to
+    the next run, maybe after that run already started a new epoch."""
+    h = running()
+    h.send_from_subtask(0, 1)
+    epoch = h.epoch
+    h.commit()
+    assert h.ask_as_client(10, client="driver-program").result() == 11
+    h.service.close()
+    again = CoordinatorHarness(Tally, 2, storage_url=h.storage_url)
+    again.start(RestorePoint(epoch, committed=True))
+    assert again.coordinator.total == 11
+    again.checkpoint()  # the new run seals its next epoch before the re-send arrives
+    assert again.ask_as_client(10, client="driver-program", seq=0).result() == 11
+    assert again.coordinator.total == 11  # not applied a second time
+    assert again.ask_as_client(10, client="driver-program", seq=1).result() == 21  # a new one
