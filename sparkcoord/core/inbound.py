@@ -458,8 +458,17 @@ class InboundGate:
             return RequestDecision(Verdict.DUPLICATE, response=self._client[key])
         entry = ClientRequestEntry(client_identity(operator, client, epoch), seq, payload)
         self._remember_client(key, None)
-        self._log.append(entry)
+        self._log_client(entry)
         return RequestDecision(Verdict.ACCEPT)
+
+    def _log_client(self, entry: LogEntry) -> None:
+        # While a batch runs, the in-memory log mirrors the durable one (a reset replays it).
+        # Between batches nothing replays it (a restore reads the durable log), so it keeps
+        # only the last entry: a job polled by a client while idle does not grow it.
+        if self.running_epoch is None:
+            self._log[:] = [entry]
+        else:
+            self._log.append(entry)
 
     def client_memory(self) -> list[tuple[str, str, int, bytes | None, bool]]:
         """The remembered client requests as ``(operator, client, seq, answer, failed)``
@@ -510,7 +519,7 @@ class InboundGate:
             return None
         entry = ClientResponseEntry(asked_by, seq, payload, failed)
         self._remember_client(key, entry)
-        self._log.append(entry)
+        self._log_client(entry)
         return entry
 
     def response_of(self, subtask: SubtaskId, seq: int) -> ResponseEntry | None:

@@ -132,3 +132,17 @@ def test_a_retry_whose_first_attempt_never_registered_still_replaces_it() -> Non
     assert first.replaced is None and first.execution_attempt == 0
     # and the silent first attempt, should it still speak up, is older than the live one
     assert g.attempt_registered(attempt(S0, number=0)).verdict is Verdict.REJECT
+
+
+def test_client_requests_between_batches_do_not_grow_the_gates_memory() -> None:
+    from sparkcoord.core.inbound import CLIENT_MEMORY, client_identity
+
+    g = gate()
+    g.batch_committed(3)  # between batches: client requests go to the log of epoch 3
+    for seq in range(CLIENT_MEMORY + 100):
+        assert g.client_request_received("op", "c", seq, b"status").verdict is Verdict.ACCEPT
+        assert g.client_response_recorded(client_identity("op", "c", 3), seq, b"ok") is not None
+    assert len(g._log) == 1  # only the last entry, for the runtime to log durably
+    assert len(g._client) == CLIENT_MEMORY  # the re-send memory is bounded
+    # the newest are remembered (a re-send is answered), the oldest forgotten
+    assert g.client_request_received("op", "c", CLIENT_MEMORY + 99, b"status").verdict is Verdict.DUPLICATE
