@@ -304,6 +304,8 @@ def _parse(frame_type: FrameType, body: memoryview) -> Message:
         return Replies(tuple(replies))
     if frame_type is FrameType.RESPONSE:
         (seq,) = _SEQ.unpack_from(body, 0)
+        if len(body) <= _SEQ.size:
+            raise ValueError("a response without its status byte")
         return Response(seq, ResponseStatus(body[_SEQ.size]), bytes(body[_SEQ.size + 1:]))
     if frame_type is FrameType.CLIENT_REQUEST:
         operator = text()

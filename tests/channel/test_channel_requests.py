@@ -167,3 +167,22 @@ def test_a_job_failure_answers_a_waiting_task_with_the_cause(running) -> None:
     assert result and result[0].status is ResponseStatus.FAILED
     assert "the source broke" in result[0].payload.decode()
     client.close()
+
+
+@pytest.mark.parametrize("message,body", [
+    ("RESPONSE", b"\x00" * 8),                    # no status byte
+    ("RESPONSE", b"\x00" * 8 + b"\x07"),          # an unknown status
+    ("REQUEST", b"\x00\x01"),                      # an attempt cut short
+    ("CLIENT_REQUEST", b"\x00\x05op"),             # an operator name cut short
+    ("CLIENT_REQUEST", b"\x00\x02op\x00\x01c\x00"),  # a sequence number cut short
+])
+def test_a_malformed_request_or_response_frame_is_a_frame_error_naming_it(message: str,
+                                                                          body: bytes) -> None:
+    import hmac as _hmac
+
+    from sparkcoord.channel.frames import MAGIC, VERSION, FrameError, FrameType
+
+    header = HEADER.pack(MAGIC, VERSION, FrameType[message], len(body))
+    mac = _hmac.digest(SECRET, header + body, "sha256")
+    with pytest.raises(FrameError, match=f"malformed {message} frame"):
+        authenticate_and_parse(header, mac, body, SECRET)

@@ -57,5 +57,6 @@ def test_the_simulation_really_injects_every_kind_of_failure() -> None:
         totals += run_simulation(seed, 300, 2, True).stats
     for kind in ("crash", "task-failure", "fail_job", "declined", "timeout", "resend",
                  "zombie-refused", "batches", "answers", "lost-response", "retry-adopted",
-                 "requests-replayed", "resumed-with-history", "client-requests"):
+                 "requests-replayed", "requests-replayed-after-commit", "resumed-with-history",
+                 "client-requests"):
         assert totals[kind] > 0, f"no {kind} in 60 seeds: {dict(totals)}"
