@@ -269,6 +269,7 @@ class InboundGate:
         # run after a restart) and bounded; a restore seeds it from the log it replays
         self._client: OrderedDict[tuple[str, str, int], ClientResponseEntry | None] = OrderedDict()
         self._log: list[LogEntry] = []
+        self._logged = NO_EPOCH  # the newest epoch Spark is known to have logged
         self._execution_attempts: dict[SubtaskId, int] = {}
 
     # ----------------------------------------------------------------------------- epochs
@@ -286,6 +287,7 @@ class InboundGate:
         of an earlier run (a restore to an uncommitted epoch whose log holds requests): the
         histories they make up are adopted by this run's attempts (rule 5)."""
         self.epoch_started(epoch)
+        self._logged = epoch
         for entry in entries:
             self._replay(entry)
 
@@ -436,8 +438,14 @@ class InboundGate:
         """The epoch whose log takes client requests now: the running one, else the last
         committed one until the next epoch starts; None before anything was sealed."""
         if self.running_epoch is not None:
-            return self.running_epoch
+            # only once Spark logged the epoch: a sealed epoch it never logs is garbage, and
+            # so would be a client request logged in it
+            return self.running_epoch if self._logged == self.running_epoch else None
         return self.last_committed if self.last_committed != NO_EPOCH else None
+
+    def epoch_logged(self, epoch: int) -> None:
+        """Spark logged ``epoch`` (it planned the epoch's batch). Runtime, critical section."""
+        self._logged = max(self._logged, epoch)
 
     def client_request_received(self, operator: str, client: str, seq: int, payload: bytes
                                 ) -> RequestDecision:
@@ -521,10 +529,6 @@ class InboundGate:
         self._remember_client(key, entry)
         self._log_client(entry)
         return entry
-
-    def response_of(self, subtask: SubtaskId, seq: int) -> ResponseEntry | None:
-        """The logged answer to item ``seq`` of ``subtask``'s history, if any."""
-        return self._responses.get((subtask, seq))
 
     @property
     def last_entry(self) -> LogEntry:

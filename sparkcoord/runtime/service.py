@@ -167,7 +167,14 @@ class CoordinationService:
         point, first = self.detector.partitions_requested(start_epoch, end_epoch)
         if first:
             self.restore(point)
+        self.epoch_logged(end_epoch)
         return self.record_for(end_epoch)
+
+    def epoch_logged(self, epoch: int) -> None:
+        """Spark logged ``epoch`` (any thread): client requests may now go to its log."""
+        with self._lock:
+            if self._gate is not None:
+                self._gate.epoch_logged(epoch)
 
     def restore(self, point: RestorePoint) -> None:
         """Create and start the coordinators from ``point``. Once per run (driver thread).

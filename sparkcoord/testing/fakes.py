@@ -250,6 +250,7 @@ class CoordinatorHarness:
         if future.exception() is not None:
             return None
         record = self.service.seal(future.result())
+        self.service.epoch_logged(record.epoch)  # as Spark's offset log would, before the batch
         self.run()
         codec = self.service.codec
         return {s: [codec.decode(p) for p in record.events_for(SubtaskId(self.name, s))]
