@@ -17,6 +17,7 @@ ALLOWED_INTERNAL = {
     "testing": {"core", "coordinator", "runtime"},
     "channel": {"core"},
     "spark": {"core", "coordinator", "runtime", "channel"},
+    "sources": {"core", "coordinator", "runtime", "channel", "spark"},
 }
 FORBIDDEN_IN_CORE = {"pyspark", "socket", "threading", "asyncio", "time", "concurrent",
                      "os", "fsspec", "selectors", "subprocess", "multiprocessing", "signal",

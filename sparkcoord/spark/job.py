@@ -14,7 +14,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkcoord.coordinator import CoordinatorProvider
 from sparkcoord.core.codec import EventCodec
@@ -24,6 +24,9 @@ from sparkcoord.runtime.config import ServiceConfig
 from sparkcoord.runtime.restart import FixedDelay, RestartStrategy
 from sparkcoord.spark.operator import SubtaskOperator
 from sparkcoord.spark.source import FORMAT, CoordinatedSource, OperatorSpec, SourceSpec
+
+if TYPE_CHECKING:
+    from pyspark.sql.types import StructType
 
 log = logging.getLogger(__name__)
 
@@ -85,11 +88,11 @@ class CoordinatedJob:
         return f"{self.checkpoint_dir}/coordination/{source}"
 
     def source(self, operator: Callable[[], SubtaskOperator], coordinator: CoordinatorProvider,
-               parallelism: int, schema: str, name: str = "coordinated") -> Any:
+               parallelism: int, schema: str | StructType, name: str = "coordinated") -> Any:
         """A streaming DataFrame from one coordinated operator (driver program thread)."""
         return self.sources([OperatorSpec(name, coordinator, operator, parallelism)], schema, name)
 
-    def sources(self, operators: Sequence[OperatorSpec], schema: str,
+    def sources(self, operators: Sequence[OperatorSpec], schema: str | StructType,
                 name: str = "coordinated", recipients: Sequence[OperatorSpec] = ()) -> Any:
         """A streaming DataFrame whose partitions are the subtasks of several operators, each
         with its own coordinator; all checkpointed together.

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark import cloudpickle
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
 from sparkcoord.core.ids import NO_EPOCH, SubtaskId
 from sparkcoord.runtime.config import ServiceConfig
@@ -62,7 +63,8 @@ class SourceSpec:
     name: str
     checkpoint_url: str
     operators: Sequence[OperatorSpec]
-    schema: str
+    #: the rows' schema: a DDL string or a ``StructType``
+    schema: Any
     config: ServiceConfig = field(default_factory=ServiceConfig)
     checkpoint_interval_s: float | None = None
     channel_host: str = "127.0.0.1"
@@ -123,8 +125,14 @@ class CoordinatedPartition(InputPartition):
         self.run_id = run_id
 
 
-class CoordinatedStreamReader(DataSourceStreamReader):
-    """Driver side: hosts the coordination service; executor side: runs the subtasks."""
+class CoordinatedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Driver side: hosts the coordination service; executor side: runs the subtasks.
+
+    ``Trigger.AvailableNow``: the query runs batches while a coordinator has something to carry
+    or asks for a batch (``request_batch``), and ends at the first ``latestOffset`` that seals
+    nothing. A coordinator that keeps asking (a continuous file source finding new files, a
+    ``checkpoint_interval_s``) keeps it running; a bounded source ends it.
+    """
 
     def __init__(self, spec: SourceSpec) -> None:
         self.spec = spec
@@ -169,6 +177,10 @@ class CoordinatedStreamReader(DataSourceStreamReader):
                     start_epoch if start_epoch != NO_EPOCH else None))
         return parts
 
+    def prepareForTriggerAvailableNow(self) -> None:
+        """Spark starts an ``availableNow`` run (runner process). Nothing to record: the run
+        ends when no coordinator wants another batch (class docstring)."""
+
     def commit(self, end: dict[str, Any]) -> None:
         """Ignored: completion comes from latestOffset (DESIGN rule 9). Idempotent."""
 
@@ -200,7 +212,7 @@ class CoordinatedSource(DataSource):
     def name(cls) -> str:
         return FORMAT
 
-    def schema(self) -> str:
+    def schema(self) -> Any:
         return self.spec.schema
 
     def streamReader(self, schema: Any) -> CoordinatedStreamReader:

@@ -1,0 +1,262 @@
+"""The split enumerator: a coordinator that discovers splits and hands them to readers on demand.
+
+Rules:
+  1. Splits go out one at a time, as answers to a reader's :class:`NextSplit` request inside
+     the running batch (the request path: logged before the enumerator sees it, the answer
+     logged before the reader does). A split is handed out once; a retried task or a re-run
+     batch gets the same answers from the log, so an assignment is never lost or repeated.
+  2. The enumerator's state changes only in answer to a logged input (requests, client
+     requests) or at a checkpoint boundary (inside ``checkpoint_coordinator``, so the snapshot
+     holds the change). Discovery therefore runs off the mailbox and its results wait until the
+     next boundary: a restore replays a batch's requests against the snapshot they were
+     answered from and gets the same answers (docs/decisions.md 40).
+  3. What a reader has not finished is in the reader's state (with its position), not taken
+     back by the enumerator: the subtask state is restored with the epoch, so a failure neither
+     loses nor repeats it. The enumerator only counts splits in flight (handed out, not yet
+     reported finished) to know when a bounded source is done.
+
+Theory of operation: ``start`` schedules discovery (once for a bounded source, every
+``discovery_interval_s`` for a continuous one) on a worker thread; its result comes back to the
+mailbox and is applied at the next ``checkpoint_coordinator``, which also asks for a batch so
+the readers of that batch can take the new splits. Each batch may take new work up to its
+:class:`ReadLimit`; when the limit stops it while splits are pending, another batch is asked
+for.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from sparkcoord.coordinator import Cancellable, CoordinatorContext, OperatorCoordinator
+from sparkcoord.sources.splits import BatchBudget, NextSplit, NoSplitNow, ReadLimit, Split
+
+log = logging.getLogger("sparkcoord.sources")
+
+
+class SplitDiscovery(abc.ABC):
+    """Finds new splits. A pure function of its (picklable, small) state and the outside world.
+
+    Thread model: :meth:`discover` runs on the enumerator's discovery thread, never on the
+    mailbox, one call at a time; it may do I/O (list a directory, read file footers).
+    """
+
+    @abc.abstractmethod
+    def initial_state(self) -> Any:
+        """The discovery state of a fresh source (nothing seen yet)."""
+
+    @abc.abstractmethod
+    def discover(self, state: Any) -> tuple[list[Split], Any]:
+        """Splits that appeared since ``state`` was current, and the state after them."""
+
+    def size_of(self, state: Any) -> int:
+        """How many entries ``state`` holds (reported by ``status``: it must stay bounded)."""
+        return 0
+
+
+@dataclass
+class EnumeratorState:
+    """The enumerator's checkpointed state."""
+
+    #: splits discovered and not yet handed out, in hand-out order
+    pending: list[Split] = field(default_factory=list)
+    #: split id -> subtask that got it, until that reader reports it finished
+    in_flight: dict[str, int] = field(default_factory=dict)
+    discovery: Any = None
+    #: a bounded source's one discovery has been applied
+    discovered_once: bool = False
+    handed_out: int = 0
+    finished: int = 0
+
+
+def run_on_thread(work: Callable[[], None]) -> None:
+    """The default discovery runner: a daemon thread per discovery cycle (one at a time)."""
+    threading.Thread(target=work, name="sparkcoord-discovery", daemon=True).start()
+
+
+class SplitEnumerator(OperatorCoordinator):
+    """A coordinator that hands splits from a :class:`SplitDiscovery` to readers on demand.
+
+    Thread model: every callback runs on the mailbox; discovery runs on a worker thread (the
+    ``runner``) and hands its result back through ``run_in_coordinator_thread``.
+
+    Client requests: ``"status"`` (a dict: pending, in_flight, handed_out, finished,
+    discovery_state_entries, done) and ``"discover"`` (run a discovery cycle now).
+    """
+
+    def __init__(self, context: CoordinatorContext, discovery: SplitDiscovery, *,
+                 bounded: bool = False, discovery_interval_s: float = 1.0,
+                 limit: ReadLimit | None = None, latest_first: bool = False,
+                 runner: Callable[[Callable[[], None]], None] = run_on_thread) -> None:
+        super().__init__(context)
+        if discovery_interval_s <= 0:
+            raise ValueError(f"discovery_interval_s must be > 0, got {discovery_interval_s}")
+        self.discovery = discovery
+        self.bounded = bounded
+        self.discovery_interval_s = discovery_interval_s
+        self.limit = limit or ReadLimit()
+        self.latest_first = latest_first
+        self._runner = runner
+        self.state = EnumeratorState()
+        self._pending: deque[Split] = deque()
+        self._budget = BatchBudget(self.limit)
+        # discovery results not yet applied (rule 2), and the state to discover from next
+        self._ready: list[Split] = []
+        self._ready_state: Any = None
+        self._ready_count = 0
+        self._discovering = False
+        self._closed = False
+        self._timer: Cancellable | None = None
+        #: the newest checkpoint whose batch committed, the last sealed one, and the one whose
+        #: batch finished the last split in flight (a bounded source is done once it commits)
+        self._committed = -1
+        self._epoch = -1
+        self._drained = -1
+
+    # ---------------------------------------------------------------- lifecycle (mailbox)
+    def reset_to_checkpoint(self, checkpoint_id: int, state: Any) -> None:
+        if state is None:
+            state = EnumeratorState(discovery=self.discovery.initial_state())
+        if not isinstance(state, EnumeratorState):
+            raise TypeError(f"enumerator {self.context.operator_id!r}: checkpointed state is a "
+                            f"{type(state).__name__}, not an EnumeratorState")
+        self.state = state
+        self._pending = deque(state.pending)
+        self._budget = BatchBudget(self.limit)
+        # conservative: a restore point may be a batch that has not committed (a re-run)
+        self._committed = checkpoint_id - 1
+        self._epoch = self._drained = checkpoint_id
+
+    def start(self) -> None:
+        if self._pending:
+            self.context.request_batch()
+        if self.bounded and self.state.discovered_once:
+            return
+        self._discover_now()
+        if not self.bounded:
+            self._timer = self.context.call_periodically(self.discovery_interval_s,
+                                                         self._discover_now)
+
+    def close(self) -> None:
+        self._closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+
+    # ---------------------------------------------------------------- discovery
+    def _discover_now(self) -> None:
+        """Start a discovery cycle unless one runs (mailbox thread)."""
+        if self._discovering or self._closed:
+            return
+        if self.bounded and (self.state.discovered_once or self._ready_count):
+            return
+        self._discovering = True
+        since = self._ready_state if self._ready_count else self.state.discovery
+        post = self.context.run_in_coordinator_thread
+
+        def work() -> None:
+            try:
+                found, after = self.discovery.discover(since)
+            except Exception as exc:  # noqa: BLE001 - reported on the mailbox
+                error = exc
+                post(lambda: self._discovery_failed(error))
+                return
+            post(lambda: self._discovered(found, after))
+
+        self._runner(work)
+
+    def _discovered(self, found: list[Split], after: Any) -> None:
+        """A discovery cycle's result (mailbox thread): held until the next boundary."""
+        self._discovering = False
+        if self._closed:
+            return
+        self._ready.extend(found)
+        self._ready_state = after
+        self._ready_count += 1
+        if found or (self.bounded and not self.state.discovered_once):
+            log.info("enumerator %s: discovered %d split(s)", self.context.operator_id,
+                     len(found))
+            self.context.request_batch()
+
+    def _discovery_failed(self, error: BaseException) -> None:
+        self._discovering = False
+        if self._closed:
+            return
+        # a listing that fails (a network error, a deleted directory) fails the job: the
+        # restart strategy decides, and the error names the source
+        self.context.fail_job(RuntimeError(
+            f"enumerator {self.context.operator_id!r}: discovery failed: "
+            f"{type(error).__name__}: {error}"))
+
+    # ---------------------------------------------------------------- checkpoints
+    def checkpoint_coordinator(self, checkpoint_id: int, result: Future[Any]) -> None:
+        if self._ready_count:
+            # rule 2: discoveries join the state at the boundary, inside the snapshot
+            self._apply(self._ready)
+            self.state.discovery = self._ready_state
+            if self.bounded:
+                self.state.discovered_once = True
+            self._ready, self._ready_state, self._ready_count = [], None, 0
+        self.state.pending = list(self._pending)
+        self._budget = BatchBudget(self.limit)
+        self._epoch = checkpoint_id
+        result.set_result(self.state)
+
+    def _apply(self, found: list[Split]) -> None:
+        if self.latest_first:
+            # newest first: the discovery lists new splits oldest first
+            self._pending.extendleft(found)
+        else:
+            self._pending.extend(found)
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        self._committed = max(self._committed, checkpoint_id)
+
+    # ---------------------------------------------------------------- requests
+    def handle_request(self, subtask: int, attempt: int, request: Any) -> Any:
+        if not isinstance(request, NextSplit):
+            raise TypeError(f"enumerator {self.context.operator_id!r}: subtask {subtask} sent "
+                            f"{request!r}; readers ask with NextSplit")
+        for split_id in request.finished:
+            if self.state.in_flight.pop(split_id, None) is None:
+                raise ValueError(f"enumerator {self.context.operator_id!r}: subtask {subtask} "
+                                 f"reports split {split_id!r} finished, which is not in flight")
+            self.state.finished += 1
+            if not self.state.in_flight:
+                self._drained = self._epoch
+        if not self._pending:
+            return NoSplitNow(done=self._all_handed_out())
+        split = self._pending[0]
+        if not self._budget.admits(split):
+            self.context.request_batch()  # the limit stopped this batch; the rest go next
+            return NoSplitNow()
+        self._pending.popleft()
+        self._budget.took(split)
+        self.state.in_flight[split.split_id] = subtask
+        self.state.handed_out += 1
+        return split
+
+    def _all_handed_out(self) -> bool:
+        return self.bounded and self.state.discovered_once and not self._pending
+
+    def done(self) -> bool:
+        """A bounded source read everything and the batch that finished it committed."""
+        return (self._all_handed_out() and not self.state.in_flight
+                and self._committed >= self._drained)
+
+    def handle_client_request(self, request: Any) -> Any:
+        if request == "status":
+            return {"pending": len(self._pending), "in_flight": len(self.state.in_flight),
+                    "handed_out": self.state.handed_out, "finished": self.state.finished,
+                    "discovery_state_entries": self.discovery.size_of(self.state.discovery),
+                    "bounded": self.bounded, "done": self.done()}
+        if request == "discover":
+            self._discover_now()
+            return True
+        raise ValueError(f"enumerator {self.context.operator_id!r}: unknown client request "
+                         f"{request!r} (ask 'status' or 'discover')")

@@ -1,0 +1,485 @@
+"""The file source: files under any fsspec URL (local, S3, ...) read as parquet, CSV or JSON lines.
+
+Rules:
+  1. Splits: a parquet file has one split per row group; a CSV or JSON-lines file has byte
+     ranges of at most ``maxSplitBytes``, and a line belongs to the range that holds its first
+     byte (a reader skips the partial line at its start and reads past its end to finish the
+     last line). CSV values must not contain line breaks.
+  2. Discovery state is bounded: the *marker* (the greatest path handed out: names are listed
+     in lexical order and only names after it are new) and a *recent* set (files handed out
+     since the last backfill, with size and modification time). Incremental discovery lists
+     only what sorts after the marker (on S3 with ``StartAfter``; locally it skips the stat
+     of every older name; in nested directories it does not descend into a directory that
+     sorts wholly before the marker). A periodic *backfill* lists everything and picks up a
+     file that arrived with a name before the marker, if its modification time is newer than
+     the previous backfill (minus ``maxClockSkew``); afterwards the recent set keeps only
+     files at least that new. So the state grows with the files of one backfill interval,
+     never with every file ever seen.
+  3. A file whose size or modification time changed after it was discovered is reported:
+     discovery logs it and counts it (``status``), and a reader refuses to read it
+     (:class:`FileChangedError`, naming the file and both sizes): a rewritten parquet file
+     or a truncated text file cannot be read as the split that was planned.
+  4. Names starting with ``_`` or ``.`` are skipped (files and directories), as Spark does.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import io
+import json
+import logging
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from sparkcoord.sources.enumerator import SplitDiscovery
+from sparkcoord.sources.reader import SplitReader
+from sparkcoord.sources.splits import Split
+
+log = logging.getLogger("sparkcoord.sources")
+
+FORMATS = ("parquet", "csv", "json")
+
+
+class FileChangedError(RuntimeError):
+    """A file changed after it was discovered (its split no longer describes it)."""
+
+
+@dataclass(frozen=True)
+class FileSplit(Split):
+    """A parquet row group (``row_group``) or a byte range ``[start, end)`` of a text file."""
+
+    path: str = ""
+    file_size: int = 0
+    mtime: float = 0.0
+    row_group: int | None = None
+    start: int = 0
+    end: int = 0
+
+    @property
+    def unit(self) -> str:
+        return self.path
+
+
+@dataclass(frozen=True)
+class FileEntry:
+    path: str
+    size: int
+    mtime: float
+
+
+@dataclass
+class FileDiscoveryState:
+    """Checkpointed by the enumerator: see rule 2."""
+
+    marker: str = ""
+    recent: dict[str, tuple[int, float]] = field(default_factory=dict)
+    #: when the last backfill listing started (seconds since the epoch), None before the first
+    backfill_at: float | None = None
+    #: files seen changed after discovery (rule 3), and the last few of them
+    changed: int = 0
+    changed_paths: list[str] = field(default_factory=list)
+
+
+# ----------------------------------------------------------------------------- filesystems
+_FILESYSTEMS: dict[tuple[str, str], Any] = {}
+
+
+def filesystem(url: str, storage_options: dict[str, Any] | None = None) -> tuple[Any, str]:
+    """The fsspec filesystem of ``url`` and the path inside it; one instance per process and
+    set of options (readers run many tasks in one Python worker)."""
+    import fsspec
+
+    key = (url.split("://", 1)[0] if "://" in url else "file",
+           json.dumps(storage_options or {}, sort_keys=True, default=str))
+    fs = _FILESYSTEMS.get(key)
+    if fs is None:
+        fs, _ = fsspec.core.url_to_fs(url, **(storage_options or {}))
+        _FILESYSTEMS[key] = fs
+    return fs, fs._strip_protocol(url)
+
+
+def _is_local(fs: Any) -> bool:
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    return protocol in ("file", "local")
+
+
+def _is_s3(fs: Any) -> bool:
+    protocols = (fs.protocol,) if isinstance(fs.protocol, str) else tuple(fs.protocol)
+    return "s3" in protocols or "s3a" in protocols
+
+
+def _mtime(info: dict[str, Any]) -> float:
+    for key in ("mtime", "LastModified", "last_modified", "updated", "created"):
+        value = info.get(key)
+        if value is None:
+            continue
+        if isinstance(value, (int, float)):
+            return float(value)
+        if hasattr(value, "timestamp"):
+            return float(value.timestamp())
+        try:
+            from datetime import datetime
+
+            return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            continue
+    return 0.0
+
+
+def _visible(name: str) -> bool:
+    base = name.rstrip("/").rsplit("/", 1)[-1]
+    return not base.startswith(("_", "."))
+
+
+def _skip_dir(directory: str, marker: str) -> bool:
+    """Every path under ``directory`` sorts at or before ``marker`` (rule 2)."""
+    prefix = directory.rstrip("/") + "/"
+    return bool(marker) and marker > prefix and not marker.startswith(prefix)
+
+
+class Lister:
+    """Lists files under a root in lexical path order, optionally only after a marker."""
+
+    def __init__(self, fs: Any, root: str, *, recursive: bool, glob: str | None) -> None:
+        self.fs = fs
+        self.root = root.rstrip("/")
+        self.recursive = recursive
+        self.glob = glob
+
+    def _wanted(self, path: str) -> bool:
+        base = path.rsplit("/", 1)[-1]
+        return _visible(base) and (self.glob is None or fnmatch.fnmatchcase(base, self.glob))
+
+    def after(self, marker: str, limit: int | None) -> list[FileEntry]:
+        """Files whose path sorts after ``marker`` ("" for all), at most ``limit``, in order."""
+        if _is_s3(self.fs):
+            out = self._s3_after(marker, limit)
+        else:
+            out = sorted(self._walk(self.root, marker), key=lambda e: e.path)
+        return out if limit is None else out[:limit]
+
+    def _walk(self, directory: str, marker: str) -> Iterator[FileEntry]:
+        if _is_local(self.fs):
+            entries = self._local_entries(directory, marker)
+        else:
+            entries = self._generic_entries(directory)
+        for path, is_dir, info in entries:
+            if is_dir:
+                if self.recursive and _visible(path) and not _skip_dir(path, marker):
+                    yield from self._walk(path, marker)
+            elif path > marker and self._wanted(path):
+                entry = info() if callable(info) else info
+                if entry is not None:
+                    yield entry
+
+    def _local_entries(self, directory: str, marker: str) -> Iterator[tuple[str, bool, Any]]:
+        # scandir, and stat only the names after the marker: a directory of 100k old files
+        # costs one readdir, not 100k stats
+        try:
+            scan = os.scandir(directory)
+        except FileNotFoundError:
+            return
+        with scan:
+            for entry in scan:
+                path = f"{directory}/{entry.name}"
+                if entry.is_dir(follow_symlinks=True):
+                    yield path, True, None
+                elif path > marker:
+                    def stat(e: os.DirEntry[str] = entry, p: str = path) -> FileEntry | None:
+                        try:
+                            st = e.stat()
+                        except FileNotFoundError:
+                            return None  # deleted while listing
+                        return FileEntry(p, st.st_size, st.st_mtime)
+                    yield path, False, stat
+
+    def _generic_entries(self, directory: str) -> Iterator[tuple[str, bool, Any]]:
+        try:
+            infos = self.fs.ls(directory, detail=True)
+        except FileNotFoundError:
+            return
+        for info in infos:
+            path = str(info["name"]).rstrip("/")
+            if info.get("type") == "directory":
+                yield path, True, None
+            else:
+                yield path, False, FileEntry(path, int(info.get("size") or 0), _mtime(info))
+
+    def _s3_after(self, marker: str, limit: int | None) -> list[FileEntry]:
+        bucket, _, prefix = self.root.partition("/")
+        prefix = f"{prefix}/" if prefix else ""
+        start_after = marker.partition("/")[2] if marker else ""
+        out: list[FileEntry] = []
+        kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
+        if not self.recursive:
+            kwargs["Delimiter"] = "/"
+        if start_after:
+            kwargs["StartAfter"] = start_after
+        while True:
+            page = self.fs.call_s3("list_objects_v2", **kwargs)
+            for obj in page.get("Contents", []):
+                path = f"{bucket}/{obj['Key']}"
+                if obj["Key"].endswith("/") or not self._wanted(path):
+                    continue
+                if self.recursive and not all(_visible(p) for p in obj["Key"][len(prefix):].split("/")):
+                    continue
+                out.append(FileEntry(path, int(obj["Size"]), _mtime(obj)))
+            if limit is not None and len(out) >= limit:
+                break
+            token = page.get("NextContinuationToken")
+            if not page.get("IsTruncated") or not token:
+                break
+            kwargs["ContinuationToken"] = token
+            kwargs.pop("StartAfter", None)
+        return out
+
+
+# ----------------------------------------------------------------------------- discovery
+@dataclass(frozen=True)
+class FileSourceOptions:
+    """Parsed options of a file source (see :func:`parse_options` for the option names)."""
+
+    url: str
+    format: str
+    storage_options: dict[str, Any] = field(default_factory=dict)
+    glob: str | None = None
+    recursive: bool = False
+    latest_first: bool = False
+    bounded: bool = False
+    max_files_per_trigger: int | None = None
+    max_bytes_per_trigger: int | None = None
+    max_split_bytes: int = 64 << 20
+    max_files_per_discovery: int = 10_000
+    discovery_interval_s: float = 1.0
+    backfill_interval_s: float = 600.0
+    max_clock_skew_s: float = 10.0
+    parallelism: int = 2
+    header: bool = False
+    sep: str = ","
+    batch_rows: int = 1 << 16
+
+
+class FileDiscovery(SplitDiscovery):
+    """Discovery of new files under ``options.url`` (rules 2-4). Runs on the discovery thread."""
+
+    def __init__(self, options: FileSourceOptions,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.options = options
+        self.clock = clock
+
+    def initial_state(self) -> FileDiscoveryState:
+        return FileDiscoveryState()
+
+    def size_of(self, state: Any) -> int:
+        return 1 + len(state.recent) if isinstance(state, FileDiscoveryState) else 0
+
+    def discover(self, state: Any) -> tuple[list[Split], FileDiscoveryState]:
+        o = self.options
+        fs, root = filesystem(o.url, o.storage_options)
+        lister = Lister(fs, root, recursive=o.recursive, glob=o.glob)
+        now = self.clock()
+        state = replace(state, recent=dict(state.recent), changed_paths=list(state.changed_paths))
+        late: list[FileEntry] = []
+        if state.backfill_at is not None and now - state.backfill_at >= o.backfill_interval_s:
+            late = self._backfill(lister, state, now)
+        fresh = lister.after(state.marker, o.max_files_per_discovery)
+        if state.backfill_at is None:
+            state.backfill_at = now  # the first listing sees everything: it is a backfill
+        if fresh:
+            state.marker = fresh[-1].path
+        new = late + fresh
+        floor = state.backfill_at - o.max_clock_skew_s
+        for e in new:
+            if e.mtime >= floor:
+                state.recent[e.path] = (e.size, e.mtime)
+        splits: list[Split] = []
+        for e in new:
+            splits.extend(plan_splits(fs, e, o))
+        return splits, state
+
+    def _backfill(self, lister: Lister, state: FileDiscoveryState, now: float) -> list[FileEntry]:
+        floor = state.backfill_at - self.options.max_clock_skew_s  # type: ignore[operator]
+        late = []
+        for e in lister.after("", None):
+            if e.path > state.marker:
+                continue  # the incremental listing takes it
+            known = state.recent.get(e.path)
+            if known is not None:
+                if known != (e.size, e.mtime):
+                    state.changed += 1
+                    state.changed_paths = (state.changed_paths + [e.path])[-20:]
+                    log.warning("file %s changed after it was discovered (size %d -> %d); "
+                                "it is not read again", e.path, known[0], e.size)
+            elif e.mtime >= floor:
+                late.append(e)
+        if late:
+            log.info("backfill found %d file(s) that arrived after the marker passed them",
+                     len(late))
+        # compaction: the next backfill only looks at files newer than this one's start
+        new_floor = now - self.options.max_clock_skew_s
+        state.recent = {p: v for p, v in state.recent.items() if v[1] >= new_floor}
+        state.backfill_at = now
+        return late
+
+
+def plan_splits(fs: Any, entry: FileEntry, options: FileSourceOptions) -> list[FileSplit]:
+    """The splits of one file (rule 1); parquet reads the footer."""
+    if options.format == "parquet":
+        import pyarrow.parquet as pq
+
+        with fs.open(entry.path, "rb") as f:
+            meta = pq.ParquetFile(f).metadata
+        return [FileSplit(f"{entry.path}#rg{i}", meta.row_group(i).total_byte_size, entry.path,
+                          entry.size, entry.mtime, row_group=i)
+                for i in range(meta.num_row_groups)]
+    if entry.size == 0:
+        return []
+    step = max(1, options.max_split_bytes)
+    return [FileSplit(f"{entry.path}#{start}", min(step, entry.size - start), entry.path,
+                      entry.size, entry.mtime, start=start, end=min(entry.size, start + step))
+            for start in range(0, entry.size, step)]
+
+
+# ----------------------------------------------------------------------------- reading
+def read_line_range(f: Any, start: int, end: int, file_size: int, chunk: int = 1 << 20) -> bytes:
+    """The lines whose first byte lies in ``[start, end)`` of open file ``f`` (rule 1)."""
+    if start >= end:
+        return b""
+    if start == 0:
+        f.seek(0)
+        data = f.read(end)
+    else:
+        f.seek(start - 1)
+        data = f.read(end - start + 1)
+        cut = data.find(b"\n")
+        if cut == -1 or start + cut >= end:
+            return b""  # no line starts in the range
+        data = data[cut + 1:]
+    if end < file_size and not data.endswith(b"\n"):
+        parts = [data]
+        f.seek(end)
+        while True:
+            more = f.read(chunk)
+            if not more:
+                break
+            cut = more.find(b"\n")
+            if cut != -1:
+                parts.append(more[:cut + 1])
+                break
+            parts.append(more)
+        data = b"".join(parts)
+    return bytes(data)
+
+
+class FileReader(SplitReader):
+    """Reads :class:`FileSplit` objects into record batches of the source's schema."""
+
+    def __init__(self, options: FileSourceOptions, schema_json: str) -> None:
+        self.options = options
+        self.schema_json = schema_json
+        self._arrow_schema: Any = None
+
+    @property
+    def arrow_schema(self) -> Any:
+        if self._arrow_schema is None:
+            from pyspark.sql.pandas.types import to_arrow_schema
+            from pyspark.sql.types import StructType
+
+            struct = StructType.fromJson(json.loads(self.schema_json))
+            self._arrow_schema = to_arrow_schema(struct, timezone="UTC")
+        return self._arrow_schema
+
+    def read_split(self, split: Split, position: Any) -> Iterator[tuple[Any, Any]]:
+        assert isinstance(split, FileSplit)
+        fs, _ = filesystem(self.options.url, self.options.storage_options)
+        skip = int(position or 0)
+        emitted = 0
+        with fs.open(split.path, "rb") as f:
+            size = getattr(f, "size", None)
+            if size is None:
+                size = fs.size(split.path)
+            if size != split.file_size:
+                raise FileChangedError(
+                    f"file {split.path} changed after it was discovered: it had "
+                    f"{split.file_size} bytes, now {size} (split {split.split_id})")
+            for batch in self._batches(f, split):
+                n = batch.num_rows
+                if emitted + n <= skip:
+                    emitted += n
+                    continue
+                if emitted < skip:
+                    batch = batch.slice(skip - emitted)
+                    emitted = skip
+                emitted += batch.num_rows
+                yield self._conform(batch), emitted
+
+    def _batches(self, f: Any, split: FileSplit) -> Iterator[Any]:
+        o = self.options
+        schema = self.arrow_schema
+        if o.format == "parquet":
+            import pyarrow.parquet as pq
+
+            pf = pq.ParquetFile(f)
+            yield from pf.iter_batches(batch_size=o.batch_rows, row_groups=[split.row_group],
+                                       columns=schema.names)
+            return
+        data = read_line_range(f, split.start, split.end, split.file_size)
+        if not data:
+            return
+        if o.format == "json":
+            import pyarrow.json as pj
+
+            table = pj.read_json(io.BytesIO(data), parse_options=pj.ParseOptions(
+                explicit_schema=schema, unexpected_field_behavior="ignore"))
+        else:
+            import pyarrow.csv as pc
+
+            skip = 1 if (o.header and split.start == 0) else 0
+            table = pc.read_csv(
+                io.BytesIO(data),
+                read_options=pc.ReadOptions(column_names=schema.names, skip_rows=skip),
+                parse_options=pc.ParseOptions(delimiter=o.sep),
+                convert_options=pc.ConvertOptions(column_types=schema))
+        yield from table.to_batches(max_chunksize=o.batch_rows)
+
+    def _conform(self, batch: Any) -> Any:
+        """The batch with exactly the source's Arrow schema (column order, types, nullability),
+        which Spark requires of a record batch."""
+        schema = self.arrow_schema
+        if batch.schema.equals(schema):
+            return batch
+        import pyarrow as pa
+
+        columns = [batch.column(batch.schema.get_field_index(f.name)).cast(f.type)
+                   for f in schema]
+        return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def infer_schema(options: FileSourceOptions) -> Any:
+    """The Arrow schema of the first file under ``options.url`` (driver program)."""
+    fs, root = filesystem(options.url, options.storage_options)
+    first = Lister(fs, root, recursive=options.recursive, glob=options.glob).after("", 1)
+    if not first:
+        raise ValueError(f"cannot infer the schema of {options.url!r}: it holds no "
+                         f"{options.format} file yet; give the schema with .schema(...)")
+    path = first[0].path
+    if options.format == "parquet":
+        import pyarrow.parquet as pq
+
+        with fs.open(path, "rb") as f:
+            return pq.read_schema(f)
+    with fs.open(path, "rb") as f:
+        data = read_line_range(f, 0, min(first[0].size, 1 << 20), first[0].size)
+    if options.format == "json":
+        import pyarrow.json as pj
+
+        return pj.read_json(io.BytesIO(data)).schema
+    import pyarrow.csv as pc
+
+    read = (pc.ReadOptions() if options.header
+            else pc.ReadOptions(autogenerate_column_names=True))
+    return pc.read_csv(io.BytesIO(data), read_options=read,
+                       parse_options=pc.ParseOptions(delimiter=options.sep)).schema

@@ -1,0 +1,87 @@
+"""What flows between a split enumerator and its readers: splits, the reader's request, and the
+per-batch read limit.
+
+A *split* is a unit of work a reader reads from start to end (a parquet row group, a byte range
+of a text file, a table range). The enumerator hands out each split once; the reader that got it
+reads it, in one batch or (if its own per-batch limit stops it) over several, keeping its
+position in its checkpointed state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Split:
+    """Base class of a split. Subclasses add what the reader needs (a path, a range).
+
+    ``split_id`` names it uniquely within its source; ``size`` (bytes, an estimate is fine)
+    feeds ``maxBytesPerTrigger``; ``unit`` groups splits for ``maxFilesPerTrigger`` (a file's
+    splits share their unit: its path).
+    """
+
+    split_id: str
+    size: int = 0
+
+    @property
+    def unit(self) -> str:
+        return self.split_id
+
+
+@dataclass(frozen=True)
+class NextSplit:
+    """A reader's request: the splits it finished since it last asked, and "give me another".
+
+    Sent with ``SubtaskContext.request`` from the Spark task; logged, so a retried task asks
+    the same and gets the same answer from the log.
+    """
+
+    finished: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class NoSplitNow:
+    """The enumerator's answer when it has nothing more for this batch: ``done`` is true when
+    the source is bounded and every split was handed out (nothing will ever come)."""
+
+    done: bool = False
+
+
+@dataclass
+class ReadLimit:
+    """How much new work one batch may take (Spark's ``maxFilesPerTrigger`` and
+    ``maxBytesPerTrigger``: soft limits, the batch's first split is always admitted)."""
+
+    max_units: int | None = None
+    max_bytes: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_units", "max_bytes"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be >= 1 or None, got {value}")
+
+
+@dataclass
+class BatchBudget:
+    """What the running batch took so far, checked against a :class:`ReadLimit`."""
+
+    limit: ReadLimit
+    units: set[str] = field(default_factory=set)
+    bytes: int = 0
+    splits: int = 0
+
+    def admits(self, split: Split) -> bool:
+        """Whether ``split`` may still go out in this batch (the first always does)."""
+        if self.splits == 0:
+            return True
+        if (self.limit.max_units is not None and split.unit not in self.units
+                and len(self.units) >= self.limit.max_units):
+            return False
+        return self.limit.max_bytes is None or self.bytes < self.limit.max_bytes
+
+    def took(self, split: Split) -> None:
+        self.units.add(split.unit)
+        self.bytes += split.size
+        self.splits += 1

@@ -1,0 +1,182 @@
+"""Reading files as a coordinated streaming DataFrame, the way PySpark reads them.
+
+    from sparkcoord.sources import FileStream
+
+    df = (FileStream(job).format("json").schema("id long, name string")
+          .option("maxFilesPerTrigger", "10").load("s3://bucket/events/"))
+
+Options are strings, named like Spark's file source where they mean the same. Thread model: the
+user's driver program thread.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from typing import Any
+
+from sparkcoord.sources.enumerator import SplitEnumerator
+from sparkcoord.sources.files import (
+    FORMATS,
+    FileDiscovery,
+    FileReader,
+    FileSourceOptions,
+    infer_schema,
+)
+from sparkcoord.sources.splits import ReadLimit
+from sparkcoord.spark.source import OperatorSpec
+
+#: option name (lower case) -> (field of FileSourceOptions, parser)
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)b?\s*$", re.IGNORECASE)
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|sec|secs|seconds?|m|min|minutes?|h|hours?)?\s*$",
+                       re.IGNORECASE)
+
+
+def parse_bool(name: str, value: str) -> bool:
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no"):
+        return False
+    raise ValueError(f"option {name!r}: expected true or false, got {value!r}")
+
+
+def parse_int(name: str, value: str) -> int:
+    try:
+        number = int(str(value).strip())
+    except ValueError:
+        raise ValueError(f"option {name!r}: expected an integer, got {value!r}") from None
+    if number < 1:
+        raise ValueError(f"option {name!r}: must be >= 1, got {value!r}")
+    return number
+
+
+def parse_bytes(name: str, value: str) -> int:
+    match = _SIZE.match(str(value))
+    if not match:
+        raise ValueError(f"option {name!r}: expected a size like 1048576, 64m or 1g, got {value!r}")
+    scale = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[match[2].lower()]
+    number = int(float(match[1]) * scale)
+    if number < 1:
+        raise ValueError(f"option {name!r}: must be at least 1 byte, got {value!r}")
+    return number
+
+
+def parse_seconds(name: str, value: str) -> float:
+    match = _DURATION.match(str(value))
+    if not match:
+        raise ValueError(f"option {name!r}: expected a duration like 500ms, 10s or 5 minutes, "
+                         f"got {value!r}")
+    unit = (match[2] or "s").lower()
+    scale = 0.001 if unit == "ms" else 60.0 if unit.startswith("m") else (
+        3600.0 if unit.startswith("h") else 1.0)
+    return float(match[1]) * scale
+
+
+OPTIONS: dict[str, tuple[str, Any]] = {
+    "pathglobfilter": ("glob", lambda n, v: str(v)),
+    "recursivefilelookup": ("recursive", parse_bool),
+    "latestfirst": ("latest_first", parse_bool),
+    "bounded": ("bounded", parse_bool),
+    "maxfilespertrigger": ("max_files_per_trigger", parse_int),
+    "maxbytespertrigger": ("max_bytes_per_trigger", parse_bytes),
+    "maxsplitbytes": ("max_split_bytes", parse_bytes),
+    "maxfilesperdiscovery": ("max_files_per_discovery", parse_int),
+    "discoveryinterval": ("discovery_interval_s", parse_seconds),
+    "backfillinterval": ("backfill_interval_s", parse_seconds),
+    "maxclockskew": ("max_clock_skew_s", parse_seconds),
+    "parallelism": ("parallelism", parse_int),
+    "header": ("header", parse_bool),
+    "sep": ("sep", lambda n, v: str(v)),
+    "delimiter": ("sep", lambda n, v: str(v)),
+    "batchrows": ("batch_rows", parse_int),
+}
+
+
+def parse_options(url: str, fmt: str, options: dict[str, str],
+                  storage_options: dict[str, Any] | None = None) -> FileSourceOptions:
+    """The options of a file source, parsed; an unknown option or a bad value is an error that
+    names it."""
+    if fmt not in FORMATS:
+        raise ValueError(f"file format {fmt!r} is not supported; use one of {', '.join(FORMATS)}")
+    fields: dict[str, Any] = {}
+    for name, value in options.items():
+        known = OPTIONS.get(name.lower())
+        if known is None:
+            raise ValueError(f"unknown file source option {name!r}; known options: "
+                             f"{', '.join(sorted(OPTIONS))}")
+        fields[known[0]] = known[1](name, value)
+    return FileSourceOptions(url=url, format=fmt, storage_options=dict(storage_options or {}),
+                             **fields)
+
+
+class FileStream:
+    """Builds a coordinated file source on a :class:`~sparkcoord.spark.CoordinatedJob`, like
+    ``spark.readStream``: ``format``, ``schema``, ``option``/``options``, then ``load(path)``.
+    """
+
+    def __init__(self, job: Any) -> None:
+        self.job = job
+        self._format = "parquet"
+        self._schema: Any = None
+        self._options: dict[str, str] = {}
+        self._storage_options: dict[str, Any] = {}
+
+    def format(self, fmt: str) -> FileStream:
+        """``parquet``, ``csv`` or ``json`` (JSON lines)."""
+        self._format = fmt.lower()
+        return self
+
+    def schema(self, schema: Any) -> FileStream:
+        """A DDL string (``"id long, name string"``) or a ``StructType``; without one the schema
+        is inferred from the first file."""
+        self._schema = schema
+        return self
+
+    def option(self, key: str, value: Any) -> FileStream:
+        self._options[key] = str(value).lower() if isinstance(value, bool) else str(value)
+        return self
+
+    def options(self, **options: Any) -> FileStream:
+        for key, value in options.items():
+            self.option(key, value)
+        return self
+
+    def storage_options(self, **options: Any) -> FileStream:
+        """fsspec options for the files' filesystem (credentials, ``client_kwargs``), handed to
+        the enumerator and every reader."""
+        self._storage_options.update(options)
+        return self
+
+    def load(self, path: str, name: str = "files") -> Any:
+        """The streaming DataFrame of the files under ``path``; its coordinated operator (and
+        source) is called ``name`` (ask it ``job.request(name, "status")``)."""
+        url = path if "://" in path else _absolute(path)
+        opts = parse_options(url, self._format, self._options, self._storage_options)
+        struct = self._struct(opts)
+        limit = ReadLimit(opts.max_files_per_trigger, opts.max_bytes_per_trigger)
+        enumerator = functools.partial(
+            SplitEnumerator, discovery=FileDiscovery(opts), bounded=opts.bounded,
+            discovery_interval_s=opts.discovery_interval_s, limit=limit,
+            latest_first=opts.latest_first)
+        reader = functools.partial(FileReader, opts, json.dumps(struct.jsonValue()))
+        return self.job.sources([OperatorSpec(name, enumerator, reader, opts.parallelism)],
+                                struct, name=name)
+
+    def _struct(self, opts: FileSourceOptions) -> Any:
+        from pyspark.sql.types import StructType
+
+        if isinstance(self._schema, StructType):
+            return self._schema
+        if self._schema is not None:
+            return self.job.spark.createDataFrame([], str(self._schema)).schema
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        return from_arrow_schema(infer_schema(opts), prefer_timestamp_ntz=False)
+
+
+def _absolute(path: str) -> str:
+    import os
+
+    return os.path.abspath(path)
