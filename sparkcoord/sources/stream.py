@@ -152,6 +152,13 @@ class FileStream:
     def load(self, path: str, name: str = "files") -> Any:
         """The streaming DataFrame of the files under ``path``; its coordinated operator (and
         source) is called ``name`` (ask it ``job.request(name, "status")``)."""
+        spec, struct = self.operator_spec(path, name)
+        return self.job.sources([spec], struct, name=name)
+
+    def operator_spec(self, path: str, name: str = "files") -> tuple[OperatorSpec, Any]:
+        """The coordinated operator :meth:`load` runs and the rows' ``StructType`` (driver
+        program thread): to combine a file source with other operators in one
+        ``job.sources([...])``, or to wrap its enumerator or reader."""
         url = path if "://" in path else _absolute(path)
         opts = parse_options(url, self._format, self._options, self._storage_options)
         struct = self._struct(opts)
@@ -161,8 +168,7 @@ class FileStream:
             discovery_interval_s=opts.discovery_interval_s, limit=limit,
             latest_first=opts.latest_first)
         reader = functools.partial(FileReader, opts, json.dumps(struct.jsonValue()))
-        return self.job.sources([OperatorSpec(name, enumerator, reader, opts.parallelism)],
-                                struct, name=name)
+        return OperatorSpec(name, enumerator, reader, opts.parallelism), struct
 
     def _struct(self, opts: FileSourceOptions) -> Any:
         from pyspark.sql.types import StructType

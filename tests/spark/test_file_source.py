@@ -75,3 +75,108 @@ def test_a_bounded_source_reads_every_row_once_and_ends_an_available_now_run(
                      .trigger(availableNow=True), timeout_s=180)
     assert report.failures == []
     assert_exactly_once(sink_rows(spark, out), ids)
+
+
+def run_until_rows(spark: Any, job: CoordinatedJob, df: Any, out: str, expected: int,
+                   **options: Any) -> Any:
+    writer = (df.writeStream.format("parquet").option("path", out)
+              .trigger(processingTime="0 seconds"))
+    return job.run(writer, until=lambda: len(sink_rows(spark, out)) >= expected, poll_s=0.3,
+                   timeout_s=240, **options)
+
+
+def test_a_continuous_source_reads_files_that_arrive_while_it_runs_and_keeps_its_state_small(
+        spark, tmp_path) -> None:
+    data, out = str(tmp_path / "data"), str(tmp_path / "out")
+    ids = write_files(data, "json", files=3, rows=200)
+    job = CoordinatedJob(spark, str(tmp_path / "ckpt"))
+    df = file_stream(job, "json", discoveryInterval="200ms", parallelism=2).load(data)
+    handle = job.start(df.writeStream.format("parquet").option("path", out)
+                       .trigger(processingTime="0 seconds"), timeout_s=240)
+    try:
+        wave = 0
+        while len(ids) < 3 * 200 + 4 * 3 * 100:
+            wave += 1
+            before = len(sink_rows(spark, out))
+            ids += write_files(data, "json", files=3, rows=100, first_id=10_000 * wave)
+            assert handle.await_termination(0) is False
+            waited = 0
+            while len(sink_rows(spark, out)) < before + 300 and waited < 600:
+                handle.await_termination(0.2)
+                waited += 1
+        status = handle.request("files", "status")
+    finally:
+        handle.stop()
+    assert_exactly_once(sink_rows(spark, out), ids)
+    assert status["pending"] == 0 and status["in_flight"] == 0
+    assert status["handed_out"] == status["finished"] == 15
+    # the marker plus the files since the last backfill, not one entry per file ever seen
+    assert status["discovery_state_entries"] <= 1 + 15
+
+
+def test_max_files_per_trigger_spreads_the_files_over_batches(spark, tmp_path) -> None:
+    data, out = str(tmp_path / "data"), str(tmp_path / "out")
+    ids = write_files(data, "parquet", files=6, rows=90)  # 3 row groups per file
+    job = CoordinatedJob(spark, str(tmp_path / "ckpt"))
+    df = file_stream(job, "parquet", bounded="true", maxFilesPerTrigger="2").load(data)
+    handle = job.start(df.writeStream.format("parquet").option("path", out)
+                       .trigger(availableNow=True), timeout_s=180)
+    assert handle.await_termination(200)
+    assert_exactly_once(sink_rows(spark, out), ids)
+    sizes = [p.numInputRows for p in handle.query.recentProgress if p.numInputRows]
+    assert sum(sizes) == len(ids)
+    assert max(sizes) <= 2 * 90 and len(sizes) >= 3, sizes  # at most 2 files per batch
+
+
+def failing_reader(options: Any, schema_json: str, marker_dir: str) -> Any:
+    """A FileReader whose task raises once, after the first record batch of a file's second
+    row group (a task retry in the middle of a split)."""
+    from sparkcoord.examples.numbers import _once
+    from sparkcoord.sources.files import FileReader
+
+    class Reader(FileReader):
+        def read_split(self, split: Any, position: Any) -> Any:
+            for n, item in enumerate(super().read_split(split, position)):
+                yield item
+                if (n == 0 and split.split_id.endswith("#rg1")
+                        and _once(marker_dir, "fail_task")):
+                    raise RuntimeError(f"injected task failure in the middle of {split.split_id}")
+
+    return Reader(options, schema_json)
+
+
+def failing_enumerator(context: Any, marker_dir: str, after: int, **kwargs: Any) -> Any:
+    from sparkcoord.examples.numbers import _once
+    from sparkcoord.sources.enumerator import SplitEnumerator
+
+    class Enumerator(SplitEnumerator):
+        def handle_request(self, subtask: int, attempt: int, request: Any) -> Any:
+            if self.state.handed_out == after and _once(marker_dir, "fail_job"):
+                self.context.fail_job("injected failure while handing out splits")
+            return super().handle_request(subtask, attempt, request)
+
+    return Enumerator(context, **kwargs)
+
+
+@pytest.mark.parametrize("failure", ["task retry mid-split", "fail_job"])
+def test_a_failure_while_reading_loses_and_repeats_no_row(spark, tmp_path, failure) -> None:
+    import dataclasses
+    import functools
+
+    data, out, markers = (str(tmp_path / "data"), str(tmp_path / "out"),
+                          str(tmp_path / "markers"))
+    ids = write_files(data, "parquet", files=6, rows=300)
+    job = CoordinatedJob(spark, str(tmp_path / "ckpt"))
+    spec, struct = file_stream(job, "parquet", batchRows="40").operator_spec(data)
+    if failure == "fail_job":
+        enumerator = functools.partial(failing_enumerator, marker_dir=markers, after=7,
+                                       **spec.coordinator.keywords)
+        spec = dataclasses.replace(spec, coordinator=enumerator)
+    else:
+        reader = functools.partial(failing_reader, *spec.operator.args, marker_dir=markers)
+        spec = dataclasses.replace(spec, operator=reader)
+    df = job.sources([spec], struct, name="files")
+    report = run_until_rows(spark, job, df, out, len(ids))
+    assert os.listdir(markers), "no failure was injected"
+    assert report.restarts == (1 if failure == "fail_job" else 0)
+    assert_exactly_once(sink_rows(spark, out), ids)
