@@ -15,9 +15,10 @@ Rules:
      loses nor repeats it. The enumerator only counts splits in flight (handed out, not yet
      reported finished) to know when a bounded source is done.
 
-Theory of operation: ``start`` schedules discovery (once for a bounded source, every
-``discovery_interval_s`` for a continuous one) on a worker thread; its result comes back to the
-mailbox and is applied at the next ``checkpoint_coordinator``, which also asks for a batch so
+Theory of operation: a fresh source discovers once in ``start`` (so its first batch has
+splits); after that (and after a restore) discovery runs on a worker thread (never again for a
+bounded source, every ``discovery_interval_s`` for a continuous one); its result comes back to
+the mailbox and is applied at the next ``checkpoint_coordinator``, which also asks for a batch so
 the readers of that batch can take the new splits. Each batch may take new work up to its
 :class:`ReadLimit`; when the limit stops it while splits are pending, another batch is asked
 for.
@@ -28,6 +29,7 @@ from __future__ import annotations
 import abc
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -111,7 +113,10 @@ class SplitEnumerator(OperatorCoordinator):
         self._ready_state: Any = None
         self._ready_count = 0
         self._discovering = False
+        #: how long recent discovery cycles took (seconds; reported by "status")
+        self._discovery_times: deque[float] = deque(maxlen=64)
         self._closed = False
+        self._fresh = True
         self._timer: Cancellable | None = None
         #: the newest checkpoint whose batch committed, the last sealed one, and the one whose
         #: batch finished the last split in flight (a bounded source is done once it commits)
@@ -121,6 +126,7 @@ class SplitEnumerator(OperatorCoordinator):
 
     # ---------------------------------------------------------------- lifecycle (mailbox)
     def reset_to_checkpoint(self, checkpoint_id: int, state: Any) -> None:
+        self._fresh = state is None
         if state is None:
             state = EnumeratorState(discovery=self.discovery.initial_state())
         if not isinstance(state, EnumeratorState):
@@ -138,7 +144,19 @@ class SplitEnumerator(OperatorCoordinator):
             self.context.request_batch()
         if self.bounded and self.state.discovered_once:
             return
-        self._discover_now()
+        if self._fresh:
+            # a fresh source lists here, before its first checkpoint, so that the first batch
+            # already has splits (as Spark's file source lists in its first latestOffset);
+            # later cycles run beside the batches
+            started = time.perf_counter()
+            try:
+                found, after = self.discovery.discover(self.state.discovery)
+            except Exception as exc:
+                raise RuntimeError(f"enumerator {self.context.operator_id!r}: discovery failed: "
+                                   f"{type(exc).__name__}: {exc}") from exc
+            self._discovered(found, after, time.perf_counter() - started)
+        else:
+            self._discover_now()
         if not self.bounded:
             self._timer = self.context.call_periodically(self.discovery_interval_s,
                                                          self._discover_now)
@@ -160,19 +178,22 @@ class SplitEnumerator(OperatorCoordinator):
         post = self.context.run_in_coordinator_thread
 
         def work() -> None:
+            started = time.perf_counter()
             try:
                 found, after = self.discovery.discover(since)
             except Exception as exc:  # noqa: BLE001 - reported on the mailbox
                 error = exc
                 post(lambda: self._discovery_failed(error))
                 return
-            post(lambda: self._discovered(found, after))
+            took = time.perf_counter() - started
+            post(lambda: self._discovered(found, after, took))
 
         self._runner(work)
 
-    def _discovered(self, found: list[Split], after: Any) -> None:
+    def _discovered(self, found: list[Split], after: Any, took_s: float = 0.0) -> None:
         """A discovery cycle's result (mailbox thread): held until the next boundary."""
         self._discovering = False
+        self._discovery_times.append(took_s)
         if self._closed:
             return
         self._ready.extend(found)
@@ -254,7 +275,8 @@ class SplitEnumerator(OperatorCoordinator):
             return {"pending": len(self._pending), "in_flight": len(self.state.in_flight),
                     "handed_out": self.state.handed_out, "finished": self.state.finished,
                     "discovery_state_entries": self.discovery.size_of(self.state.discovery),
-                    "bounded": self.bounded, "done": self.done()}
+                    "bounded": self.bounded, "done": self.done(),
+                    "discovery_cycles_s": list(self._discovery_times)}
         if request == "discover":
             self._discover_now()
             return True

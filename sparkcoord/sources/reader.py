@@ -41,6 +41,8 @@ class SplitReader(SubtaskOperator):
 
     #: stop reading in a batch after this many rows (``None``: read every split to its end)
     max_rows_per_batch: int | None = None
+    #: record batches smaller than this are joined before they go to Spark
+    coalesce_rows: int = 1 << 16
 
     def open(self, context: SubtaskContext, state: Any) -> None:
         super().open(context, state)
@@ -60,6 +62,19 @@ class SplitReader(SubtaskOperator):
         """
 
     def process(self) -> Iterator[Any]:
+        # small batches (many small files) are joined: Spark pays per record batch, not per row
+        pending: list[Any] = []
+        rows = 0
+        for batch in self._produce():
+            pending.append(batch)
+            rows += batch.num_rows
+            if rows >= self.coalesce_rows:
+                yield _joined(pending)
+                pending, rows = [], 0
+        if pending:
+            yield _joined(pending)
+
+    def _produce(self) -> Iterator[Any]:
         unfinished = list(self.state.unfinished)
         self.state.unfinished = []
         for index, (split, position) in enumerate(unfinished):
@@ -93,3 +108,11 @@ class SplitReader(SubtaskOperator):
         if not self.state.unfinished and not self.state.unreported:
             return None  # nothing to carry: a reader that read whole splits writes no state
         return self.state
+
+
+def _joined(batches: list[Any]) -> Any:
+    if len(batches) == 1:
+        return batches[0]
+    import pyarrow as pa
+
+    return pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
