@@ -15,7 +15,8 @@
   file is split into byte ranges, ``maxSplitBytes`` 4m, that both readers pull) against
   Spark's (``spark.sql.files.maxPartitionBytes`` default 128 MB: one task reads the big file).
 - discovery state after N files: our entries (the marker plus files newer than the last
-  backfill) against Spark's seen-files log (``sources/0`` under its checkpoint, bytes).
+  backfill; ``discoveryMode`` lexical) against Spark's seen-files log (``sources/0`` under
+  its checkpoint, bytes); the default mode (listing) keeps a seen set like Spark's.
 
     python bench/run.py --only filesource
 """
@@ -159,6 +160,7 @@ def planning(spark: Any, n: int, triggers: int) -> dict[str, Any]:
         _tiny_files(data, n, 0)
         time.sleep(1.5)  # older than the backfill's clock skew below
         out: dict[str, Any] = {"n": n}
+        out.update(_discovery_cycles(data))
         for side in ("native", "ours"):
             out.update(_planning_side(spark, side, data, root, n, triggers))
             # the other side must not see this side's new files: remove them
@@ -168,6 +170,27 @@ def planning(spark: Any, n: int, triggers: int) -> dict[str, Any]:
         return out
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _discovery_cycles(data: str) -> dict[str, Any]:
+    """One discovery cycle over the directory in each mode, in this process: the first (every
+    file is new) and a steady one (nothing new)."""
+    from sparkcoord.sources.files import FileDiscovery, FileSourceOptions
+
+    out: dict[str, Any] = {}
+    for mode in ("lexical", "listing"):
+        discovery = FileDiscovery(FileSourceOptions(url=data, format="json",
+                                                    discovery_mode=mode,
+                                                    max_files_per_discovery=10**9))
+        t0 = time.perf_counter()
+        _, state = discovery.discover(discovery.initial_state())
+        t1 = time.perf_counter()
+        discovery.discover(state)
+        t2 = time.perf_counter()
+        out[f"{mode}_first_cycle_ms"] = (t1 - t0) * 1e3
+        out[f"{mode}_steady_cycle_ms"] = (t2 - t1) * 1e3
+        out[f"{mode}_state_entries"] = discovery.size_of(state)
+    return out
 
 
 class _Progress:
@@ -194,7 +217,7 @@ def _planning_side(spark: Any, side: str, data: str, root: str, n: int,
                  .option("checkpointLocation", os.path.join(root, "native")).start())
         progress = _Progress(query=query)
     else:
-        job, df = _ours(spark, "json", data, os.path.join(root, "ours"),
+        job, df = _ours(spark, "json", data, os.path.join(root, "ours"), discoveryMode="lexical",
                         discoveryInterval="100ms", backfillInterval="2s", maxClockSkew="1s")
         handle = job.start(df.writeStream.format("noop").trigger(processingTime="0 seconds"),
                            timeout_s=1800)
@@ -280,7 +303,10 @@ def run(preset: str, spark: Any) -> dict[str, Any]:
                      f"{p['ours_trigger_ms']:.0f} ms, Spark {p['native_trigger_ms']:.0f} ms; our "
                      f"discovery cycle {p['ours_discovery_ms'] or 0:.1f} ms; state: ours "
                      f"{p['ours_state_entries']} entries, Spark's seen-files log "
-                     f"{p['native_seen_log_bytes']:,} bytes")
+                     f"{p['native_seen_log_bytes']:,} bytes; a discovery cycle with nothing "
+                     f"new: lexical mode {p['lexical_steady_cycle_ms']:.1f} ms, listing mode "
+                     f"{p['listing_steady_cycle_ms']:.1f} ms (seen set "
+                     f"{p['listing_state_entries']:,} entries)")
     small, large = raw["planning"][sizes[0]], raw["planning"][sizes[-1]]
     # planning = Spark's latestOffset: where its file source lists the directory and ours seals
     # an epoch (our discovery runs beside the batches and is reported in the notes)

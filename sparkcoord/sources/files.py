@@ -5,16 +5,24 @@ Rules:
      ranges of at most ``maxSplitBytes``, and a line belongs to the range that holds its first
      byte (a reader skips the partial line at its start and reads past its end to finish the
      last line). CSV values must not contain line breaks.
-  2. Discovery state is bounded: the *marker* (the greatest path handed out: names are listed
-     in lexical order and only names after it are new) and a *recent* set (files handed out
-     since the last backfill, with size and modification time). Incremental discovery lists
-     only what sorts after the marker (on S3 with ``StartAfter``; locally it skips the stat
-     of every older name; in nested directories it does not descend into a directory that
-     sorts wholly before the marker). A periodic *backfill* lists everything and picks up a
-     file that arrived with a name before the marker, if its modification time is newer than
-     the previous backfill (minus ``maxClockSkew``); afterwards the recent set keeps only
-     files at least that new. So the state grows with the files of one backfill interval,
-     never with every file ever seen.
+  2. Discovery runs in one of two modes (option ``discoveryMode``):
+     a. ``listing`` (the default; any file names): every cycle lists everything, as Spark's
+        file source does, but off the trigger path and without a stat of names already seen;
+        a file is new if it is not in the *seen* set. Like Spark's source, files older than
+        ``maxFileAge`` (default 7 days) before the newest file seen are ignored, and the seen
+        set keeps only files within that age: the state grows with the files of the last
+        ``maxFileAge``.
+     b. ``lexical`` (names of new files sort after older ones: timestamps, sequence numbers,
+        date partitions): the state is the *marker* (the greatest path handed out) and a
+        *recent* set (files handed out since the last backfill, with size and modification
+        time). A cycle lists only what sorts after the marker (on S3 with ``StartAfter``;
+        locally it skips the stat of every older name; in nested directories it does not
+        descend into a directory that sorts wholly before the marker). A periodic *backfill*
+        lists everything and picks up a file that arrived with a name before the marker, if
+        its modification time is newer than the previous backfill (minus ``maxClockSkew``):
+        a file moved in with an older modification time and a name before the marker is not
+        seen. After a backfill the recent set keeps only files at least that new, so the state
+        grows with the files of one backfill interval, never with every file ever seen.
   3. A file whose size or modification time changed after it was discovered is reported:
      discovery logs it and counts it (``status``), and a reader refuses to read it
      (:class:`FileChangedError`, naming the file and both sizes): a rewritten parquet file
@@ -30,7 +38,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -41,6 +49,7 @@ from sparkcoord.sources.splits import Split
 log = logging.getLogger("sparkcoord.sources")
 
 FORMATS = ("parquet", "csv", "json")
+DISCOVERY_MODES = ("listing", "lexical")
 
 
 class FileChangedError(RuntimeError):
@@ -76,6 +85,8 @@ class FileDiscoveryState:
 
     marker: str = ""
     recent: dict[str, tuple[int, float]] = field(default_factory=dict)
+    #: mode ``listing``: the newest modification time seen (``maxFileAge`` counts from it)
+    newest: float = 0.0
     #: when the last backfill listing started (seconds since the epoch), None before the first
     backfill_at: float | None = None
     #: files seen changed after discovery (rule 3), and the last few of them
@@ -153,15 +164,18 @@ class Lister:
         base = path.rsplit("/", 1)[-1]
         return _visible(base) and (self.glob is None or fnmatch.fnmatchcase(base, self.glob))
 
-    def after(self, marker: str, limit: int | None) -> list[FileEntry]:
-        """Files whose path sorts after ``marker`` ("" for all), at most ``limit``, in order."""
+    def after(self, marker: str, limit: int | None,
+              skip: Container[str] = ()) -> list[FileEntry]:
+        """Files whose path sorts after ``marker`` ("" for all), at most ``limit``, in order;
+        paths in ``skip`` are left out (locally without a stat)."""
         if _is_s3(self.fs):
-            out = self._s3_after(marker, limit)
+            out = [e for e in self._s3_after(marker, None if skip else limit)
+                   if e.path not in skip]
         else:
-            out = sorted(self._walk(self.root, marker), key=lambda e: e.path)
+            out = sorted(self._walk(self.root, marker, skip), key=lambda e: e.path)
         return out if limit is None else out[:limit]
 
-    def _walk(self, directory: str, marker: str) -> Iterator[FileEntry]:
+    def _walk(self, directory: str, marker: str, skip: Container[str]) -> Iterator[FileEntry]:
         if _is_local(self.fs):
             entries = self._local_entries(directory, marker)
         else:
@@ -169,8 +183,8 @@ class Lister:
         for path, is_dir, info in entries:
             if is_dir:
                 if self.recursive and _visible(path) and not _skip_dir(path, marker):
-                    yield from self._walk(path, marker)
-            elif path > marker and self._wanted(path):
+                    yield from self._walk(path, marker, skip)
+            elif path > marker and path not in skip and self._wanted(path):
                 entry = info() if callable(info) else info
                 if entry is not None:
                     yield entry
@@ -256,6 +270,8 @@ class FileSourceOptions:
     discovery_interval_s: float = 1.0
     backfill_interval_s: float = 600.0
     max_clock_skew_s: float = 10.0
+    discovery_mode: str = "listing"
+    max_file_age_s: float = 7 * 86400.0
     parallelism: int = 2
     header: bool = False
     sep: str = ","
@@ -267,6 +283,9 @@ class FileDiscovery(SplitDiscovery):
 
     def __init__(self, options: FileSourceOptions,
                  clock: Callable[[], float] = time.time) -> None:
+        if options.discovery_mode not in DISCOVERY_MODES:
+            raise ValueError(f"discoveryMode {options.discovery_mode!r}: use one of "
+                             f"{', '.join(DISCOVERY_MODES)}")
         self.options = options
         self.clock = clock
 
@@ -280,8 +299,34 @@ class FileDiscovery(SplitDiscovery):
         o = self.options
         fs, root = filesystem(o.url, o.storage_options)
         lister = Lister(fs, root, recursive=o.recursive, glob=o.glob)
-        now = self.clock()
         state = replace(state, recent=dict(state.recent), changed_paths=list(state.changed_paths))
+        if o.discovery_mode == "listing":
+            new = self._listing(lister, state)
+        else:
+            new = self._lexical(lister, state)
+        splits: list[Split] = []
+        for e in new:
+            splits.extend(plan_splits(fs, e, o))
+        return splits, state
+
+    def _listing(self, lister: Lister, state: FileDiscoveryState) -> list[FileEntry]:
+        """Mode ``listing`` (rule 2a): everything is listed; new = not seen, not too old."""
+        o = self.options
+        unseen = lister.after("", None, skip=state.recent)
+        state.newest = max([state.newest] + [e.mtime for e in unseen])
+        floor = state.newest - o.max_file_age_s
+        # arrival order (modification time), then name; the rest waits for the next cycle
+        new = sorted((e for e in unseen if e.mtime >= floor), key=lambda e: (e.mtime, e.path))
+        new = new[:o.max_files_per_discovery]
+        state.recent = {p: v for p, v in state.recent.items() if v[1] >= floor}
+        for e in new:
+            state.recent[e.path] = (e.size, e.mtime)
+        return new
+
+    def _lexical(self, lister: Lister, state: FileDiscoveryState) -> list[FileEntry]:
+        """Mode ``lexical`` (rule 2b): only names after the marker, and a periodic backfill."""
+        o = self.options
+        now = self.clock()
         late: list[FileEntry] = []
         if state.backfill_at is not None and now - state.backfill_at >= o.backfill_interval_s:
             late = self._backfill(lister, state, now)
@@ -295,10 +340,7 @@ class FileDiscovery(SplitDiscovery):
         for e in new:
             if e.mtime >= floor:
                 state.recent[e.path] = (e.size, e.mtime)
-        splits: list[Split] = []
-        for e in new:
-            splits.extend(plan_splits(fs, e, o))
-        return splits, state
+        return new
 
     def _backfill(self, lister: Lister, state: FileDiscoveryState, now: float) -> list[FileEntry]:
         floor = state.backfill_at - self.options.max_clock_skew_s  # type: ignore[operator]

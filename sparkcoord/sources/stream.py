@@ -18,6 +18,7 @@ from typing import Any
 
 from sparkcoord.sources.enumerator import SplitEnumerator
 from sparkcoord.sources.files import (
+    DISCOVERY_MODES,
     FORMATS,
     FileDiscovery,
     FileReader,
@@ -29,8 +30,9 @@ from sparkcoord.spark.source import OperatorSpec
 
 #: option name (lower case) -> (field of FileSourceOptions, parser)
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)b?\s*$", re.IGNORECASE)
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|sec|secs|seconds?|m|min|minutes?|h|hours?)?\s*$",
-                       re.IGNORECASE)
+_DURATION = re.compile(
+    r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|sec|secs|seconds?|m|min|minutes?|h|hours?|d|days?|w|weeks?)?\s*$",
+    re.IGNORECASE)
 
 
 def parse_bool(name: str, value: str) -> bool:
@@ -66,11 +68,12 @@ def parse_bytes(name: str, value: str) -> int:
 def parse_seconds(name: str, value: str) -> float:
     match = _DURATION.match(str(value))
     if not match:
-        raise ValueError(f"option {name!r}: expected a duration like 500ms, 10s or 5 minutes, "
+        raise ValueError(f"option {name!r}: expected a duration like 500ms, 10s, 5 minutes or 7d, "
                          f"got {value!r}")
     unit = (match[2] or "s").lower()
     scale = 0.001 if unit == "ms" else 60.0 if unit.startswith("m") else (
-        3600.0 if unit.startswith("h") else 1.0)
+        3600.0 if unit.startswith("h") else 86400.0 if unit.startswith("d") else (
+            604800.0 if unit.startswith("w") else 1.0))
     return float(match[1]) * scale
 
 
@@ -86,6 +89,8 @@ OPTIONS: dict[str, tuple[str, Any]] = {
     "discoveryinterval": ("discovery_interval_s", parse_seconds),
     "backfillinterval": ("backfill_interval_s", parse_seconds),
     "maxclockskew": ("max_clock_skew_s", parse_seconds),
+    "discoverymode": ("discovery_mode", lambda n, v: str(v).lower()),
+    "maxfileage": ("max_file_age_s", parse_seconds),
     "parallelism": ("parallelism", parse_int),
     "header": ("header", parse_bool),
     "sep": ("sep", lambda n, v: str(v)),
@@ -107,8 +112,12 @@ def parse_options(url: str, fmt: str, options: dict[str, str],
             raise ValueError(f"unknown file source option {name!r}; known options: "
                              f"{', '.join(sorted(OPTIONS))}")
         fields[known[0]] = known[1](name, value)
-    return FileSourceOptions(url=url, format=fmt, storage_options=dict(storage_options or {}),
-                             **fields)
+    parsed = FileSourceOptions(url=url, format=fmt, storage_options=dict(storage_options or {}),
+                               **fields)
+    if parsed.discovery_mode not in DISCOVERY_MODES:
+        raise ValueError(f"option 'discoveryMode': use one of {', '.join(DISCOVERY_MODES)}, got "
+                         f"{parsed.discovery_mode!r}")
+    return parsed
 
 
 class FileStream:

@@ -91,3 +91,31 @@ def test_a_killed_driver_loses_and_repeats_no_answer_of_the_work_queue(tmp_path,
     rows = [r for b in read_batch_files(str(tmp_path / "sink")).values() for r in b]
     items = sorted(r["item"] for r in rows)
     assert items == list(range(first + added)), items  # every item once: none lost or repeated
+
+
+def run_files_job(workdir: pathlib.Path, kill: str | None, waves: int
+                  ) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "SPARKCOORD_TEST_KILL"}
+    env["PYSPARK_PYTHON"] = sys.executable
+    if kill is not None:
+        env["SPARKCOORD_TEST_KILL"] = kill
+    return subprocess.run([sys.executable, "-m", "tests.spark.files_kill_job", str(workdir),
+                           str(waves)], cwd=REPO, env=env, start_new_session=True, timeout=400,
+                          capture_output=True, text=True)
+
+
+def test_a_killed_driver_of_a_file_source_loses_and_repeats_no_row_with_files_arriving_meanwhile(
+        tmp_path) -> None:
+    from tests.spark.files_kill_job import sink_check, write_wave
+
+    markers = tmp_path / "markers"
+    # killed right after a reader got a split in a later batch (a logged answer, mid-batch)
+    run1 = run_files_job(tmp_path, f"answered:2:{markers}", waves=3)
+    assert run1.returncode == -signal.SIGKILL, run1.stderr[-3000:]
+    assert (markers / "killed-answered").exists()
+    write_wave(str(tmp_path / "data"), 7)  # a file arriving while the job is down
+    run2 = run_files_job(tmp_path, None, waves=3)
+    assert run2.returncode == 0, run2.stderr[-3000:]
+    check = sink_check(str(tmp_path))
+    assert check["lost"] == check["duplicated"] == check["unexpected"] == 0, check
+    assert check["expected"] == 4 * 3 * 150 and check["rows"] == check["expected"]
