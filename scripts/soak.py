@@ -10,6 +10,12 @@ Scenarios:
   driver-kill  SIGKILL of the job at each kill point in turn, then a restart (~1 min per seed)
   cluster      two-speeds on a standalone cluster (a master and two workers started from the
                pyspark package on loopback; ~30 s per seed after a ~30 s start)
+  files-task, files-fail-job
+               the file source (tests/spark/files_kill_job.py) tailing a directory while the
+               job writes 2-4 waves of files, with a task failure in the middle of a split or a
+               fail_job at a split chosen by the seed (one local session; ~10 s per seed)
+  files-kill   the same job killed with SIGKILL at a kill point and epoch chosen by the seed,
+               a wave of files written while it is down, then restarted (~35 s per seed)
 
 Columns: runs, passes, lost, duplicated and out-of-order events, and the failing seeds.
 Run from the repository root with the project's interpreter.
@@ -165,11 +171,97 @@ def soak_driver_kill(seeds: list[int]) -> dict[str, Any]:
     return row
 
 
+def _files_row() -> dict[str, Any]:
+    return {"runs": 0, "passes": 0, "lost": 0, "duplicated": 0, "out of order": "-",
+            "failed seeds": []}
+
+
+def _files_tally(row: dict[str, Any], seed: int, what: str, workdir: str,
+                 error: str | None) -> None:
+    from tests.spark.files_kill_job import sink_check
+
+    row["runs"] += 1
+    check = sink_check(workdir)
+    row["lost"] += check["lost"]
+    row["duplicated"] += check["duplicated"] + check["unexpected"]
+    if error is None and check["lost"] == check["duplicated"] == check["unexpected"] == 0:
+        row["passes"] += 1
+        shutil.rmtree(workdir, ignore_errors=True)
+    else:
+        row["failed seeds"].append(f"{seed} {what} ({workdir}): {(error or str(check))[:80]}")
+
+
+def _files_in_session(seeds: list[int], failure: str) -> dict[str, Any]:
+    import random
+
+    from bench.common import spark_session
+    from tests.spark.files_kill_job import run_job
+
+    row = _files_row()
+    spark = spark_session("sparkcoord-soak-files")
+    try:
+        for seed in seeds:
+            waves = random.Random(seed).randint(2, 4)
+            workdir = tempfile.mkdtemp(prefix=f"soak-files-{failure}-{seed}-")
+            error = None
+            try:
+                report = run_job(spark, workdir, waves, failure, seed)
+                if not os.listdir(os.path.join(workdir, "markers")):
+                    error = "no failure was injected"
+                elif failure == "fail_job" and report.restarts != 1:
+                    error = f"{report.restarts} restarts"
+            except Exception as exc:  # noqa: BLE001 - a failed seed, reported in the table
+                error = f"{type(exc).__name__}: {exc}"
+            _files_tally(row, seed, f"{failure}, {waves} waves", workdir, error)
+    finally:
+        spark.stop()
+    return row
+
+
+def soak_files_task(seeds: list[int]) -> dict[str, Any]:
+    return _files_in_session(seeds, "task")
+
+
+def soak_files_fail_job(seeds: list[int]) -> dict[str, Any]:
+    return _files_in_session(seeds, "fail_job")
+
+
+def soak_files_kill(seeds: list[int]) -> dict[str, Any]:
+    import pathlib
+    import random
+    import signal
+
+    from tests.spark.files_kill_job import write_wave
+    from tests.spark.test_driver_kill import run_files_job
+
+    points = ["sealing", "sealed", "mid-batch", "answered", "sink-committed"]
+    row = _files_row()
+    for seed in seeds:
+        rng = random.Random(seed)
+        point, epoch, waves = points[seed % len(points)], rng.randint(0, 3), rng.randint(2, 4)
+        workdir = pathlib.Path(tempfile.mkdtemp(prefix=f"soak-files-kill-{seed}-"))
+        what = f"{point}@{epoch}, {waves} waves"
+        first = run_files_job(workdir, f"{point}:{epoch}:{workdir / 'markers'}", waves)
+        error = None
+        if first.returncode not in (0, -signal.SIGKILL):
+            error = f"first run exited {first.returncode}: {first.stderr[-200:]}"
+        else:
+            # files arriving while the job is down (a wave past the ones the job writes)
+            write_wave(str(workdir / "data"), waves + rng.randint(0, 3))
+            second = run_files_job(workdir, None, waves)
+            if second.returncode != 0:
+                error = f"second run exited {second.returncode}: {second.stderr[-200:]}"
+        _files_tally(row, seed, what, str(workdir), error)
+    return row
+
+
 #: Requests (issue 12): only the simulation has a requesting operator so far.
 ANSWER_COLUMNS = ("answers", "lost answers", "duplicated answers", "diverging answers")
 
 SCENARIOS = {"simulation": soak_simulation, "two-speeds": soak_two_speeds,
-             "driver-kill": soak_driver_kill, "cluster": soak_cluster}
+             "driver-kill": soak_driver_kill, "cluster": soak_cluster,
+             "files-task": soak_files_task, "files-fail-job": soak_files_fail_job,
+             "files-kill": soak_files_kill}
 
 
 def main() -> int:

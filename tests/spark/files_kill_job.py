@@ -101,18 +101,24 @@ def main() -> None:
     failure = sys.argv[3] if len(sys.argv) > 3 else "none"
     seed = int(sys.argv[4]) if len(sys.argv) > 4 else 0
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    import dataclasses
-
     from pyspark.sql import SparkSession
-
-    from sparkcoord.examples.sinks import BatchFileSink, read_batch_files
-    from sparkcoord.sources import FileStream
-    from sparkcoord.spark import CoordinatedJob
 
     spark = (SparkSession.builder.master("local[2,4]").appName("sparkcoord-files-kill-job")
              .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
+    report = run_job(spark, workdir, waves, failure, seed)
+    print("done", sink_check(workdir), report.restarts, report.failures)
+
+
+def run_job(spark: Any, workdir: str, waves: int, failure: str = "none", seed: int = 0) -> Any:
+    """Run the job until the sink holds every row (the driver program's thread); its report."""
+    import dataclasses
+
+    from sparkcoord.examples.sinks import BatchFileSink, read_batch_files
+    from sparkcoord.sources import FileStream
+    from sparkcoord.spark import CoordinatedJob
+
     spark.dataSource.register(BatchFileSink)
     data, sink = os.path.join(workdir, "data"), os.path.join(workdir, "sink")
     markers = os.path.join(workdir, "markers")
@@ -131,6 +137,8 @@ def main() -> None:
         spec = dataclasses.replace(spec, coordinator=functools.partial(
             failing_enumerator, marker_dir=markers,
             at=rng.randrange(waves * FILES_PER_WAVE), **spec.coordinator.keywords))
+    elif failure != "none":
+        raise ValueError(f"unknown failure {failure!r}")
     df = job.sources([spec], struct, name="files")
     writer = (df.writeStream.format("sparkcoord-batchfiles").option("path", sink)
               .trigger(processingTime="0 seconds"))
@@ -151,8 +159,7 @@ def main() -> None:
         next_wave()
         return rows_in_sink() >= target()
 
-    report = job.run(writer, until=until, poll_s=0.2, timeout_s=300)
-    print("done", rows_in_sink(), target(), report.restarts, report.failures)
+    return job.run(writer, until=until, poll_s=0.2, timeout_s=300)
 
 
 if __name__ == "__main__":
