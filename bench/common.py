@@ -106,8 +106,9 @@ def plot(results: dict[str, Any], out_dir: str) -> list[str]:
 
     written = []
 
-    def save(fig: Any, ax: Any, name: str, title: str, ylabel: str) -> None:
-        ax.set_xlabel("events per epoch")
+    def save(fig: Any, ax: Any, name: str, title: str, ylabel: str,
+             xlabel: str = "events per epoch") -> None:
+        ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         ax.set_title(title)
         ax.legend()
@@ -143,4 +144,33 @@ def plot(results: dict[str, Any], out_dir: str) -> list[str]:
         ax.set_xscale("log")
         ax.set_yscale("log")
         save(fig, ax, "seal_time.png", "Sealing an epoch", "median time inside latestOffset's seal, ms")
+    files = results["benches"].get("filesource", {}).get("raw")
+    if files:
+        fig, ax = plt.subplots(figsize=(6.4, 4.2))
+        planning = sorted(files["planning"].values(), key=lambda p: int(p["n"]))
+        ns = [int(p["n"]) for p in planning]
+        ax.plot(ns, [p["native_latest_offset_ms"] for p in planning], "s--",
+                label="Spark's file source: latestOffset (lists the directory)")
+        ax.plot(ns, [max(p["ours_latest_offset_ms"], 0.5) for p in planning], "o-",
+                label="sparkcoord file source: latestOffset (seals an epoch)")
+        ax.plot(ns, [p["lexical_steady_cycle_ms"] for p in planning], "^:",
+                label="sparkcoord discovery cycle, lexical (beside the batches)")
+        ax.plot(ns, [p["listing_steady_cycle_ms"] for p in planning], "v:",
+                label="sparkcoord discovery cycle, listing (beside the batches)")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        save(fig, ax, "filesource_planning.png", "Planning a trigger with N files present",
+             "median ms", "files present")
+        fig, ax = plt.subplots(figsize=(6.4, 4.2))
+        fmts = list(files["throughput"])
+        xs = range(len(fmts))
+        ax.bar([x - 0.2 for x in xs], [files["throughput"][f]["rows"] / files["throughput"][f]
+                                        ["native_s"] / 1e6 for f in fmts], 0.4,
+               label="Spark's file source")
+        ax.bar([x + 0.2 for x in xs], [files["throughput"][f]["rows"] / files["throughput"][f]
+                                        ["ours_s"] / 1e6 for f in fmts], 0.4,
+               label="sparkcoord file source")
+        ax.set_xticks(list(xs), fmts)
+        save(fig, ax, "filesource_throughput.png", "2M rows in 40 files, per trigger",
+             "million rows/s", "format")
     return written

@@ -53,6 +53,24 @@ def _inspect(args: argparse.Namespace) -> int:
     return 1 if report["problems"] else 0
 
 
+def _tail(args: argparse.Namespace) -> int:
+    """``sparkcoord tail`` (the command's main thread)."""
+    from sparkcoord.sources.tail import run_tail
+
+    options = {}
+    for item in args.option:
+        key, sep, value = item.partition("=")
+        if not sep:
+            print(f"sparkcoord tail: --option {item!r} is not KEY=VALUE", file=sys.stderr)
+            return 2
+        options[key] = value
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    result = run_tail(args.path, args.format, args.out, args.checkpoint, schema=args.schema,
+                      options=options, bounded=args.bounded)
+    print(f"{result['rows']:,} rows read into {args.out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sparkcoord", description=sparkcoord.__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=sparkcoord.__version__)
@@ -85,7 +103,22 @@ def main(argv: list[str] | None = None) -> int:
                               "show their values. Unpickling runs code named in the files: use "
                               "it only on checkpoints you trust (the job's classes must be "
                               "importable)")
+    tail = sub.add_parser(
+        "tail", help="read the files of a directory (any fsspec URL) into a parquet sink with "
+                     "the file source, showing progress, until Ctrl-C (or --bounded)")
+    tail.add_argument("path", help="the directory to read (a local path, s3://bucket/prefix, ...)")
+    tail.add_argument("--format", default="json", choices=["json", "csv", "parquet"])
+    tail.add_argument("--out", required=True, help="the parquet sink's directory")
+    tail.add_argument("--checkpoint", required=True, help="the job's checkpoint directory")
+    tail.add_argument("--schema", default=None,
+                      help="DDL schema (\"id long, name string\"); default: from the first file")
+    tail.add_argument("--bounded", action="store_true",
+                      help="read the files present at start, then stop")
+    tail.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                      help="a file source option, e.g. maxFilesPerTrigger=10 (repeatable)")
     args = parser.parse_args(argv)
+    if args.command == "tail":
+        return _tail(args)
     if args.command == "inspect":
         return _inspect(args)
     if args.command == "env":

@@ -347,6 +347,13 @@ class ChannelServer:
             peer = sock.getpeername()
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._serve_frames(sock, reader)
+        except (ConnectionResetError, BrokenPipeError) as exc:
+            # the task's process went away mid-connection: a failed or killed task, which the
+            # service learns of from its retry; expected, so not a warning (one line per task)
+            with self._lock:
+                self.dropped_connections += 1
+            log.info("channel connection from %s ended abruptly (its task failed or was "
+                     "killed): %s", peer, exc)
         except (FrameError, OSError) as exc:
             with self._lock:
                 self.dropped_connections += 1

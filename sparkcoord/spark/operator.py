@@ -91,7 +91,9 @@ class SubtaskOperator:
     epoch (``None`` at first), ``handle_operator_event`` for every event the coordinator sealed
     into this epoch, in send order, before any data, then ``process``, then ``snapshot_state``
     (stored for the next batch and for retries), then ``close``. Rows are tuples matching the
-    source's schema; yield them from ``handle_operator_event`` and ``process``.
+    source's schema, or ``pyarrow.RecordBatch`` objects with exactly its Arrow schema (Spark
+    takes those without converting rows; one kind per task, as Spark requires); yield them
+    from ``handle_operator_event`` and ``process``.
 
     Operators must be deterministic: a retried or replayed batch gets the same state and events
     and must send the same events back.

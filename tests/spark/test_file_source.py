@@ -180,3 +180,22 @@ def test_a_failure_while_reading_loses_and_repeats_no_row(spark, tmp_path, failu
     assert os.listdir(markers), "no failure was injected"
     assert report.restarts == (1 if failure == "fail_job" else 0)
     assert_exactly_once(sink_rows(spark, out), ids)
+
+
+def test_the_tail_command_reads_a_directory_into_a_parquet_sink_and_reports_its_rows(
+        spark, tmp_path) -> None:
+    import io
+
+    from rich.console import Console
+
+    from sparkcoord.sources.tail import run_tail
+
+    data, out = str(tmp_path / "data"), str(tmp_path / "out")
+    ids = write_files(data, "csv", files=4, rows=250)
+    screen = io.StringIO()
+    result = run_tail(data, "csv", out, str(tmp_path / "ckpt"), schema=SCHEMA,
+                      options={"header": "true"}, bounded=True, spark=spark,
+                      console=Console(file=screen, width=200))
+    assert result["rows"] == len(ids) and result["restarts"] == 0
+    assert "1,000 rows" in screen.getvalue()
+    assert_exactly_once(sink_rows(spark, out), ids)
