@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkcoord.sources.enumerator import SplitEnumerator
 from sparkcoord.sources.files import (
@@ -27,6 +27,11 @@ from sparkcoord.sources.files import (
 )
 from sparkcoord.sources.splits import ReadLimit
 from sparkcoord.spark.source import OperatorSpec
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from sparkcoord.spark.job import CoordinatedJob
 
 #: option name (lower case) -> (field of FileSourceOptions, parser)
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)b?\s*$", re.IGNORECASE)
@@ -125,7 +130,7 @@ class FileStream:
     ``spark.readStream``: ``format``, ``schema``, ``option``/``options``, then ``load(path)``.
     """
 
-    def __init__(self, job: Any) -> None:
+    def __init__(self, job: CoordinatedJob) -> None:
         self.job = job
         self._format = "parquet"
         self._schema: Any = None
@@ -158,7 +163,7 @@ class FileStream:
         self._storage_options.update(options)
         return self
 
-    def load(self, path: str, name: str = "files") -> Any:
+    def load(self, path: str, name: str = "files") -> DataFrame:
         """The streaming DataFrame of the files under ``path``; its coordinated operator (and
         source) is called ``name`` (ask it ``job.request(name, "status")``)."""
         spec, struct = self.operator_spec(path, name)

@@ -26,6 +26,8 @@ from sparkcoord.spark.operator import SubtaskOperator
 from sparkcoord.spark.source import FORMAT, CoordinatedSource, OperatorSpec, SourceSpec
 
 if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming.readwriter import DataStreamWriter
     from pyspark.sql.types import StructType
 
 log = logging.getLogger(__name__)
@@ -57,7 +59,7 @@ class CoordinatedJob:
     and subtask state.
     """
 
-    def __init__(self, spark: Any, checkpoint_dir: str, *, config: ServiceConfig | None = None,
+    def __init__(self, spark: SparkSession, checkpoint_dir: str, *, config: ServiceConfig | None = None,
                  checkpoint_interval_s: float | None = None, channel_host: str = "127.0.0.1",
                  channel_advertised_host: str | None = None, retain: int = 3,
                  fsync: bool = False, channel_fault_plan: str | None = None) -> None:
@@ -88,12 +90,12 @@ class CoordinatedJob:
         return f"{self.checkpoint_dir}/coordination/{source}"
 
     def source(self, operator: Callable[[], SubtaskOperator], coordinator: CoordinatorProvider,
-               parallelism: int, schema: str | StructType, name: str = "coordinated") -> Any:
+               parallelism: int, schema: str | StructType, name: str = "coordinated") -> DataFrame:
         """A streaming DataFrame from one coordinated operator (driver program thread)."""
         return self.sources([OperatorSpec(name, coordinator, operator, parallelism)], schema, name)
 
     def sources(self, operators: Sequence[OperatorSpec], schema: str | StructType,
-                name: str = "coordinated", recipients: Sequence[OperatorSpec] = ()) -> Any:
+                name: str = "coordinated", recipients: Sequence[OperatorSpec] = ()) -> DataFrame:
         """A streaming DataFrame whose partitions are the subtasks of several operators, each
         with its own coordinator; all checkpointed together.
 
@@ -112,7 +114,8 @@ class CoordinatedJob:
         self._specs[name] = spec
         return self.spark.readStream.format(FORMAT).option("spec", spec.encode()).load()
 
-    def apply(self, df: Any, operator: str, schema: str, source: str = "coordinated") -> Any:
+    def apply(self, df: DataFrame, operator: str, schema: str, source: str = "coordinated"
+              ) -> DataFrame:
         """Run downstream operator ``operator`` of ``source`` on ``df`` (driver program thread).
 
         ``df`` is repartitioned into the operator's parallelism (subtask = partition id) and
@@ -140,7 +143,7 @@ class CoordinatedJob:
             raise SparkCoordError("spark.speculation=true runs two live attempts of a subtask, "
                                   "which breaks exactly-once coordination: disable it")
 
-    def start(self, writer: Any, *, restart: RestartStrategy | None = None,
+    def start(self, writer: DataStreamWriter, *, restart: RestartStrategy | None = None,
               until: Callable[[], bool] | None = None, poll_s: float = 0.5,
               timeout_s: float | None = None,
               on_failure: Callable[[str], None] | None = None) -> JobHandle:
@@ -160,7 +163,7 @@ class CoordinatedJob:
         handle._thread.start()
         return handle
 
-    def run(self, writer: Any, *, restart: RestartStrategy | None = None,
+    def run(self, writer: DataStreamWriter, *, restart: RestartStrategy | None = None,
             until: Callable[[], bool] | None = None, poll_s: float = 0.5,
             timeout_s: float | None = None,
             on_failure: Callable[[str], None] | None = None) -> RunReport:
@@ -292,7 +295,7 @@ class JobHandle:
     start and between a failure and its restart).
     """
 
-    def __init__(self, job: CoordinatedJob, writer: Any, strategy: RestartStrategy,
+    def __init__(self, job: CoordinatedJob, writer: DataStreamWriter, strategy: RestartStrategy,
                  until: Callable[[], bool] | None, poll_s: float, timeout_s: float | None,
                  on_failure: Callable[[str], None] | None) -> None:
         self.job = job
@@ -358,7 +361,7 @@ class JobHandle:
         try:
             # Spark resolves a sink's format (a Python data source the user registered, too)
             # through the JVM thread's active session; this thread has none of its own yet
-            spark = self.job.spark
+            spark: Any = self.job.spark
             jsession = getattr(spark, "_jsparkSession", None)  # classic PySpark only
             if jsession is not None:
                 spark._jvm.SparkSession.setActiveSession(jsession)
@@ -378,7 +381,8 @@ class JobHandle:
                 "checkpointLocation", job.spark_checkpoint).start()
             try:
                 while True:
-                    if query.awaitTermination(self._poll_s):
+                    # seconds, a float: PySpark's hint says int, its code takes any number
+                    if query.awaitTermination(self._poll_s):  # type: ignore[arg-type]
                         self._count_batches(query)
                         return  # ended by itself (availableNow, or stopped by Spark)
                     self._count_batches(query)

@@ -9,6 +9,8 @@ from collections.abc import Iterator
 from concurrent.futures import Future
 from typing import Any, assert_type
 
+from pyspark.sql import DataFrame, SparkSession
+
 from sparkcoord import (
     CoordinatorContext,
     FixedDelay,
@@ -17,6 +19,7 @@ from sparkcoord import (
     RequestRefused,
     SubtaskGateway,
 )
+from sparkcoord.sources import FileStream
 from sparkcoord.spark import CoordinatedJob, JobHandle, RunReport, SubtaskOperator
 from sparkcoord.spark.operator import SubtaskContext
 from sparkcoord.testing import CoordinatorHarness
@@ -66,10 +69,14 @@ class Worker(SubtaskOperator):
             yield (int(item), self.context.subtask)
 
 
-def run(spark: Any) -> None:
+def run(spark: SparkSession) -> None:
     job = CoordinatedJob(spark, "ckpt/")
     rows = job.source(Worker, functools.partial(Queue, items=[1, 2, 3]), 2,
                       "item int, subtask int", name="queue")
+    assert_type(rows, DataFrame)
+    files = (FileStream(job).format("json").schema("id long").option("maxFilesPerTrigger", 10)
+             .storage_options(anon=True).load("s3://bucket/events/"))
+    assert_type(files, DataFrame)
     handle = job.start(rows.writeStream.format("noop"), restart=FixedDelay(attempts=3, delay_s=1.0))
     assert_type(handle, JobHandle)
     assert_type(handle.restarts, int)
