@@ -30,6 +30,7 @@ Thread model: one store per job per Python worker process; a worker runs one tas
 from __future__ import annotations
 
 import posixpath
+from typing import Any
 
 from sparkcoord.core.errors import CorruptRecord
 from sparkcoord.core.ids import SubtaskId
@@ -60,9 +61,10 @@ class SubtaskStateStore:
         self._known_epochs: dict[SubtaskId, list[int]] = {}
 
     @classmethod
-    def for_url(cls, url: str, *, retain: int = 3, fsync: bool = False) -> SubtaskStateStore:
+    def for_url(cls, url: str, *, retain: int = 3, fsync: bool = False,
+                storage_options: dict[str, Any] | None = None) -> SubtaskStateStore:
         """The store of the job at ``url`` (a subtask's task, executor Python worker)."""
-        files, root = files_for(url)
+        files, root = files_for(url, storage_options)
         return cls(files, root, retain=retain, fsync=fsync)
 
     def directory(self, subtask: SubtaskId) -> str:

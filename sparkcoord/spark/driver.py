@@ -44,7 +44,8 @@ class DriverSide:
     """The coordination service and channel server of one run (runner process only)."""
 
     def __init__(self, spec: SourceSpec) -> None:
-        storage = CheckpointStorage(spec.checkpoint_url, retain=spec.retain, fsync=spec.fsync)
+        storage = CheckpointStorage(spec.checkpoint_url, retain=spec.retain, fsync=spec.fsync,
+                                    storage_options=spec.storage_options)
         self.spec = spec
         self.service = CoordinationService(
             [CoordinatorSpec(op.name, op.coordinator, op.parallelism)

@@ -35,6 +35,34 @@ log = logging.getLogger(__name__)
 __all__ = ["CoordinatedJob", "JobGaveUp", "JobHandle", "OperatorSpec", "RunReport"]
 
 
+#: URL schemes Spark's own checkpoint can be written to from the pip package (Hadoop's
+#: file systems without extra jars); anything else needs an explicit ``spark_checkpoint``
+SPARK_WRITABLE = ("file", "hdfs")
+
+
+def check_checkpoint_urls(checkpoint_dir: str, spark_checkpoint: str | None) -> None:
+    """Refuse, at construction, checkpoint locations that cannot work (driver program)."""
+    scheme = checkpoint_dir.split("://", 1)[0].lower() if "://" in checkpoint_dir else "file"
+    if scheme == "memory":
+        raise ValueError(
+            f"checkpoint_dir {checkpoint_dir!r}: an in-memory file system cannot hold a job's "
+            "checkpoint: each query run (and each executor) is a process of its own with its "
+            "own memory, so a restart would find nothing. Use a directory or a shared store "
+            "(s3://..., gs://...)")
+    if spark_checkpoint is None and scheme not in SPARK_WRITABLE:
+        raise ValueError(
+            f"checkpoint_dir {checkpoint_dir!r}: Spark writes the query's own checkpoint "
+            f"through Hadoop, which has no file system for {scheme}:// in the pip package, so "
+            f"the default <checkpoint_dir>/spark cannot be used. Pass spark_checkpoint= a "
+            f"location Spark can write (an s3a:// URL with hadoop-aws on the classpath, HDFS, "
+            f"or a shared disk)")
+    if spark_checkpoint is not None and "://" in spark_checkpoint:
+        spark_scheme = spark_checkpoint.split("://", 1)[0].lower()
+        if spark_scheme == "memory":
+            raise ValueError(f"spark_checkpoint {spark_checkpoint!r}: Spark cannot write a "
+                             f"memory:// location")
+
+
 class JobGaveUp(SparkCoordError):
     """The query failed and the restart strategy allows no further restart."""
 
@@ -54,18 +82,30 @@ class RunReport:
 class CoordinatedJob:
     """A coordinated streaming job on one checkpoint directory.
 
-    Layout: ``<checkpoint_dir>/spark`` is the query's own checkpoint location;
-    ``<checkpoint_dir>/coordination/<source name>`` holds sparkcoord's records, inbound logs
-    and subtask state.
+    Layout: ``<checkpoint_dir>/coordination/<source name>`` holds sparkcoord's records, inbound
+    logs and subtask state; ``checkpoint_dir`` may be any fsspec URL that every process of the
+    job reaches (``storage_options`` are handed to each of them: the source runner, the
+    executors' tasks, this driver program). The query's own checkpoint location is
+    ``spark_checkpoint`` (default ``<checkpoint_dir>/spark``): Spark writes it through Hadoop,
+    which cannot write ``s3://`` and the like from the pip package, so a remote
+    ``checkpoint_dir`` needs an explicit ``spark_checkpoint`` Spark can write (an ``s3a://``
+    location with hadoop-aws, HDFS, a shared disk).
     """
 
     def __init__(self, spark: SparkSession, checkpoint_dir: str, *, config: ServiceConfig | None = None,
                  checkpoint_interval_s: float | None = None, channel_host: str = "127.0.0.1",
                  channel_advertised_host: str | None = None, retain: int = 3,
-                 fsync: bool = False, channel_fault_plan: str | None = None) -> None:
+                 fsync: bool = False, channel_fault_plan: str | None = None,
+                 spark_checkpoint: str | None = None,
+                 storage_options: dict[str, Any] | None = None) -> None:
         self.spark = spark
         self.checkpoint_dir = (os.path.abspath(checkpoint_dir) if "://" not in checkpoint_dir
                                else checkpoint_dir.rstrip("/"))
+        self.storage_options = dict(storage_options or {})
+        check_checkpoint_urls(self.checkpoint_dir, spark_checkpoint)
+        self._spark_checkpoint = (
+            None if spark_checkpoint is None else os.path.abspath(spark_checkpoint)
+            if "://" not in spark_checkpoint else spark_checkpoint.rstrip("/"))
         self.config = config or ServiceConfig()
         self.checkpoint_interval_s = checkpoint_interval_s
         self.channel_host = channel_host
@@ -84,7 +124,8 @@ class CoordinatedJob:
 
     @property
     def spark_checkpoint(self) -> str:
-        return f"{self.checkpoint_dir}/spark"
+        """The query's checkpoint location (Spark's offset and commit logs)."""
+        return self._spark_checkpoint or f"{self.checkpoint_dir}/spark"
 
     def coordination_url(self, source: str) -> str:
         return f"{self.checkpoint_dir}/coordination/{source}"
@@ -110,7 +151,8 @@ class CoordinatedJob:
         spec = SourceSpec(name, self.coordination_url(name), list(operators), schema, self.config,
                           self.checkpoint_interval_s, self.channel_host,
                           self.channel_advertised_host, self.retain, self.fsync,
-                          list(recipients), self.spark_checkpoint, self.channel_fault_plan)
+                          list(recipients), self.spark_checkpoint, self.channel_fault_plan,
+                          self.storage_options)
         self._specs[name] = spec
         return self.spark.readStream.format(FORMAT).option("spec", spec.encode()).load()
 
@@ -220,7 +262,7 @@ class CoordinatedJob:
                     raise RequestFailed(f"request {request!r} to coordinator {operator!r}: no "
                                         f"answer within {timeout_s} s ({last})")
                 try:
-                    files, root = files_for(spec.checkpoint_url)
+                    files, root = files_for(spec.checkpoint_url, spec.storage_options)
                     info = json.loads(files.read(f"{root}/channel.json"))
                 except (OSError, ValueError) as exc:
                     last = f"no channel.json yet: {exc!r}"
@@ -264,7 +306,7 @@ class CoordinatedJob:
 
         for spec in self._specs.values():
             try:
-                files, root = files_for(spec.checkpoint_url)
+                files, root = files_for(spec.checkpoint_url, spec.storage_options)
                 run = json.loads(files.read(f"{root}/channel.json"))["run"]
                 failure = json.loads(files.read(f"{root}/last-failure.json"))
             except Exception:  # noqa: BLE001 - no report (or an unreadable one): Spark's text
@@ -280,7 +322,7 @@ class CoordinatedJob:
 
         for spec in self._specs.values():
             try:
-                files, root = files_for(spec.checkpoint_url)
+                files, root = files_for(spec.checkpoint_url, spec.storage_options)
                 files.remove(f"{root}/last-failure.json")
             except Exception:  # noqa: BLE001 - best effort: the run ids still guard the report
                 log.debug("cannot remove the failure report of %s", spec.name, exc_info=True)

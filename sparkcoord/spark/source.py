@@ -77,6 +77,8 @@ class SourceSpec:
     spark_checkpoint: str | None = None
     #: tests only: a named fault plan for the channel server (sparkcoord.channel.faults)
     channel_fault_plan: str | None = None
+    #: fsspec options for ``checkpoint_url`` (credentials, endpoint), for every process
+    storage_options: dict[str, Any] = field(default_factory=dict)
 
     def operator(self, name: str) -> OperatorSpec:
         for op in list(self.operators) + list(self.recipients):

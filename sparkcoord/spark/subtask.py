@@ -35,19 +35,20 @@ def spark_attempt_number() -> int:
     return context.attemptNumber() if context is not None else 0
 
 
-_STORES: dict[tuple[str, int, bool], SubtaskStateStore] = {}
+_STORES: dict[tuple[str, int, bool, str], SubtaskStateStore] = {}
 
 
 def state_store(spec: SourceSpec) -> SubtaskStateStore:
     """The subtask-state store of ``spec``'s job, one per Python worker process (workers are
     reused across tasks, one task at a time): saves resolving the store in every task."""
-    key = (spec.checkpoint_url, spec.retain, spec.fsync)
+    key = (spec.checkpoint_url, spec.retain, spec.fsync, repr(sorted(spec.storage_options.items())))
     store = _STORES.get(key)
     if store is None:
         if len(_STORES) > 16:
             _STORES.clear()
-        store = _STORES[key] = SubtaskStateStore.for_url(spec.checkpoint_url, retain=spec.retain,
-                                                         fsync=spec.fsync)
+        store = _STORES[key] = SubtaskStateStore.for_url(
+            spec.checkpoint_url, retain=spec.retain, fsync=spec.fsync,
+            storage_options=spec.storage_options)
     return store
 
 

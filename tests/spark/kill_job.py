@@ -2,6 +2,8 @@
 ``python -m tests.spark.kill_job <workdir> <numbers per subtask>``.
 
 It runs until the sink holds 2 x N rows and exits 0, unless SPARKCOORD_TEST_KILL kills it.
+With SPARKCOORD_TEST_CHECKPOINT (JSON: ``url``, ``storage_options``) the coordination
+directory is that URL (e.g. on an S3 server) and Spark's checkpoint is ``<workdir>/spark``.
 """
 
 from __future__ import annotations
@@ -25,7 +27,16 @@ def main() -> None:
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     spark.dataSource.register(BatchFileSink)
-    job = CoordinatedJob(spark, os.path.join(workdir, "ckpt"), checkpoint_interval_s=0.5)
+    remote = os.environ.get("SPARKCOORD_TEST_CHECKPOINT")
+    if remote:
+        import json
+
+        where = json.loads(remote)
+        job = CoordinatedJob(spark, where["url"], checkpoint_interval_s=0.5,
+                             spark_checkpoint=os.path.join(workdir, "spark"),
+                             storage_options=where["storage_options"])
+    else:
+        job = CoordinatedJob(spark, os.path.join(workdir, "ckpt"), checkpoint_interval_s=0.5)
     coordinator = functools.partial(NumbersCoordinator, total=total, per_tick=1, interval_s=0.2)
     df = job.source(NumberCollector, coordinator, 2, SCHEMA, name="numbers")
     sink = os.path.join(workdir, "sink")

@@ -99,9 +99,15 @@ def run_files_job(workdir: pathlib.Path, kill: str | None, waves: int
     env["PYSPARK_PYTHON"] = sys.executable
     if kill is not None:
         env["SPARKCOORD_TEST_KILL"] = kill
-    return subprocess.run([sys.executable, "-m", "tests.spark.files_kill_job", str(workdir),
-                           str(waves)], cwd=REPO, env=env, start_new_session=True, timeout=400,
-                          capture_output=True, text=True)
+    run = subprocess.run([sys.executable, "-m", "tests.spark.files_kill_job", str(workdir),
+                          str(waves)], cwd=REPO, env=env, start_new_session=True, timeout=400,
+                         capture_output=True, text=True)
+    # kept beside the data: a failed soak seed keeps its work directory for a look
+    runs = len(list(workdir.glob("run-*.log")))
+    (workdir / f"run-{runs}.log").write_text(
+        f"kill plan: {kill}\nexit code: {run.returncode}\n--- stdout\n{run.stdout}\n"
+        f"--- stderr\n{run.stderr}")
+    return run
 
 
 def test_a_killed_driver_of_a_file_source_loses_and_repeats_no_row_with_files_arriving_meanwhile(

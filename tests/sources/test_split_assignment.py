@@ -1,0 +1,217 @@
+"""The split enumerator through the coordinator harness (a real service, manual mailboxes and
+clock, storage in memory): splits handed out once, discovery applied only at a checkpoint
+boundary (docs/decisions.md 40), replays after a restore giving the same answers, bounded
+sources ending, read limits. Discovery runs when the test says so (a manual runner)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from sparkcoord.core.restore import RestorePoint
+from sparkcoord.sources import (
+    EnumeratorState,
+    NextSplit,
+    NoSplitNow,
+    ReadLimit,
+    Split,
+    SplitDiscovery,
+    SplitEnumerator,
+)
+from sparkcoord.testing import CoordinatorHarness
+
+
+class Listing(SplitDiscovery):
+    """A directory listing the test fills in: each cycle returns what was added since."""
+
+    def __init__(self) -> None:
+        self.files: list[Split] = []
+
+    def initial_state(self) -> int:
+        return 0
+
+    def discover(self, state: Any) -> tuple[list[Split], Any]:
+        return list(self.files[state:]), len(self.files)
+
+
+class ManualRunner:
+    """The discovery thread, run by the test: ``run()`` does the queued cycles."""
+
+    def __init__(self) -> None:
+        self.queued: list[Callable[[], None]] = []
+
+    def __call__(self, work: Callable[[], None]) -> None:
+        self.queued.append(work)
+
+    def run(self) -> int:
+        work, self.queued = self.queued, []
+        for w in work:
+            w()
+        return len(work)
+
+
+def split(name: str, size: int = 10) -> Split:
+    return Split(name, size)
+
+
+def harness(listing: Listing, runner: ManualRunner, *, url: str | None = None,
+            parallelism: int = 2, **kwargs: Any) -> CoordinatorHarness:
+    enumerator = functools.partial(SplitEnumerator, discovery=listing, runner=runner, **kwargs)
+    return CoordinatorHarness(enumerator, parallelism, name="files", storage_url=url)
+
+
+def test_a_fresh_source_lists_before_its_first_batch_and_hands_each_split_out_once() -> None:
+    listing, runner = Listing(), ManualRunner()
+    listing.files = [split("a"), split("b"), split("c")]
+    h = harness(listing, runner)
+    h.start()
+    h.checkpoint()  # the listing done in start() joins the state here
+    got = [h.request_from_subtask(0, NextSplit()), h.request_from_subtask(1, NextSplit()),
+           h.request_from_subtask(0, NextSplit(("a",))), h.request_from_subtask(1, NextSplit())]
+    assert [g.split_id for g in got[:3]] == ["a", "b", "c"]
+    assert got[3] == NoSplitNow(done=False)  # continuous: more may come
+
+
+def test_a_discovery_result_waits_for_the_next_checkpoint_boundary() -> None:
+    listing, runner = Listing(), ManualRunner()
+    h = harness(listing, runner, discovery_interval_s=1.0)
+    h.start()
+    h.checkpoint()
+    listing.files.append(split("late"))
+    h.clock.advance(1.0)  # the timer starts a discovery cycle
+    h.run()
+    assert runner.run() == 1
+    h.run()  # its result reaches the mailbox
+    assert h.request_from_subtask(0, NextSplit()) == NoSplitNow()  # not in this batch
+    assert h.service.wants_batch()  # ... but a batch is asked for
+    h.commit()
+    h.checkpoint()
+    assert h.request_from_subtask(0, NextSplit()).split_id == "late"
+
+
+def test_a_restore_replays_a_batch_whose_discovery_arrived_mid_batch_with_the_same_answers() -> None:
+    # decision 40's regression: had the late discovery joined the pending splits mid-batch,
+    # the replay against snapshot N would answer differently and fail as nondeterministic
+    listing, runner = Listing(), ManualRunner()
+    listing.files = [split("a")]
+    h = harness(listing, runner, discovery_interval_s=1.0)
+    h.start()
+    h.checkpoint()
+    epoch = h.epoch
+    assert h.request_from_subtask(0, NextSplit()).split_id == "a"
+    listing.files.append(split("b"))
+    h.clock.advance(1.0)
+    h.run()
+    runner.run()
+    h.run()  # "b" discovered in the middle of the batch
+    assert h.request_from_subtask(1, NextSplit()) == NoSplitNow()
+    h.commit()
+    h.service.close()
+    again = harness(listing, ManualRunner(), url=h.storage_url, discovery_interval_s=1.0)
+    again.service.restore(RestorePoint(epoch, committed=True))
+    again.run()
+    assert again.service.failure is None
+    state = again.coordinator.state
+    assert state.in_flight == {"a": 0} and state.handed_out == 1
+
+
+def test_a_bounded_source_is_done_once_every_split_was_reported_finished_and_committed() -> None:
+    listing, runner = Listing(), ManualRunner()
+    listing.files = [split("a"), split("b")]
+    h = harness(listing, runner, bounded=True)
+    h.start()
+    h.checkpoint()
+    a = h.request_from_subtask(0, NextSplit())
+    b = h.request_from_subtask(1, NextSplit())
+    assert h.request_from_subtask(0, NextSplit((a.split_id,))) == NoSplitNow(done=True)
+    assert h.ask_as_client("status").result()["done"] is False  # b is still being read
+    assert h.request_from_subtask(1, NextSplit((b.split_id,))) == NoSplitNow(done=True)
+    assert h.ask_as_client("status").result()["done"] is False  # its batch has not committed
+    h.commit()
+    status = h.ask_as_client("status").result()
+    assert status["done"] is True and status["finished"] == 2 and status["in_flight"] == 0
+    assert runner.queued == []  # a bounded source never lists again
+
+
+def test_a_reader_reporting_a_split_it_does_not_hold_fails_the_job_naming_it() -> None:
+    listing, runner = Listing(), ManualRunner()
+    h = harness(listing, runner)
+    h.start()
+    h.checkpoint()
+    h.ask_from_subtask(0, NextSplit(("ghost",)))
+    failure = h.service.failure or ""
+    assert "'ghost'" in failure and "not in flight" in failure and "subtask 0" in failure
+
+
+def test_max_files_per_trigger_counts_files_not_splits_and_asks_for_another_batch() -> None:
+    listing, runner = Listing(), ManualRunner()
+    from sparkcoord.sources import FileSplit  # unit = the file's path
+
+    listing.files = [FileSplit(f"{f}#{i}", 5, f) for f, i in
+                     (("f1", 0), ("f1", 1), ("f2", 0), ("f3", 0))]
+    h = harness(listing, runner, limit=ReadLimit(max_units=2))
+    h.start()
+    h.checkpoint()
+    first = [h.request_from_subtask(0, NextSplit()) for _ in range(4)]
+    assert [getattr(s, "split_id", None) for s in first] == ["f1#0", "f1#1", "f2#0", None]
+    assert first[3] == NoSplitNow() and h.service.wants_batch()
+    h.commit()
+    h.checkpoint()  # a new batch, a new budget
+    assert h.request_from_subtask(0, NextSplit()).split_id == "f3#0"
+
+
+def test_max_bytes_per_trigger_admits_the_first_split_whatever_its_size() -> None:
+    listing, runner = Listing(), ManualRunner()
+    listing.files = [split("big", 100), split("small", 1)]
+    h = harness(listing, runner, limit=ReadLimit(max_bytes=10))
+    h.start()
+    h.checkpoint()
+    assert h.request_from_subtask(0, NextSplit()).split_id == "big"
+    assert h.request_from_subtask(0, NextSplit()) == NoSplitNow()
+
+
+def test_latest_first_hands_out_the_newest_discoveries_first() -> None:
+    listing, runner = Listing(), ManualRunner()
+    listing.files = [split("old"), split("new")]
+    h = harness(listing, runner, latest_first=True)
+    h.start()
+    h.checkpoint()
+    assert h.request_from_subtask(0, NextSplit()).split_id == "new"
+
+
+def test_a_failing_discovery_fails_the_job_naming_the_enumerator() -> None:
+    class Broken(Listing):
+        def discover(self, state: Any) -> tuple[list[Split], Any]:
+            if state:
+                raise OSError("the bucket is gone")
+            return [split("a")], 1
+
+    runner = ManualRunner()
+    h = harness(Broken(), runner, discovery_interval_s=1.0)
+    h.start()
+    h.checkpoint()
+    h.clock.advance(1.0)
+    h.run()
+    runner.run()
+    h.run()
+    failure = h.service.failure or ""
+    assert "enumerator 'files'" in failure and "discovery failed" in failure
+    assert "the bucket is gone" in failure
+
+
+def test_the_checkpointed_state_holds_pending_and_in_flight_splits() -> None:
+    listing, runner = Listing(), ManualRunner()
+    listing.files = [split("a"), split("b")]
+    h = harness(listing, runner)
+    h.start()
+    h.checkpoint()
+    h.request_from_subtask(1, NextSplit())
+    h.commit()
+    h.checkpoint()
+    record = h.storage.read_record(h.epoch)
+    import pickle
+
+    state = pickle.loads(record.snapshots["files"])
+    assert isinstance(state, EnumeratorState)
+    assert [s.split_id for s in state.pending] == ["b"] and state.in_flight == {"a": 1}
