@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import pickle
 import threading
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
@@ -237,6 +238,9 @@ class CoordinationService:
                 self._holders[spec.name] = holder
                 snapshot = record.snapshots.get(spec.name) if record is not None else None
                 holder.start(epoch, snapshot, replay[spec.name])
+        log.info("run %s restored %s: %s, %d inbound entries handed to the coordinators again",
+                 self.run_id, point, "a fresh start" if epoch == NO_EPOCH else
+                 f"snapshot of epoch {epoch}", sum(len(r) for r in replay.values()))
         if point.replays_inbound_log:
             self.batch_committed(epoch)
 
@@ -308,6 +312,8 @@ class CoordinationService:
                 raise
             for holder in self._holders.values():
                 holder.batch_committed(epoch)
+        log.info("the batch of epoch %d committed: inbound log sealed, coordinators notified",
+                 epoch)
         self.storage.prune(epoch)
 
     def has_held_events(self) -> bool:
@@ -357,8 +363,11 @@ class CoordinationService:
         if clients:
             snapshots[CLIENTS_KEY] = pickle.dumps(clients, protocol=pickle.HIGHEST_PROTOCOL)
         record = CheckpointRecord(epoch, snapshots, prepared.events)
+        started = time.perf_counter()
         self.storage.write_record(record)
         self.storage.start_inbound_log(epoch)
+        log.info("sealed epoch %d: %d events for subtasks, written in %.1f ms", epoch,
+                 prepared.event_count(), (time.perf_counter() - started) * 1e3)
         with self._lock:
             tracker, gate = self._require_running()
             tracker.checkpoint_sealed(epoch)
@@ -403,6 +412,10 @@ class CoordinationService:
             if decision.verdict is Verdict.ACCEPT:
                 if decision.replaced is not None and not decision.adopted:
                     self._subtask_failed(attempt, decision)
+                elif decision.replaced is not None:
+                    log.info("task of %s in epoch %d was retried (Spark attempt %d): it continues "
+                             "the failed attempt's history (its requests were answered)",
+                             attempt.subtask, attempt.epoch, attempt.number)
                 self._append(attempt.epoch)
             return decision
 
@@ -678,6 +691,9 @@ class CoordinationService:
                   for i in self._gate.surviving_items(sid.operator, excluding=sid)]
         reason = (f"task of {sid} in epoch {attempt.epoch} was retried: Spark attempt "
                   f"{decision.replaced.number} replaced by attempt {attempt.number}")
+        log.info("%s; coordinator %r reset to the snapshot of epoch %d, %d entries of the "
+                 "other subtasks and clients replayed", reason, sid.operator, attempt.epoch,
+                 len(replay))
         self._holders[sid.operator].subtask_failed(
             sid.index, decision.execution_attempt - 1, reason, attempt.epoch,
             record.snapshots.get(sid.operator), replay)
