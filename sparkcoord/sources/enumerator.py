@@ -144,10 +144,11 @@ class SplitEnumerator(OperatorCoordinator):
             self.context.request_batch()
         if self.bounded and self.state.discovered_once:
             return
-        if self._fresh:
+        if self._fresh or self.bounded:
             # a fresh source lists here, before its first checkpoint, so that the first batch
-            # already has splits (as Spark's file source lists in its first latestOffset);
-            # later cycles run beside the batches
+            # already has splits (as Spark's file source lists in its first latestOffset), and
+            # so does a bounded one restored before its listing was applied (an availableNow
+            # run must not find nothing to do and end); later cycles run beside the batches
             started = time.perf_counter()
             try:
                 found, after = self.discovery.discover(self.state.discovery)

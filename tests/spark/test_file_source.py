@@ -199,3 +199,18 @@ def test_the_tail_command_reads_a_directory_into_a_parquet_sink_and_reports_its_
     assert result["rows"] == len(ids) and result["restarts"] == 0
     assert "1,000 rows" in screen.getvalue()
     assert_exactly_once(sink_rows(spark, out), ids)
+
+
+def test_the_own_source_example_of_the_docs_runs_as_written(spark, tmp_path) -> None:
+    from tests.test_docs_examples import python_blocks
+
+    block = python_blocks("sources.md")[-1]
+    assert "class RangeReader(SplitReader)" in block
+    job = CoordinatedJob(spark, str(tmp_path / "ckpt"))
+    namespace: dict[str, Any] = {"job": job}
+    exec(compile(block, "docs/sources.md", "exec"), namespace)  # noqa: S102
+    out = str(tmp_path / "out")
+    report = job.run(namespace["df"].writeStream.format("parquet").option("path", out)
+                     .trigger(availableNow=True), timeout_s=180)
+    assert report.failures == []
+    assert sorted(r.id for r in sink_rows(spark, out)) == list(range(4000))
