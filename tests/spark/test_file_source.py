@@ -202,10 +202,14 @@ def test_the_tail_command_reads_a_directory_into_a_parquet_sink_and_reports_its_
 
 
 def test_the_own_source_example_of_the_docs_runs_as_written(spark, tmp_path) -> None:
+    import inspect
+
+    import sparkcoord.examples.ranges as ranges
     from tests.test_docs_examples import python_blocks
 
-    block = python_blocks("sources.md")[-1]
-    assert "class RangeReader(SplitReader)" in block
+    *_, module_block, block = python_blocks("sources.md")
+    source = inspect.getsource(ranges)
+    assert module_block == source[source.index("from __future__"):]  # the module, as shown
     job = CoordinatedJob(spark, str(tmp_path / "ckpt"))
     namespace: dict[str, Any] = {"job": job}
     exec(compile(block, "docs/sources.md", "exec"), namespace)  # noqa: S102
