@@ -26,6 +26,7 @@ from sparkcoord.sources.files import (
     infer_schema,
 )
 from sparkcoord.sources.splits import ReadLimit
+from sparkcoord.spark.session import resolve_location
 from sparkcoord.spark.source import OperatorSpec
 
 if TYPE_CHECKING:
@@ -173,7 +174,7 @@ class FileStream:
         """The coordinated operator :meth:`load` runs and the rows' ``StructType`` (driver
         program thread): to combine a file source with other operators in one
         ``job.sources([...])``, or to wrap its enumerator or reader."""
-        url = path if "://" in path else _absolute(path)
+        url = resolve_location(self.job.spark, path, "file source path")
         opts = parse_options(url, self._format, self._options, self._storage_options)
         struct = self._struct(opts)
         limit = ReadLimit(opts.max_files_per_trigger, opts.max_bytes_per_trigger)
@@ -194,9 +195,3 @@ class FileStream:
         from pyspark.sql.pandas.types import from_arrow_schema
 
         return from_arrow_schema(infer_schema(opts), prefer_timestamp_ntz=False)
-
-
-def _absolute(path: str) -> str:
-    import os
-
-    return os.path.abspath(path)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 import uuid
@@ -23,6 +22,7 @@ from sparkcoord.core.text import plural
 from sparkcoord.runtime.config import ServiceConfig
 from sparkcoord.runtime.restart import FixedDelay, RestartStrategy
 from sparkcoord.spark.operator import SubtaskOperator
+from sparkcoord.spark.session import resolve_location, session_setting
 from sparkcoord.spark.source import FORMAT, CoordinatedSource, OperatorSpec, SourceSpec
 
 if TYPE_CHECKING:
@@ -99,13 +99,11 @@ class CoordinatedJob:
                  spark_checkpoint: str | None = None,
                  storage_options: dict[str, Any] | None = None) -> None:
         self.spark = spark
-        self.checkpoint_dir = (os.path.abspath(checkpoint_dir) if "://" not in checkpoint_dir
-                               else checkpoint_dir.rstrip("/"))
+        self.checkpoint_dir = resolve_location(spark, checkpoint_dir, "checkpoint_dir")
         self.storage_options = dict(storage_options or {})
         check_checkpoint_urls(self.checkpoint_dir, spark_checkpoint)
-        self._spark_checkpoint = (
-            None if spark_checkpoint is None else os.path.abspath(spark_checkpoint)
-            if "://" not in spark_checkpoint else spark_checkpoint.rstrip("/"))
+        self._spark_checkpoint = (None if spark_checkpoint is None else
+                                  resolve_location(spark, spark_checkpoint, "spark_checkpoint"))
         self.config = config or ServiceConfig()
         self.checkpoint_interval_s = checkpoint_interval_s
         self.channel_host = channel_host
@@ -179,9 +177,9 @@ class CoordinatedJob:
         return df.repartition(op.parallelism).mapInArrow(fn, struct)
 
     def check_cluster_settings(self) -> None:
-        """Refuse settings that break the guarantee (speculative execution: two live attempts)."""
-        conf = self.spark.sparkContext.getConf()
-        if conf.get("spark.speculation", "false").lower() == "true":
+        """Refuse settings that break the guarantee (speculative execution: two live attempts).
+        Driver program thread; reads ``spark.conf`` only, so a Spark Connect session works."""
+        if session_setting(self.spark, "spark.speculation", "false").strip().lower() == "true":
             raise SparkCoordError("spark.speculation=true runs two live attempts of a subtask, "
                                   "which breaks exactly-once coordination: disable it")
 

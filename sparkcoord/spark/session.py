@@ -1,0 +1,47 @@
+"""What the driver program may ask of its ``SparkSession``, classic or Spark Connect.
+
+A Spark Connect session (``SparkSession.builder.remote("sc://...")``) is a thin client: it has
+no ``sparkContext`` and no JVM, and its working directory is not the server's. The job runner
+therefore reads settings through ``spark.conf`` only and resolves nothing against a working
+directory it cannot see (decision 42). Thread model: the user's driver program thread.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+
+def is_connect(spark: Any) -> bool:
+    """Whether ``spark`` is a Spark Connect session (no JVM on this side)."""
+    try:
+        from pyspark.sql.connect.session import SparkSession as ConnectSession
+    except ImportError:  # the Connect client's extra dependencies are not installed
+        return False
+    return isinstance(spark, ConnectSession)
+
+
+def session_setting(spark: Any, key: str, default: str) -> str:
+    """A Spark setting as the session sees it, through ``spark.conf`` (both kinds of session;
+    a static setting such as ``spark.speculation`` reads the same)."""
+    value = spark.conf.get(key, default)
+    return default if value is None else str(value)
+
+
+def resolve_location(spark: Any, location: str, what: str) -> str:
+    """``location`` as every process of the job must see it: a URL unchanged (without a
+    trailing slash); a relative path made absolute against this program's working directory
+    on a classic session, where the driver program is the driver. Through Spark Connect the
+    server resolves paths against its own working directory, which a client cannot know, so a
+    relative path is refused naming ``what`` it was meant for."""
+    if "://" in location:
+        return location.rstrip("/")
+    if os.path.isabs(location):
+        return os.path.normpath(location)
+    if is_connect(spark):
+        raise ValueError(
+            f"{what} {location!r} is a relative path, but this is a Spark Connect session: "
+            f"the server (its source runner and executors) would resolve it against its own "
+            f"working directory, which this client cannot see. Pass an absolute path on "
+            f"storage the server reaches, or a URL")
+    return os.path.abspath(location)
