@@ -24,3 +24,34 @@ def test_the_coordinator_sketch_and_its_harness_example_run_as_written() -> None
     exec(compile(blocks[2], "docs/coordinators.md", "exec"), namespace)  # noqa: S102
     # the requests example: the retry got its logged split, and every split went out once
     assert namespace["h"].coordinator.left == []  # type: ignore[attr-defined]
+
+
+#: every ```python block of docs/ that a test executes as written: (file, block index) -> test
+EXECUTED = {
+    ("coordinators.md", 0): "tests/test_docs_examples.py",
+    ("coordinators.md", 1): "tests/test_docs_examples.py",
+    ("coordinators.md", 2): "tests/test_docs_examples.py",
+    ("spark.md", 0): "tests/spark/test_docs_on_spark.py",
+    ("sources.md", 0): "tests/spark/test_docs_on_spark.py",
+    ("sources.md", 1): "tests/spark/test_docs_on_spark.py",
+    ("sources.md", 2): "tests/spark/test_file_source.py",
+    ("sources.md", 3): "tests/spark/test_file_source.py",
+}
+SKETCH = "<!-- sketch:"
+
+
+def test_every_python_example_in_the_docs_is_executed_by_a_test_or_marked_as_a_sketch() -> None:
+    unexecuted = []
+    for path in sorted(DOCS.glob("*.md")):
+        text = path.read_text()
+        for index, match in enumerate(re.finditer(r"```python\n", text)):
+            before = text[:match.start()].rstrip().splitlines()[-1:]
+            sketch = bool(before) and before[0].startswith(SKETCH)
+            executed = (path.name, index) in EXECUTED
+            assert not (sketch and executed), f"{path.name} block {index}: a sketch that runs?"
+            if not sketch and not executed:
+                unexecuted.append(f"{path.name} block {index}")
+    assert unexecuted == [], (f"python examples no test executes: {unexecuted}; run them in a "
+                              f"test and list them in EXECUTED, or mark them {SKETCH} ... -->")
+    for name, index in EXECUTED:
+        assert index < len(python_blocks(name)), f"{name} has no python block {index}"

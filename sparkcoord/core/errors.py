@@ -81,3 +81,11 @@ class RequestRefused(SparkCoordError):
 class RequestFailed(SparkCoordError):
     """A request got no answer: the job failed over, the service refused it, or it timed out.
     The message names the operator, the subtask, the request and why."""
+
+
+class OperatorCodeFailed(SparkCoordError):
+    """A subtask operator's own code (``open``, ``handle_operator_event``, ``process``, its
+    rows, ``snapshot_state``, ``close``) raised. The message names the operator, subtask,
+    epoch and callback; the user's exception is the ``__cause__``, so a printed traceback
+    shows the user's frames first. sparkcoord's own errors raised inside user code (a refused
+    request, a rejected send) pass through unwrapped."""

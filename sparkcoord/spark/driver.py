@@ -32,6 +32,7 @@ from sparkcoord.channel.frames import Delivery
 from sparkcoord.channel.server import ChannelServer
 from sparkcoord.core.ids import SubtaskId
 from sparkcoord.core.records import CheckpointRecord
+from sparkcoord.runtime.logs import install_log_handler
 from sparkcoord.runtime.service import CheckpointDeclined, CoordinationService, CoordinatorSpec
 from sparkcoord.runtime.storage import CheckpointStorage
 from sparkcoord.spark.faults import kill_point
@@ -44,6 +45,7 @@ class DriverSide:
     """The coordination service and channel server of one run (runner process only)."""
 
     def __init__(self, spec: SourceSpec) -> None:
+        install_log_handler(spec.log_level)  # the runner's stderr reaches the driver's log
         storage = CheckpointStorage(spec.checkpoint_url, retain=spec.retain, fsync=spec.fsync,
                                     storage_options=spec.storage_options)
         self.spec = spec

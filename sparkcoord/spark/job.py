@@ -20,6 +20,7 @@ from sparkcoord.core.codec import EventCodec
 from sparkcoord.core.errors import SparkCoordError
 from sparkcoord.core.text import plural
 from sparkcoord.runtime.config import ServiceConfig
+from sparkcoord.runtime.logs import check_level, install_log_handler
 from sparkcoord.runtime.restart import FixedDelay, RestartStrategy
 from sparkcoord.spark.operator import SubtaskOperator
 from sparkcoord.spark.session import resolve_location, session_setting
@@ -97,8 +98,10 @@ class CoordinatedJob:
                  channel_advertised_host: str | None = None, retain: int = 3,
                  fsync: bool = False, channel_fault_plan: str | None = None,
                  spark_checkpoint: str | None = None,
-                 storage_options: dict[str, Any] | None = None) -> None:
+                 storage_options: dict[str, Any] | None = None,
+                 log_level: str = "INFO") -> None:
         self.spark = spark
+        self.log_level = check_level(log_level)
         self.checkpoint_dir = resolve_location(spark, checkpoint_dir, "checkpoint_dir")
         self.storage_options = dict(storage_options or {})
         check_checkpoint_urls(self.checkpoint_dir, spark_checkpoint)
@@ -150,7 +153,7 @@ class CoordinatedJob:
                           self.checkpoint_interval_s, self.channel_host,
                           self.channel_advertised_host, self.retain, self.fsync,
                           list(recipients), self.spark_checkpoint, self.channel_fault_plan,
-                          self.storage_options)
+                          self.storage_options, self.log_level)
         self._specs[name] = spec
         return self.spark.readStream.format(FORMAT).option("spec", spec.encode()).load()
 
@@ -198,6 +201,7 @@ class CoordinatedJob:
         thread. Called from the user's driver program thread.
         """
         self.check_cluster_settings()
+        install_log_handler(self.log_level)  # unless this program configured logging
         handle = JobHandle(self, writer, restart or FixedDelay(attempts=3, delay_s=1.0), until,
                            poll_s, timeout_s, on_failure)
         handle._thread.start()
@@ -419,11 +423,15 @@ class JobHandle:
             self._last_counted = -1
             query = self.query = self._writer.option(
                 "checkpointLocation", job.spark_checkpoint).start()
+            log.info("query %s started on %s%s", query.id, job.spark_checkpoint,
+                     f" (restart {report.restarts})" if report.restarts else "")
             try:
                 while True:
                     # seconds, a float: PySpark's hint says int, its code takes any number
                     if query.awaitTermination(self._poll_s):  # type: ignore[arg-type]
                         self._count_batches(query)
+                        log.info("query %s ended by itself after %d batches in all", query.id,
+                                 report.batches)
                         return  # ended by itself (availableNow, or stopped by Spark)
                     self._count_batches(query)
                     if self._stop.is_set() or (self._until is not None and self._until()):

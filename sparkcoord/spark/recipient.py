@@ -30,7 +30,7 @@ from sparkcoord.core.ids import SubtaskId, TaskAttempt
 from sparkcoord.runtime.files import files_for
 from sparkcoord.spark.operator import SubtaskContext, SubtaskOperator
 from sparkcoord.spark.source import MARKER, SourceSpec
-from sparkcoord.spark.subtask import request_function, state_store
+from sparkcoord.spark.subtask import request_function, state_store, user_code, user_rows
 
 
 class NoEpochInThisBatch(SparkCoordError):
@@ -135,23 +135,36 @@ class RecipientFunction:
 
         context = SubtaskContext(op.name, index, op.parallelism, epoch, execution_attempt,
                                  number, send, request)
-        operator: SubtaskOperator = op.operator()
+        with user_code(sid, epoch, "constructor"):
+            operator: SubtaskOperator = op.operator()
         names = self.arrow_schema.names
         try:
-            operator.open(context, state)
+            with user_code(sid, epoch, "open()"):
+                operator.open(context, state)
             for payload in events:
-                yield from self._to_arrow(operator.handle_operator_event(pickle.loads(payload)), names)
+                event = pickle.loads(payload)
+                with user_code(sid, epoch, "handle_operator_event()"):
+                    rows = operator.handle_operator_event(event)
+                yield from self._to_arrow(user_rows(rows, sid, epoch, "handle_operator_event()"),
+                                          names)
             for record_batch in batches:
                 if isinstance(operator, RecipientOperator):
-                    yield from self._to_arrow(operator.process_input(record_batch.to_pylist()), names)
-            yield from self._to_arrow(operator.process(), names)
+                    with user_code(sid, epoch, "process_input()"):
+                        rows = operator.process_input(record_batch.to_pylist())
+                    yield from self._to_arrow(user_rows(rows, sid, epoch, "process_input()"),
+                                              names)
+            with user_code(sid, epoch, "process()"):
+                rows = operator.process()
+            yield from self._to_arrow(user_rows(rows, sid, epoch, "process()"), names)
             if client is not None:
                 client.flush()
-            store.write(sid, batch, pickle.dumps(
-                operator.snapshot_state(), protocol=pickle.HIGHEST_PROTOCOL))
+            with user_code(sid, epoch, "snapshot_state()"):
+                snapshot = operator.snapshot_state()
+            store.write(sid, batch, pickle.dumps(snapshot, protocol=pickle.HIGHEST_PROTOCOL))
         finally:
             try:
-                operator.close()
+                with user_code(sid, epoch, "close()"):
+                    operator.close()
             finally:
                 if client is not None:
                     client.close()

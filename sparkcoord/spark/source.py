@@ -79,6 +79,8 @@ class SourceSpec:
     channel_fault_plan: str | None = None
     #: fsspec options for ``checkpoint_url`` (credentials, endpoint), for every process
     storage_options: dict[str, Any] = field(default_factory=dict)
+    #: the level of sparkcoord's lines in the source runner (sparkcoord.runtime.logs)
+    log_level: str = "INFO"
 
     def operator(self, name: str) -> OperatorSpec:
         for op in list(self.operators) + list(self.recipients):

@@ -14,13 +14,19 @@ that sends nothing never connects); a retry registers before anything else. See 
 from __future__ import annotations
 
 import pickle
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from types import TracebackType
+from typing import Any, TypeVar
 
 from sparkcoord.channel.client import ChannelClient
 from sparkcoord.channel.frames import ResponseStatus
 from sparkcoord.core.codec import EventCodec
-from sparkcoord.core.errors import RequestFailed, RequestRefused
+from sparkcoord.core.errors import (
+    OperatorCodeFailed,
+    RequestFailed,
+    RequestRefused,
+    SparkCoordError,
+)
 from sparkcoord.core.ids import SubtaskId, TaskAttempt
 from sparkcoord.runtime.subtask_state import SubtaskStateStore
 from sparkcoord.spark.faults import kill_point
@@ -73,6 +79,55 @@ def request_function(client: ChannelClient, codec: EventCodec, sid: SubtaskId, e
     return ask
 
 
+T = TypeVar("T")
+
+
+class user_code:  # noqa: N801 - used like a function: ``with user_code(sid, epoch, "open()")``
+    """Around a call into the operator's code (task thread): its exception leaves as
+    :class:`OperatorCodeFailed` naming subtask, epoch and callback, with the user's exception
+    as the cause, its traceback starting at the user's own frame, so that Spark's task failure
+    text shows the user's frames first and ends with what failed where. sparkcoord's own
+    errors, already named, pass through."""
+
+    __slots__ = ("sid", "epoch", "callback")
+
+    def __init__(self, sid: SubtaskId, epoch: int, callback: str) -> None:
+        self.sid, self.epoch, self.callback = sid, epoch, callback
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if exc is None or not isinstance(exc, Exception) or isinstance(exc, SparkCoordError):
+            return  # nothing raised, an exit (GeneratorExit, KeyboardInterrupt), or our own
+        raise wrapped(exc, self.sid, self.epoch, self.callback) from exc
+
+
+def wrapped(exc: Exception, sid: SubtaskId, epoch: int, callback: str) -> OperatorCodeFailed:
+    """The error for ``exc`` raised by the operator's ``callback``; drops the runtime's frame
+    that made the call from ``exc``'s traceback."""
+    tb = exc.__traceback__
+    if tb is not None and tb.tb_next is not None:
+        exc.__traceback__ = tb.tb_next
+    return OperatorCodeFailed(f"{sid} in epoch {epoch}: the operator's {callback} raised "
+                              f"{type(exc).__name__}: {exc}")
+
+
+def user_rows(rows: Iterable[T] | None, sid: SubtaskId, epoch: int, callback: str
+              ) -> Iterator[T]:
+    """The rows a user's callback returned (often a generator running user code), iterated
+    so that an exception is reported like :class:`user_code`'s."""
+    if rows is None:
+        return
+    try:
+        yield from rows
+    except SparkCoordError:
+        raise
+    except Exception as exc:
+        raise wrapped(exc, sid, epoch, callback) from exc
+
+
 def run_subtask(spec: SourceSpec, p: CoordinatedPartition) -> Iterator[tuple[Any, ...]]:
     """Generator of the subtask's rows for the batch of ``p.epoch`` (task thread)."""
     op_spec = spec.operator(p.operator)
@@ -94,19 +149,23 @@ def run_subtask(spec: SourceSpec, p: CoordinatedPartition) -> Iterator[tuple[Any
     context = SubtaskContext(p.operator, p.index, op_spec.parallelism, p.epoch,
                              client.registered_attempt, number, send,
                              request_function(client, codec, sid, p.epoch))
-    operator: SubtaskOperator = op_spec.operator()
+    with user_code(sid, p.epoch, "constructor"):
+        operator: SubtaskOperator = op_spec.operator()
     try:
-        operator.open(context, state)
+        with user_code(sid, p.epoch, "open()"):
+            operator.open(context, state)
         for payload in p.events:
-            rows = operator.handle_operator_event(pickle.loads(payload))
-            if rows is not None:
-                yield from rows
-        rows = operator.process()
-        if rows is not None:
-            yield from rows
+            event = pickle.loads(payload)
+            with user_code(sid, p.epoch, "handle_operator_event()"):
+                rows = operator.handle_operator_event(event)
+            yield from user_rows(rows, sid, p.epoch, "handle_operator_event()")
+        with user_code(sid, p.epoch, "process()"):
+            rows = operator.process()
+        yield from user_rows(rows, sid, p.epoch, "process()")
         kill_point("mid-batch", p.epoch)
         client.flush()
-        snapshot = operator.snapshot_state()
+        with user_code(sid, p.epoch, "snapshot_state()"):
+            snapshot = operator.snapshot_state()
         if snapshot is not None or restored is not None:
             # a stateless subtask (None, restored from nothing) writes nothing: restoring
             # "no state" gives None either way
@@ -114,6 +173,7 @@ def run_subtask(spec: SourceSpec, p: CoordinatedPartition) -> Iterator[tuple[Any
                 snapshot, protocol=pickle.HIGHEST_PROTOCOL))
     finally:
         try:
-            operator.close()
+            with user_code(sid, p.epoch, "close()"):
+                operator.close()
         finally:
             client.close()

@@ -143,3 +143,30 @@ def test_an_unpicklable_event_fails_at_send_with_a_clear_error(spark, tmp_path) 
     writer = df.writeStream.format("noop").trigger(processingTime="0 seconds")
     with pytest.raises(JobGaveUp, match="cannot be pickled"):
         job.run(writer, restart=NoRestart(), until=lambda: False, timeout_s=240)
+
+
+class OpensBadly(SubtaskOperator):
+    def open(self, context, state):
+        super().open(context, state)
+        raise ValueError("no such table: orders")  # the user's own line
+
+
+def test_an_exception_in_the_users_open_is_reported_with_the_users_frame_first(
+        spark, tmp_path) -> None:
+    from sparkcoord.examples.numbers import NumbersCoordinator
+    from sparkcoord.spark import CoordinatedJob
+
+    job = CoordinatedJob(spark, str(tmp_path / "ckpt"))
+    df = job.source(OpensBadly, NumbersCoordinator, 1, SCHEMA, name="orders")
+    writer = df.writeStream.format("noop").trigger(processingTime="0 seconds")
+    with pytest.raises(JobGaveUp) as caught:
+        job.run(writer, restart=NoRestart(), until=lambda: False, timeout_s=240)
+    text = str(caught.value)
+    # Spark's text of the task failure: the user's exception and frame come first, then the
+    # line naming what failed where
+    user_line = text.index('raise ValueError("no such table: orders")')
+    assert user_line < text.index("OperatorCodeFailed: orders[0] in epoch 0: the operator's "
+                                  "open() raised ValueError: no such table: orders"), text
+    first_frame = next(line for line in text.splitlines() if line.strip().startswith("File "))
+    assert first_frame.strip().endswith("in open"), text
+    assert "client.close()" not in text
