@@ -4,6 +4,7 @@ server) on loopback, in local mode ``local[2,4]`` so that tasks can be retried."
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -78,10 +79,11 @@ class ConnectServer:
 
     def stop(self) -> None:
         if self._process.poll() is None:
-            self._process.terminate()
+            # the whole group: the JVM and the Python workers it started
+            os.killpg(self._process.pid, signal.SIGTERM)
             try:
                 self._process.wait(60)
             except subprocess.TimeoutExpired:
-                self._process.kill()
+                os.killpg(self._process.pid, signal.SIGKILL)
                 self._process.wait()
         self._log.close()

@@ -1,15 +1,17 @@
-"""A subtask operator's own exception is reported with the user's frames first and a last line
-naming operator, subtask, epoch and callback (issue 14 item 8); sparkcoord's own errors raised
-inside user code pass through as they are. No Spark: the wrapper is what run_subtask and the
-downstream operator put around every call into user code."""
+"""A subtask operator's own exception is reported as Spark will show it: the user's exception,
+type and frames, with a note naming operator, subtask, epoch and callback (issue 14 item 8);
+sparkcoord's own errors raised inside user code pass through as they are. No Spark: the
+formatting is PySpark's worker's own (``handle_worker_exception``, with the simplified
+traceback Spark turns on by default), applied to what run_subtask lets out of a task."""
 
 from __future__ import annotations
 
-import traceback
+import io
+import struct
 
 import pytest
 
-from sparkcoord.core.errors import OperatorCodeFailed, RequestRefused
+from sparkcoord.core.errors import RequestRefused
 from sparkcoord.core.ids import SubtaskId
 from sparkcoord.spark.subtask import user_code, user_rows
 
@@ -25,34 +27,52 @@ def users_rows():
     raise KeyError("customer")
 
 
-def test_an_exception_in_user_code_names_the_callback_and_shows_the_users_frame_first() -> None:
-    with pytest.raises(OperatorCodeFailed) as caught:
+def as_spark_shows_it(exc: BaseException, monkeypatch) -> str:
+    """The text a Python worker sends the JVM for ``exc`` (call inside its except block)."""
+    from pyspark.util import handle_worker_exception
+
+    monkeypatch.setenv("SPARK_SIMPLIFIED_TRACEBACK", "1")
+    out = io.BytesIO()
+    handle_worker_exception(exc, out)
+    data = out.getvalue()
+    (length,) = struct.unpack(">i", data[4:8])  # after the "exception thrown" marker
+    return data[8:8 + length].decode()
+
+
+def test_an_exception_in_user_code_keeps_its_frames_and_names_where_it_was_raised(
+        monkeypatch) -> None:
+    try:
         with user_code(SID, 7, "open()"):
             users_open()
-    assert str(caught.value) == ("orders[1] in epoch 7: the operator's open() raised "
-                                 "ValueError: no such table: orders")
-    assert isinstance(caught.value.__cause__, ValueError)
-    text = "".join(traceback.format_exception(caught.value))
+    except ValueError as exc:
+        text = as_spark_shows_it(exc, monkeypatch)
+    else:
+        raise AssertionError("the user's exception did not leave")
+    assert 'raise ValueError("no such table: orders")' in text, text  # the user's own line
+    assert "ValueError: no such table: orders" in text
+    assert text.rstrip().endswith("sparkcoord: orders[1] in epoch 7: raised by the operator's "
+                                  "open()"), text
     frames = [line.strip() for line in text.splitlines() if line.strip().startswith("File ")]
-    assert frames[0].endswith("in users_open"), text  # not the runtime's calling frame
-    assert text.index('raise ValueError("no such table: orders")') < text.index(
-        "OperatorCodeFailed")
+    assert frames[-1].endswith("in users_open"), text
 
 
-def test_rows_a_user_generator_yields_are_passed_on_until_it_raises() -> None:
+def test_rows_a_user_generator_yields_are_passed_on_until_it_raises(monkeypatch) -> None:
     got = []
-    with pytest.raises(OperatorCodeFailed, match=r"orders\[1\] in epoch 2: the operator's "
-                       r"process\(\) raised KeyError: 'customer'") as caught:
+    try:
         for row in user_rows(users_rows(), SID, 2, "process()"):
             got.append(row)
+    except KeyError as exc:
+        text = as_spark_shows_it(exc, monkeypatch)
+    else:
+        raise AssertionError("the user's exception did not leave")
     assert got == [(1,)]
-    text = "".join(traceback.format_exception(caught.value))
-    frames = [line.strip() for line in text.splitlines() if line.strip().startswith("File ")]
-    assert frames[0].endswith("in users_rows"), text
+    assert "raise KeyError(\"customer\")" in text, text
+    assert "sparkcoord: orders[1] in epoch 2: raised by the operator's process()" in text
 
 
-def test_sparkcoords_own_errors_raised_inside_user_code_pass_through_unwrapped() -> None:
-    with pytest.raises(RequestRefused, match="refused"):
+def test_sparkcoords_own_errors_raised_inside_user_code_pass_through_unnoted() -> None:
+    with pytest.raises(RequestRefused, match="refused") as caught:
         with user_code(SID, 0, "process()"):
             raise RequestRefused("coordinator 'orders' refused request 'x'")
+    assert not getattr(caught.value, "__notes__", None)
     assert list(user_rows(None, SID, 0, "process()")) == []

@@ -84,8 +84,7 @@ class RequestFailed(SparkCoordError):
 
 
 class OperatorCodeFailed(SparkCoordError):
-    """A subtask operator's own code (``open``, ``handle_operator_event``, ``process``, its
-    rows, ``snapshot_state``, ``close``) raised. The message names the operator, subtask,
-    epoch and callback; the user's exception is the ``__cause__``, so a printed traceback
-    shows the user's frames first. sparkcoord's own errors raised inside user code (a refused
-    request, a rejected send) pass through unwrapped."""
+    """A subtask operator's own code raised, on a Python without exception notes (3.10): the
+    message names the operator, subtask, epoch and callback and carries the user's traceback.
+    From Python 3.11 on the user's exception itself leaves the task, with a note saying the
+    same (Spark's failure text keeps a note, and may drop a cause)."""

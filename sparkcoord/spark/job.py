@@ -99,7 +99,7 @@ class CoordinatedJob:
                  fsync: bool = False, channel_fault_plan: str | None = None,
                  spark_checkpoint: str | None = None,
                  storage_options: dict[str, Any] | None = None,
-                 log_level: str = "INFO") -> None:
+                 log_level: str = "WARNING") -> None:
         self.spark = spark
         self.log_level = check_level(log_level)
         self.checkpoint_dir = resolve_location(spark, checkpoint_dir, "checkpoint_dir")

@@ -80,7 +80,7 @@ class SourceSpec:
     #: fsspec options for ``checkpoint_url`` (credentials, endpoint), for every process
     storage_options: dict[str, Any] = field(default_factory=dict)
     #: the level of sparkcoord's lines in the source runner (sparkcoord.runtime.logs)
-    log_level: str = "INFO"
+    log_level: str = "WARNING"
 
     def operator(self, name: str) -> OperatorSpec:
         for op in list(self.operators) + list(self.recipients):

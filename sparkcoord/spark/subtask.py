@@ -83,11 +83,16 @@ T = TypeVar("T")
 
 
 class user_code:  # noqa: N801 - used like a function: ``with user_code(sid, epoch, "open()")``
-    """Around a call into the operator's code (task thread): its exception leaves as
-    :class:`OperatorCodeFailed` naming subtask, epoch and callback, with the user's exception
-    as the cause, its traceback starting at the user's own frame, so that Spark's task failure
-    text shows the user's frames first and ends with what failed where. sparkcoord's own
-    errors, already named, pass through."""
+    """Around a call into the operator's code (task thread): the user's exception leaves with
+    a note naming operator, subtask, epoch and callback (its type, message and frames kept).
+
+    Spark's task failure text is the worker's formatting of the exception that leaves the
+    task, with PySpark's own frames removed and (by default,
+    ``spark.sql.execution.pyspark.udf.simplifiedTraceback.enabled``) any ``__cause__``
+    dropped: a wrapping exception would hide the user's frames, a note survives. Before
+    Python 3.11 (no notes) the exception is wrapped in :class:`OperatorCodeFailed` whose
+    message carries the user's formatted traceback. sparkcoord's own errors, already named,
+    pass through unchanged."""
 
     __slots__ = ("sid", "epoch", "callback")
 
@@ -101,23 +106,26 @@ class user_code:  # noqa: N801 - used like a function: ``with user_code(sid, epo
                  tb: TracebackType | None) -> None:
         if exc is None or not isinstance(exc, Exception) or isinstance(exc, SparkCoordError):
             return  # nothing raised, an exit (GeneratorExit, KeyboardInterrupt), or our own
-        raise wrapped(exc, self.sid, self.epoch, self.callback) from exc
+        noted(exc, self.sid, self.epoch, self.callback)  # re-raised by the with statement
 
 
-def wrapped(exc: Exception, sid: SubtaskId, epoch: int, callback: str) -> OperatorCodeFailed:
-    """The error for ``exc`` raised by the operator's ``callback``; drops the runtime's frame
-    that made the call from ``exc``'s traceback."""
-    tb = exc.__traceback__
-    if tb is not None and tb.tb_next is not None:
-        exc.__traceback__ = tb.tb_next
-    return OperatorCodeFailed(f"{sid} in epoch {epoch}: the operator's {callback} raised "
-                              f"{type(exc).__name__}: {exc}")
+def noted(exc: Exception, sid: SubtaskId, epoch: int, callback: str) -> None:
+    """Name where ``exc`` came from (task thread): a note on it, or (Python 3.10) raise
+    :class:`OperatorCodeFailed` with the user's traceback in its message."""
+    where = f"{sid} in epoch {epoch}: raised by the operator's {callback}"
+    if hasattr(exc, "add_note"):
+        exc.add_note(f"sparkcoord: {where}")
+        return
+    import traceback
+
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()
+    raise OperatorCodeFailed(f"{where}:\n{text}") from exc
 
 
 def user_rows(rows: Iterable[T] | None, sid: SubtaskId, epoch: int, callback: str
               ) -> Iterator[T]:
     """The rows a user's callback returned (often a generator running user code), iterated
-    so that an exception is reported like :class:`user_code`'s."""
+    so that an exception is named like :class:`user_code`'s."""
     if rows is None:
         return
     try:
@@ -125,7 +133,8 @@ def user_rows(rows: Iterable[T] | None, sid: SubtaskId, epoch: int, callback: st
     except SparkCoordError:
         raise
     except Exception as exc:
-        raise wrapped(exc, sid, epoch, callback) from exc
+        noted(exc, sid, epoch, callback)
+        raise
 
 
 def run_subtask(spec: SourceSpec, p: CoordinatedPartition) -> Iterator[tuple[Any, ...]]:

@@ -5,9 +5,9 @@
 Runs in its own process, as a Connect user's program does (and because a Connect session
 switches PySpark into Connect mode for the whole process). Through one Connect session it runs
 (1) scenario two-speeds (tests/spark/scenarios.py: two coordinators, a fail_job each and a
-task retry each), (2) a bounded file source whose readers pull splits with requests, asking
-its coordinator from this program while it runs, and (3) the checks a Connect client must
-refuse. Prints one JSON line: what each part found.
+task retry each), (2) a file source tailing a directory, whose readers pull splits with
+requests, until its coordinator (asked from this program) has nothing pending and the sink
+holds every row, and (3) the relative paths a Connect client must refuse. Prints one JSON line: what each part found.
 """
 
 from __future__ import annotations
@@ -35,35 +35,46 @@ def files(spark: Any, workdir: str) -> dict[str, Any]:
     ids = write_files(data, "json", files=5, rows=400)
     job = CoordinatedJob(spark, os.path.join(workdir, "files-ckpt"))
     df = (FileStream(job).format("json").schema(SCHEMA)
-          .options(bounded="true", maxSplitBytes="4k", parallelism=2).load(data))
+          .options(maxSplitBytes="4k", parallelism=2).load(data))  # continuous: tails data/
     statuses: list[Any] = []
 
-    def ask() -> bool:  # a client request from this program, through the channel
-        from sparkcoord.core.errors import RequestFailed
-
+    def sink() -> list[Any]:
         try:
-            statuses.append(job.request("files", "status", timeout_s=5))
-        except RequestFailed:  # the bounded run ended meanwhile; counted below
-            pass
-        return False
+            return list(spark.read.parquet(out).collect())
+        except Exception:  # noqa: BLE001 - nothing committed yet
+            return []
+
+    def done() -> bool:  # asks the coordinator from this program, through the channel
+        statuses.append(job.request("files", "status"))
+        return len(sink()) >= len(ids) and statuses[-1]["pending"] == 0
 
     report = job.run(df.writeStream.format("parquet").option("path", out)
-                     .trigger(availableNow=True), until=ask, poll_s=0.5, timeout_s=300)
-    counts = Counter(r.id for r in spark.read.parquet(out).collect())
+                     .trigger(processingTime="0 seconds"), until=done, poll_s=0.5,
+                     timeout_s=300)
+    counts = Counter(r.id for r in sink())
     return {"rows": len(ids), "lost": len(set(ids) - set(counts)),
             "duplicated": sum(c - 1 for c in counts.values() if c > 1),
             "failures": report.failures, "batches": report.batches,
-            "status_keys": sorted(statuses[-1]) if statuses else []}
+            "finished": statuses[-1]["finished"], "status_keys": sorted(statuses[-1])}
 
 
-def refusals(spark: Any) -> dict[str, str]:
+def refusals(spark: Any, workdir: str) -> dict[str, str]:
+    from sparkcoord.sources import FileStream
     from sparkcoord.spark import CoordinatedJob
 
     found: dict[str, str] = {}
-    try:
-        CoordinatedJob(spark, "relative/ckpt")
-    except ValueError as exc:
-        found["relative"] = str(exc)
+    for what, make in (
+            ("checkpoint_dir", lambda: CoordinatedJob(spark, "relative/ckpt")),
+            ("spark_checkpoint", lambda: CoordinatedJob(
+                spark, os.path.join(workdir, "ok"), spark_checkpoint="relative/spark")),
+            ("file source path", lambda: FileStream(CoordinatedJob(
+                spark, os.path.join(workdir, "ok"))).format("json").schema("id long")
+             .load("relative/data"))):
+        try:
+            make()
+            found[what] = "accepted"
+        except ValueError as exc:
+            found[what] = str(exc)
     return found
 
 
@@ -72,7 +83,7 @@ def main() -> None:
     from pyspark.sql import SparkSession
 
     spark = SparkSession.builder.remote(url).getOrCreate()
-    result = {"connect": type(spark).__module__, "refusals": refusals(spark),
+    result = {"connect": type(spark).__module__, "refusals": refusals(spark, workdir),
               "files": files(spark, workdir), "two_speeds": two_speeds(spark, workdir, seed)}
     print(json.dumps(result))
 
