@@ -36,11 +36,11 @@ sent to every reader before the batch's data. In the batch a reader keeps a
 :class:`SplitWatermarks`: it asks ``may_read(split_id, decision)`` before each record batch,
 feeds the record batch's greatest event time to ``observe``, ``observe_empty`` when a split had
 nothing to read, ``finished`` at a split's end, and sends ``take_report()`` (a
-:class:`WatermarkReport`) to the enumerator, which ``observe``\\s it. A split that must pause is
-kept, with its position, in the reader's state and read again once a later decision allows it.
-When something waits (a paused split, a quiet split on its way to idle) ``next_check_ms`` says
-when the enumerator should ask for another batch, so a stalled group is decided again every
-update interval even when no data flows.
+:class:`WatermarkReport`) to the enumerator, which hands it to ``observe``. A split that must
+pause is kept, with its position, in the reader's state and read again once a later decision
+allows it. While a split waits, ``next_check_ms`` says when the enumerator should ask for
+another batch, so a stalled group is decided again every update interval even when no data
+flows (and the empty split holding it back can go idle).
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ class AlignmentOptions:
     group: str
     #: how far a split's watermark may run ahead of the group minimum
     max_drift_ms: int
-    #: how often a stalled group asks for a batch to be decided again (Flink's default: 1s)
+    #: while a split waits, how often a batch is asked for to decide again (Flink's: 1s)
     update_interval_ms: int = 1000
     #: a split tried and found empty this long is idle; ``None``: never idle
     idle_timeout_ms: int | None = 60_000
@@ -371,7 +371,7 @@ class WatermarkAlignment:
                     minimum is None or entry.watermark < minimum):
                 minimum = entry.watermark
         allowed = None if minimum is None else minimum + self.options.max_drift_ms
-        ordered = sorted(self.state.splits.items())
+        ordered = sorted(self.state.splits.items(), key=lambda item: item[0])
         decision = AlignmentDecision(
             group=self.options.group,
             number=self.state.decision.number + 1,
@@ -387,14 +387,18 @@ class WatermarkAlignment:
 
     def next_check_ms(self) -> int | None:
         """When the enumerator should ask for another batch although nothing else asks (None:
-        no need). Something waits when a split is paused (it resumes only with a new decision)
-        or a split that is not idle was found empty (it goes idle only through decisions, and
-        may be what holds the others back). Mailbox thread, after :meth:`decide`."""
+        no need): one update interval after the last decision while a split waits, i.e. its
+        latest reported watermark is past the allowed maximum in force. Such a split resumes
+        only through a later decision, and the split that holds it back may be empty and go
+        idle only through decisions too; without this a group whose only readable split was
+        read to its end would wait for a batch that nothing asks for. Mailbox thread, after
+        :meth:`decide` and after :meth:`observe` (a reader may pause a split inside a batch)."""
         last = self.state.last_decision_ms
         if last is None:
             return None
-        waiting = bool(self.state.decision.paused) or any(
-            entry.quiet_ms > 0 and not entry.idle for entry in self.state.splits.values())
+        decision = self.state.decision
+        waiting = any(entry.watermark is not None and not decision.allows(entry.watermark)
+                      for entry in self.state.splits.values())
         return last + self.options.update_interval_ms if waiting else None
 
     def status(self) -> dict[str, Any]:

@@ -38,9 +38,9 @@ EXAMPLES = int(os.environ.get("SPARKCOORD_EXAMPLES", "200"))
 
 
 def options(max_drift_ms: int = 100, idle_timeout_ms: int | None = 1000,
-            **kwargs: object) -> AlignmentOptions:
-    return AlignmentOptions("g", max_drift_ms, idle_timeout_ms=idle_timeout_ms,
-                            **kwargs)  # type: ignore[arg-type]
+            update_interval_ms: int = 1000) -> AlignmentOptions:
+    return AlignmentOptions("g", max_drift_ms, update_interval_ms=update_interval_ms,
+                            idle_timeout_ms=idle_timeout_ms)
 
 
 def read(*pairs: tuple[str, int | None]) -> WatermarkReport:
@@ -331,18 +331,22 @@ def test_a_clock_that_goes_back_counts_no_time() -> None:
     assert alignment.state.splits["a"].quiet_ms == 0
 
 
-def test_a_batch_is_asked_for_only_while_something_waits() -> None:
+def test_a_batch_is_asked_for_only_while_a_split_waits() -> None:
     alignment = WatermarkAlignment(options(max_drift_ms=100, update_interval_ms=250))
     assert alignment.next_check_ms() is None
     alignment.observe(read(("a", 0), ("b", 50)))
     alignment.decide(1000)
-    assert alignment.next_check_ms() is None  # aligned, nothing quiet
+    assert alignment.next_check_ms() is None  # aligned
     alignment.observe(empty("a"))
     alignment.decide(1200)
-    assert alignment.next_check_ms() == 1450  # "a" is on its way to idle
-    alignment.observe(read(("a", 10), ("b", 500)))
+    assert alignment.next_check_ms() is None  # "a" is empty, but nobody waits for it
+    alignment.observe(read(("b", 500)))  # a reader paused "b" inside the batch
+    assert alignment.next_check_ms() == 1450
     alignment.decide(1300)
     assert alignment.decision.paused == ("b",) and alignment.next_check_ms() == 1550
+    alignment.observe(read(("a", 450)))
+    alignment.decide(1400)
+    assert alignment.next_check_ms() is None
 
 
 def test_a_restored_state_of_another_type_is_refused() -> None:
@@ -565,6 +569,8 @@ def test_no_split_stays_paused_forever_once_the_others_catch_up_or_go_idle(seed:
                        and lane.split_id not in decision.idle
                        and run.watermark(lane) == decision.minimum]
             assert holders and all(not lane.available(step) for lane in holders), decision
+            # ... and the enumerator asks for the batches that let it go idle or catch up
+            assert run.alignment.next_check_ms() == run.now_ms + 100
         run.read_batch(decision, step_ms=100)
         assert run.step <= limit, f"still paused after {run.step} steps: {decision}"
 
@@ -594,3 +600,23 @@ def test_a_restore_that_replays_the_reports_makes_the_same_decisions(seed: int) 
         for report in reports:
             restored.observe(report)
     assert pickle.dumps(restored.state) == pickle.dumps(run.alignment.state)
+
+
+def test_the_random_runs_really_pause_idle_and_lower_the_minimum() -> None:
+    # the properties above would hold vacuously if the runs never paused anything
+    seen: dict[str, int] = dict.fromkeys(
+        ("paused", "idle", "paused and idle", "minimum lowered by a late split"), 0)
+    for seed in range(100):
+        run, _ = random_run(random.Random(seed), busy=seed % 2 == 0)
+        minimum_before: int | None = None
+        while not all(lane.finished for lane in run.lanes):
+            decision = run.decide()
+            seen["paused"] += bool(decision.paused)
+            seen["idle"] += bool(decision.idle)
+            seen["paused and idle"] += bool(set(decision.paused) & set(decision.idle))
+            seen["minimum lowered by a late split"] += (
+                minimum_before is not None and decision.minimum is not None
+                and decision.minimum < minimum_before)
+            minimum_before = decision.minimum
+            run.read_batch(decision, step_ms=100)
+    assert all(count >= 10 for count in seen.values()), seen
