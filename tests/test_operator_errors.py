@@ -13,7 +13,7 @@ import pytest
 
 from sparkcoord.core.errors import RequestRefused
 from sparkcoord.core.ids import SubtaskId
-from sparkcoord.spark.subtask import user_code, user_rows
+from sparkcoord.spark.subtask import user_code
 
 SID = SubtaskId("orders", 1)
 
@@ -58,8 +58,12 @@ def test_an_exception_in_user_code_keeps_its_frames_and_names_where_it_was_raise
 
 def test_rows_a_user_generator_yields_are_passed_on_until_it_raises(monkeypatch) -> None:
     got = []
+
+    def run():  # what run_subtask does with the rows a callback returned
+        with user_code(SID, 2, "process()"):
+            yield from users_rows()
     try:
-        for row in user_rows(users_rows(), SID, 2, "process()"):
+        for row in run():
             got.append(row)
     except KeyError as exc:
         text = as_spark_shows_it(exc, monkeypatch)
@@ -75,4 +79,3 @@ def test_sparkcoords_own_errors_raised_inside_user_code_pass_through_unnoted() -
         with user_code(SID, 0, "process()"):
             raise RequestRefused("coordinator 'orders' refused request 'x'")
     assert not getattr(caught.value, "__notes__", None)
-    assert list(user_rows(None, SID, 0, "process()")) == []

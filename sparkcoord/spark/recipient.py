@@ -30,7 +30,7 @@ from sparkcoord.core.ids import SubtaskId, TaskAttempt
 from sparkcoord.runtime.files import files_for
 from sparkcoord.spark.operator import SubtaskContext, SubtaskOperator
 from sparkcoord.spark.source import MARKER, SourceSpec
-from sparkcoord.spark.subtask import request_function, state_store, user_code, user_rows
+from sparkcoord.spark.subtask import request_function, state_store, user_code
 
 
 class NoEpochInThisBatch(SparkCoordError):
@@ -145,17 +145,18 @@ class RecipientFunction:
                 event = pickle.loads(payload)
                 with user_code(sid, epoch, "handle_operator_event()"):
                     rows = operator.handle_operator_event(event)
-                yield from self._to_arrow(user_rows(rows, sid, epoch, "handle_operator_event()"),
-                                          names)
+                with user_code(sid, epoch, "handle_operator_event()"):
+                    yield from self._to_arrow(rows, names)
             for record_batch in batches:
                 if isinstance(operator, RecipientOperator):
                     with user_code(sid, epoch, "process_input()"):
                         rows = operator.process_input(record_batch.to_pylist())
-                    yield from self._to_arrow(user_rows(rows, sid, epoch, "process_input()"),
-                                              names)
+                    with user_code(sid, epoch, "process_input()"):
+                        yield from self._to_arrow(rows, names)
             with user_code(sid, epoch, "process()"):
                 rows = operator.process()
-            yield from self._to_arrow(user_rows(rows, sid, epoch, "process()"), names)
+            with user_code(sid, epoch, "process()"):
+                yield from self._to_arrow(rows, names)
             if client is not None:
                 client.flush()
             with user_code(sid, epoch, "snapshot_state()"):

@@ -13,10 +13,11 @@ that sends nothing never connects); a retry registers before anything else. See 
 
 from __future__ import annotations
 
+import os
 import pickle
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any
 
 from sparkcoord.channel.client import ChannelClient
 from sparkcoord.channel.frames import ResponseStatus
@@ -79,9 +80,6 @@ def request_function(client: ChannelClient, codec: EventCodec, sid: SubtaskId, e
     return ask
 
 
-T = TypeVar("T")
-
-
 class user_code:  # noqa: N801 - used like a function: ``with user_code(sid, epoch, "open()")``
     """Around a call into the operator's code (task thread): the user's exception leaves with
     a note naming operator, subtask, epoch and callback (its type, message and frames kept).
@@ -106,7 +104,26 @@ class user_code:  # noqa: N801 - used like a function: ``with user_code(sid, epo
                  tb: TracebackType | None) -> None:
         if exc is None or not isinstance(exc, Exception) or isinstance(exc, SparkCoordError):
             return  # nothing raised, an exit (GeneratorExit, KeyboardInterrupt), or our own
+        from_users_frame(exc)
         noted(exc, self.sid, self.epoch, self.callback)  # re-raised by the with statement
+
+
+#: the runtime's own frames (this package) that lead a user's traceback
+_RUNTIME_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def from_users_frame(exc: BaseException) -> None:
+    """Drop the runtime's frames that lead ``exc``'s traceback, so that it starts at the
+    user's frame. Besides being shorter, it is right: PySpark's simplified traceback prints
+    each frame at the line the frame is at *now*, and a finished generator such as
+    :func:`run_subtask` is at the last line of its ``finally`` (``client.close()``), not at
+    the call that raised. Call from the outermost runtime frame, with nothing of the runtime
+    left to unwind through but re-raises (they add no traceback entries)."""
+    tb = exc.__traceback__
+    while (tb is not None and tb.tb_next is not None
+           and tb.tb_frame.f_code.co_filename.startswith(_RUNTIME_DIR)):
+        tb = tb.tb_next
+    exc.__traceback__ = tb
 
 
 def noted(exc: Exception, sid: SubtaskId, epoch: int, callback: str) -> None:
@@ -120,21 +137,6 @@ def noted(exc: Exception, sid: SubtaskId, epoch: int, callback: str) -> None:
 
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()
     raise OperatorCodeFailed(f"{where}:\n{text}") from exc
-
-
-def user_rows(rows: Iterable[T] | None, sid: SubtaskId, epoch: int, callback: str
-              ) -> Iterator[T]:
-    """The rows a user's callback returned (often a generator running user code), iterated
-    so that an exception is named like :class:`user_code`'s."""
-    if rows is None:
-        return
-    try:
-        yield from rows
-    except SparkCoordError:
-        raise
-    except Exception as exc:
-        noted(exc, sid, epoch, callback)
-        raise
 
 
 def run_subtask(spec: SourceSpec, p: CoordinatedPartition) -> Iterator[tuple[Any, ...]]:
@@ -167,10 +169,14 @@ def run_subtask(spec: SourceSpec, p: CoordinatedPartition) -> Iterator[tuple[Any
             event = pickle.loads(payload)
             with user_code(sid, p.epoch, "handle_operator_event()"):
                 rows = operator.handle_operator_event(event)
-            yield from user_rows(rows, sid, p.epoch, "handle_operator_event()")
+            if rows is not None:
+                with user_code(sid, p.epoch, "handle_operator_event()"):
+                    yield from rows
         with user_code(sid, p.epoch, "process()"):
             rows = operator.process()
-        yield from user_rows(rows, sid, p.epoch, "process()")
+        if rows is not None:
+            with user_code(sid, p.epoch, "process()"):
+                yield from rows
         kill_point("mid-batch", p.epoch)
         client.flush()
         with user_code(sid, p.epoch, "snapshot_state()"):
