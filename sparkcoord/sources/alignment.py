@@ -29,6 +29,10 @@ Rules:
      salted per process). So a restore that replays a batch's reports against the snapshot
      arrives where the live run did (docs/decisions.md 36, 40).
 
+What this module calls a *split* is an alignment key (``Split.alignment_key``): a split's id,
+or the *lane* its splits share (a file source's directory), whose watermark outlives each of
+its splits; the enumerator forgets a lane itself (docs/decisions.md 43).
+
 Theory of operation: at each batch boundary the enumerator calls ``decide(now_ms)``, which
 turns the reports of the last batch into idle flags and computes an :class:`AlignmentDecision`
 (minimum, allowed maximum, paused and idle splits); it is snapshotted with the enumerator and

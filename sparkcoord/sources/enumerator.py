@@ -14,6 +14,11 @@ Rules:
      back by the enumerator: the subtask state is restored with the epoch, so a failure neither
      loses nor repeats it. The enumerator only counts splits in flight (handed out, not yet
      reported finished) to know when a bounded source is done.
+  4. With watermark alignment (``alignment`` options; docs/alignment.md, decision 43) the
+     readers' watermark reports are logged inputs (a ``NextSplit`` field, or an event at the
+     end of a reader's batch) and change only the alignment state; the decision is made in
+     ``checkpoint_coordinator``, before the snapshot, and sent to every reader there, so it is
+     sealed into the epoch it was made for and reaches that batch's readers before any data.
 
 Theory of operation: a fresh source discovers once in ``start`` (so its first batch has
 splits); after that (and after a restore) discovery runs on a worker thread (never again for a
@@ -37,6 +42,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sparkcoord.coordinator import Cancellable, CoordinatorContext, OperatorCoordinator
+from sparkcoord.sources.alignment import (
+    AlignmentOptions,
+    AlignmentState,
+    WatermarkAlignment,
+    WatermarkReport,
+)
 from sparkcoord.sources.splits import BatchBudget, NextSplit, NoSplitNow, ReadLimit, Split
 
 log = logging.getLogger("sparkcoord.sources")
@@ -75,6 +86,10 @@ class EnumeratorState:
     discovered_once: bool = False
     handed_out: int = 0
     finished: int = 0
+    #: with alignment: the reported watermarks, idleness and the decision in force
+    alignment: AlignmentState | None = None
+    #: with alignment: split id -> alignment key (its lane) of every split in flight
+    in_flight_keys: dict[str, str] = field(default_factory=dict)
 
 
 def run_on_thread(work: Callable[[], None]) -> None:
@@ -89,13 +104,20 @@ class SplitEnumerator(OperatorCoordinator):
     ``runner``) and hands its result back through ``run_in_coordinator_thread``.
 
     Client requests: ``"status"`` (a dict: pending, in_flight, handed_out, finished,
-    discovery_state_entries, done) and ``"discover"`` (run a discovery cycle now).
+    discovery_state_entries, done, and with alignment ``alignment``: minimum, allowed maximum,
+    paused, idle, spread) and ``"discover"`` (run a discovery cycle now).
+
+    ``alignment``: watermark alignment options (``None``: off, and nothing of rule 4 happens);
+    ``clock``: wall time in seconds, read only at a checkpoint boundary (the decision's
+    ``now``) and by the timer that asks for a batch while a split waits.
     """
 
     def __init__(self, context: CoordinatorContext, discovery: SplitDiscovery, *,
                  bounded: bool = False, discovery_interval_s: float = 1.0,
                  limit: ReadLimit | None = None, latest_first: bool = False,
-                 runner: Callable[[Callable[[], None]], None] = run_on_thread) -> None:
+                 runner: Callable[[Callable[[], None]], None] = run_on_thread,
+                 alignment: AlignmentOptions | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
         super().__init__(context)
         if discovery_interval_s <= 0:
             raise ValueError(f"discovery_interval_s must be > 0, got {discovery_interval_s}")
@@ -105,6 +127,11 @@ class SplitEnumerator(OperatorCoordinator):
         self.limit = limit or ReadLimit()
         self.latest_first = latest_first
         self._runner = runner
+        self.alignment_options = alignment
+        self._clock = clock
+        #: the alignment of the state in force (None: alignment off)
+        self.alignment: WatermarkAlignment | None = None
+        self._alignment_timer: Cancellable | None = None
         self.state = EnumeratorState()
         self._pending: deque[Split] = deque()
         self._budget = BatchBudget(self.limit)
@@ -133,6 +160,13 @@ class SplitEnumerator(OperatorCoordinator):
             raise TypeError(f"enumerator {self.context.operator_id!r}: checkpointed state is a "
                             f"{type(state).__name__}, not an EnumeratorState")
         self.state = state
+        if self.alignment_options is not None:
+            # a state checkpointed before alignment was turned on has none: start afresh
+            self.alignment = WatermarkAlignment(self.alignment_options,
+                                                getattr(state, "alignment", None))
+            state.alignment = self.alignment.state
+            if getattr(state, "in_flight_keys", None) is None:
+                state.in_flight_keys = {}
         self._pending = deque(state.pending)
         self._budget = BatchBudget(self.limit)
         # conservative: a restore point may be a batch that has not committed (a re-run)
@@ -140,6 +174,9 @@ class SplitEnumerator(OperatorCoordinator):
         self._epoch = self._drained = checkpoint_id
 
     def start(self) -> None:
+        if self.alignment_options is not None:
+            self._alignment_timer = self.context.call_periodically(
+                self.alignment_options.update_interval_ms / 1000, self._check_alignment)
         if self._pending:
             self.context.request_batch()
         if self.bounded and self.state.discovered_once:
@@ -164,8 +201,9 @@ class SplitEnumerator(OperatorCoordinator):
 
     def close(self) -> None:
         self._closed = True
-        if self._timer is not None:
-            self._timer.cancel()
+        for timer in (self._timer, self._alignment_timer):
+            if timer is not None:
+                timer.cancel()
 
     # ---------------------------------------------------------------- discovery
     def _discover_now(self) -> None:
@@ -227,7 +265,47 @@ class SplitEnumerator(OperatorCoordinator):
         self.state.pending = list(self._pending)
         self._budget = BatchBudget(self.limit)
         self._epoch = checkpoint_id
+        if self.alignment is not None:
+            self._settle_quiet_lanes()
+            # rule 4: decided inside the snapshot, sent before the boundary (set_result below),
+            # so the event is sealed into this epoch and its batch's readers get it before any
+            # data; sent at every boundary whatever the splits (FLINK-37670)
+            decision = self.alignment.decide(self._now_ms())
+            for _, gateway in self.ready_gateways():
+                gateway.send_event(decision)
         result.set_result(self.state)
+
+    def _settle_quiet_lanes(self) -> None:
+        """Before a decision (mailbox thread, at the boundary): a lane with no split pending
+        and none in flight is read up to now. No reader tries it, so the enumerator says so
+        itself: it is empty (a live directory waiting for files; it goes idle after the idle
+        timeout), or, in a bounded source whose listing was applied (no file will come),
+        finished and forgotten.
+        A split-keyed entry is never here: it is forgotten when its reader finishes it."""
+        assert self.alignment is not None
+        busy = {split.alignment_key for split in self._pending}
+        busy.update(self.state.in_flight_keys.values())
+        quiet = tuple(sorted(key for key in self.alignment.state.splits if key not in busy))
+        if not quiet:
+            return
+        if self.bounded and self.state.discovered_once:
+            self.alignment.forget(quiet)
+        else:
+            self.alignment.observe(WatermarkReport(empty=quiet))
+
+    def _now_ms(self) -> int:
+        return int(self._clock() * 1000)
+
+    def _check_alignment(self) -> None:
+        """The alignment timer (mailbox thread, every update interval): while a split waits
+        for the others, ask for a batch once an update interval has passed since the last
+        decision, so the group is decided again even when no data flows (and an empty split
+        holding the minimum can go idle)."""
+        if self.alignment is None or self._closed:
+            return
+        due = self.alignment.next_check_ms()
+        if due is not None and self._now_ms() >= due:
+            self.context.request_batch()
 
     def _apply(self, found: list[Split]) -> None:
         if self.latest_first:
@@ -251,17 +329,64 @@ class SplitEnumerator(OperatorCoordinator):
             self.state.finished += 1
             if not self.state.in_flight:
                 self._drained = self._epoch
+        if request.watermarks is not None:
+            self._observe(subtask, request.watermarks)
+        if self.alignment is not None:
+            self.alignment.forget(request.finished)
+            for split_id in request.finished:
+                self.state.in_flight_keys.pop(split_id, None)
         if not self._pending:
             return NoSplitNow(done=self._all_handed_out())
-        split = self._pending[0]
+        index = self._next_readable()
+        if index is None:
+            return NoSplitNow()  # every pending split's lane is paused; the timer asks again
+        split = self._pending[index]
         if not self._budget.admits(split):
             self.context.request_batch()  # the limit stopped this batch; the rest go next
             return NoSplitNow()
-        self._pending.popleft()
+        del self._pending[index]
         self._budget.took(split)
         self.state.in_flight[split.split_id] = subtask
+        if self.alignment is not None:
+            self.state.in_flight_keys[split.split_id] = split.alignment_key
         self.state.handed_out += 1
         return split
+
+    def _next_readable(self) -> int | None:
+        """The index of the first pending split a reader may start (mailbox thread): with
+        alignment, one whose lane's reported watermark the decision in force allows. A split
+        of a lane past the allowed maximum would only wait in the reader that took it (and a
+        reader would take the lane's next split, and the next, each kept at once); the
+        reports this batch made count too, since the request that carries one is answered
+        after it is observed (decision 43). A deterministic function of the snapshot and of
+        the logged reports, so a replay answers the same."""
+        if self.alignment is None:
+            return 0
+        decision = self.alignment.decision
+        if decision.allowed_maximum is None:
+            return 0
+        entries = self.alignment.state.splits
+        for index, split in enumerate(self._pending):
+            entry = entries.get(split.alignment_key)
+            if entry is None or decision.allows(entry.watermark):
+                return index
+        return None
+
+    def handle_event_from_operator(self, subtask: int, attempt: int, event: Any) -> None:
+        """A reader's watermark report sent at the end of its batch (mailbox thread, in log
+        order; replayed after a restore). Other events are ignored, as before alignment."""
+        if isinstance(event, WatermarkReport):
+            self._observe(subtask, event)
+
+    def _observe(self, subtask: int, report: Any) -> None:
+        if self.alignment is None:
+            raise ValueError(f"enumerator {self.context.operator_id!r}: subtask {subtask} "
+                             f"reports watermarks, but this enumerator has no alignment "
+                             f"options (give the reader and the enumerator the same ones)")
+        if not isinstance(report, WatermarkReport):
+            raise TypeError(f"enumerator {self.context.operator_id!r}: subtask {subtask} sent "
+                            f"watermarks {report!r}; readers report a WatermarkReport")
+        self.alignment.observe(report)
 
     def _all_handed_out(self) -> bool:
         return self.bounded and self.state.discovered_once and not self._pending
@@ -277,7 +402,9 @@ class SplitEnumerator(OperatorCoordinator):
                     "handed_out": self.state.handed_out, "finished": self.state.finished,
                     "discovery_state_entries": self.discovery.size_of(self.state.discovery),
                     "bounded": self.bounded, "done": self.done(),
-                    "discovery_cycles_s": list(self._discovery_times)}
+                    "discovery_cycles_s": list(self._discovery_times),
+                    **({"alignment": self.alignment.status()}
+                       if self.alignment is not None else {})}
         if request == "discover":
             self._discover_now()
             return True

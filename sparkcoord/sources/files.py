@@ -40,8 +40,9 @@ import os
 import time
 from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, ClassVar
 
+from sparkcoord.sources.alignment import AlignmentOptions
 from sparkcoord.sources.enumerator import SplitDiscovery
 from sparkcoord.sources.reader import SplitReader
 from sparkcoord.sources.splits import Split
@@ -58,7 +59,8 @@ class FileChangedError(RuntimeError):
 
 @dataclass(frozen=True)
 class FileSplit(Split):
-    """A parquet row group (``row_group``) or a byte range ``[start, end)`` of a text file."""
+    """A parquet row group (``row_group``) or a byte range ``[start, end)`` of a text file.
+    ``lane``: the file's directory, the key of watermark alignment (decision 43)."""
 
     path: str = ""
     file_size: int = 0
@@ -66,10 +68,17 @@ class FileSplit(Split):
     row_group: int | None = None
     start: int = 0
     end: int = 0
+    lane: str = ""
+
+    added_fields: ClassVar[tuple[str, ...]] = ("lane",)
 
     @property
     def unit(self) -> str:
         return self.path
+
+    @property
+    def alignment_key(self) -> str:
+        return self.lane or self.split_id
 
 
 @dataclass(frozen=True)
@@ -375,14 +384,22 @@ def plan_splits(fs: Any, entry: FileEntry, options: FileSourceOptions) -> list[F
         with fs.open(entry.path, "rb") as f:
             meta = pq.ParquetFile(f).metadata
         return [FileSplit(f"{entry.path}#rg{i}", meta.row_group(i).total_byte_size, entry.path,
-                          entry.size, entry.mtime, row_group=i)
+                          entry.size, entry.mtime, row_group=i, lane=lane_of(entry.path))
                 for i in range(meta.num_row_groups)]
     if entry.size == 0:
         return []
     step = max(1, options.max_split_bytes)
     return [FileSplit(f"{entry.path}#{start}", min(step, entry.size - start), entry.path,
-                      entry.size, entry.mtime, start=start, end=min(entry.size, start + step))
+                      entry.size, entry.mtime, start=start, end=min(entry.size, start + step),
+                      lane=lane_of(entry.path))
             for start in range(0, entry.size, step)]
+
+
+def lane_of(path: str) -> str:
+    """A file's alignment lane: its directory (a partition path, one producer's directory),
+    whose files follow each other in event time. Called by :func:`plan_splits` (discovery
+    thread)."""
+    return path.rsplit("/", 1)[0] if "/" in path else ""
 
 
 # ----------------------------------------------------------------------------- reading
@@ -419,9 +436,12 @@ def read_line_range(f: Any, start: int, end: int, file_size: int, chunk: int = 1
 class FileReader(SplitReader):
     """Reads :class:`FileSplit` objects into record batches of the source's schema."""
 
-    def __init__(self, options: FileSourceOptions, schema_json: str) -> None:
+    def __init__(self, options: FileSourceOptions, schema_json: str,
+                 alignment: AlignmentOptions | None = None) -> None:
         self.options = options
         self.schema_json = schema_json
+        # keyed by lane, the file's directory (decision 43)
+        self.alignment = alignment
         self._arrow_schema: Any = None
 
     @property

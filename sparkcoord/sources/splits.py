@@ -10,10 +10,29 @@ position in its checkpointed state.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+
+class PicklesLikeBefore:
+    """Fields a class gained after sparkcoord first logged it are left out of its pickle while
+    they hold their default: a re-sent request and a replayed answer are compared byte for
+    byte with what was logged (decision 36), possibly by an older sparkcoord before an
+    upgrade, and must not differ for a field nobody set. Unpickling an object without such a
+    field gives the field's default (the dataclass's class attribute)."""
+
+    #: the fields added later, in the class that added them
+    added_fields: ClassVar[tuple[str, ...]] = ()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        for name in self.added_fields:
+            if name in state and state[name] == getattr(type(self), name):
+                del state[name]
+        return state
 
 
 @dataclass(frozen=True)
-class Split:
+class Split(PicklesLikeBefore):
     """Base class of a split. Subclasses add what the reader needs (a path, a range).
 
     ``split_id`` names it uniquely within its source; ``size`` (bytes, an estimate is fine)
@@ -28,16 +47,30 @@ class Split:
     def unit(self) -> str:
         return self.split_id
 
+    @property
+    def alignment_key(self) -> str:
+        """What watermark alignment keeps a watermark for (docs/alignment.md): the split itself
+        by default; a *lane* (a file's directory) when splits of one lane follow each other
+        in event time, so the lane's watermark outlives its splits (decision 43)."""
+        return self.split_id
+
 
 @dataclass(frozen=True)
-class NextSplit:
+class NextSplit(PicklesLikeBefore):
     """A reader's request: the splits it finished since it last asked, and "give me another".
 
     Sent with ``SubtaskContext.request`` from the Spark task; logged, so a retried task asks
     the same and gets the same answer from the log.
+
+    ``watermarks``: with watermark alignment on, the reader's
+    :class:`~sparkcoord.sources.alignment.WatermarkReport` since its last report (``None``
+    otherwise, so an unaligned source's requests are what they were).
     """
 
     finished: tuple[str, ...] = ()
+    watermarks: Any = None
+
+    added_fields: ClassVar[tuple[str, ...]] = ("watermarks",)
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ import json
 import re
 from typing import TYPE_CHECKING, Any
 
+from sparkcoord.sources.alignment import OPTION_NAMES, AlignmentOptions
 from sparkcoord.sources.enumerator import SplitEnumerator
 from sparkcoord.sources.files import (
     DISCOVERY_MODES,
@@ -113,10 +114,12 @@ def parse_options(url: str, fmt: str, options: dict[str, str],
         raise ValueError(f"file format {fmt!r} is not supported; use one of {', '.join(FORMATS)}")
     fields: dict[str, Any] = {}
     for name, value in options.items():
+        if name.lower() in OPTION_NAMES:
+            continue  # watermark alignment's: alignment_options() reads them
         known = OPTIONS.get(name.lower())
         if known is None:
             raise ValueError(f"unknown file source option {name!r}; known options: "
-                             f"{', '.join(sorted(OPTIONS))}")
+                             f"{', '.join(sorted([*OPTIONS, *OPTION_NAMES]))}")
         fields[known[0]] = known[1](name, value)
     parsed = FileSourceOptions(url=url, format=fmt, storage_options=dict(storage_options or {}),
                                **fields)
@@ -124,6 +127,31 @@ def parse_options(url: str, fmt: str, options: dict[str, str],
         raise ValueError(f"option 'discoveryMode': use one of {', '.join(DISCOVERY_MODES)}, got "
                          f"{parsed.discovery_mode!r}")
     return parsed
+
+
+def alignment_options(options: dict[str, str], struct: Any,
+                      name: str) -> AlignmentOptions | None:
+    """The watermark alignment of a file source (docs/alignment.md), or ``None`` without
+    ``maxDrift``. Driver program thread, when the source is built. ``struct`` is the rows'
+    ``StructType``: ``eventTimeColumn`` is required (a file reader takes event times from a
+    column) and must name a timestamp, date or integer (epoch ms) column of it; any problem is
+    an error naming the option."""
+    aligned = AlignmentOptions.from_options(options, default_group=name)
+    if aligned is None:
+        return None
+    column = aligned.event_time_column
+    if not column:
+        raise ValueError("option 'eventTimeColumn' is needed with 'maxDrift': a file source "
+                         "aligns splits by the greatest value of that column it has read")
+    fields = {f.name: f for f in struct.fields}
+    if column not in fields:
+        raise ValueError(f"option 'eventTimeColumn': {column!r} is not a column of the source "
+                         f"({', '.join(fields)})")
+    kind = fields[column].dataType.typeName()
+    if kind not in ("timestamp", "timestamp_ntz", "date", "long", "integer"):
+        raise ValueError(f"option 'eventTimeColumn': column {column!r} is a {kind}; use a "
+                         f"timestamp, a date or a long of epoch milliseconds")
+    return aligned
 
 
 class FileStream:
@@ -177,12 +205,13 @@ class FileStream:
         url = resolve_location(self.job.spark, path, "file source path")
         opts = parse_options(url, self._format, self._options, self._storage_options)
         struct = self._struct(opts)
+        aligned = alignment_options(self._options, struct, name)
         limit = ReadLimit(opts.max_files_per_trigger, opts.max_bytes_per_trigger)
         enumerator = functools.partial(
             SplitEnumerator, discovery=FileDiscovery(opts), bounded=opts.bounded,
             discovery_interval_s=opts.discovery_interval_s, limit=limit,
-            latest_first=opts.latest_first)
-        reader = functools.partial(FileReader, opts, json.dumps(struct.jsonValue()))
+            latest_first=opts.latest_first, alignment=aligned)
+        reader = functools.partial(FileReader, opts, json.dumps(struct.jsonValue()), aligned)
         return OperatorSpec(name, enumerator, reader, opts.parallelism), struct
 
     def _struct(self, opts: FileSourceOptions) -> Any:

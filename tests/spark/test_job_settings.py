@@ -12,8 +12,10 @@ class FakeConf(dict):
 
 
 class FakeSpark:
+    """Only what a Spark Connect session has too: ``conf`` (no sparkContext, no JVM)."""
+
     def __init__(self, conf):
-        self.sparkContext = type("SC", (), {"getConf": lambda _self: FakeConf(conf)})()
+        self.conf = FakeConf(conf)
         self.dataSource = type("DS", (), {"register": lambda _self, cls: None})()
 
 
