@@ -353,24 +353,41 @@ class SplitEnumerator(OperatorCoordinator):
         return split
 
     def _next_readable(self) -> int | None:
-        """The index of the first pending split a reader may start (mailbox thread): with
-        alignment, one whose lane's reported watermark the decision in force allows. A split
-        of a lane past the allowed maximum would only wait in the reader that took it (and a
-        reader would take the lane's next split, and the next, each kept at once); the
-        reports this batch made count too, since the request that carries one is answered
-        after it is observed (decision 43). A deterministic function of the snapshot and of
-        the logged reports, so a replay answers the same."""
+        """The index of the pending split a reader starts next (mailbox thread). Without
+        alignment the first. With alignment, among the lanes whose reported watermark the
+        decision in force allows (a split of a lane past the allowed maximum would only wait
+        in the reader that took it, and a reader would take the lane's next split, and the
+        next, each kept at once), the lane furthest behind: one that has not reported yet
+        first (it may be the slowest: a backlog listed with an ahead lane's files first would
+        otherwise be read unaligned until the slow lane started), then the lowest watermark,
+        then the fewest splits in flight, then pending order within the lane. The reports this
+        batch made count too, since the request that carries one is answered after it is
+        observed (decision 43). A deterministic function of the snapshot and of the logged
+        reports, so a replay answers the same."""
         if self.alignment is None:
             return 0
         decision = self.alignment.decision
-        if decision.allowed_maximum is None:
-            return 0
         entries = self.alignment.state.splits
+        in_flight: dict[str, int] = {}
+        for key in self.state.in_flight_keys.values():
+            in_flight[key] = in_flight.get(key, 0) + 1
+        best: tuple[int, int, int, int] | None = None
+        seen: set[str] = set()
         for index, split in enumerate(self._pending):
-            entry = entries.get(split.alignment_key)
-            if entry is None or decision.allows(entry.watermark):
-                return index
-        return None
+            key = split.alignment_key
+            if key in seen:
+                continue  # a lane's first pending split stands for the lane
+            seen.add(key)
+            entry = entries.get(key)
+            watermark = entry.watermark if entry is not None else None
+            if not decision.allows(watermark):
+                continue
+            rank = (0 if watermark is None else 1, watermark or 0, in_flight.get(key, 0), index)
+            if best is None or rank < best:
+                best = rank
+                if rank[:3] == (0, 0, 0):
+                    break  # a lane nobody reads and nothing reported: none comes before it
+        return None if best is None else best[3]
 
     def handle_event_from_operator(self, subtask: int, attempt: int, event: Any) -> None:
         """A reader's watermark report sent at the end of its batch (mailbox thread, in log

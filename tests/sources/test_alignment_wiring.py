@@ -667,3 +667,26 @@ def test_requests_and_splits_without_alignment_pickle_to_the_bytes_sparkcoord_lo
     assert b"lane" not in pickle.dumps(split) and pickle.loads(pickle.dumps(split)) == split
     laned = FileSplit("p#0", 10, "/d/p", 10, 1.0, start=0, end=10, lane="/d")
     assert pickle.loads(pickle.dumps(laned)).lane == "/d"
+
+
+def test_a_backlog_listed_with_the_ahead_lanes_files_first_is_still_read_aligned() -> None:
+    # A backlog of old files beside a fast directory, listed fast/ first (as a sorted listing
+    # of "fast/" and "slow/" is): a lane that has not reported may be the slowest, so it is
+    # handed out first and holds the group back from its first report on
+    files = 12
+    slow = [TimedSplit(f"slow/{k}", rows=8, step_ms=1000, first=8 * k, lane="slow")
+            for k in range(files)]
+    fast = [TimedSplit(f"fast/{k}", rows=8, step_ms=20_000, first=8 * k, lane="fast")
+            for k in range(files)]
+    run = Run(fast + slow, options={"maxDrift": "100s", "eventTimeColumn": "ts",
+                                    "idleTimeout": "5s"})
+    first = run.batch()
+    assert any(r.startswith("slow/") for rows in first.rows.values() for r in rows), first
+    run.until_done()
+    assert sorted(run.read()) == everything(slow + fast)
+    drift, span = run.alignment.max_drift_ms, 2 * 20_000
+    last_slow = (8 * files - 1) * 1000
+    for batch in run.batches:
+        times = batch.event_times
+        if times.get("slow", 0) < last_slow and "fast" in times:
+            assert times["fast"] - times["slow"] <= drift + span + 8 * 20_000, batch
