@@ -9,7 +9,9 @@ Benchmarks: core (in-process send -> seal -> delivery), seal (inside latestOffse
 (runner RSS over many epochs), batches (per micro-batch vs a plain source, real Spark),
 channel (from Spark tasks), recovery (task failure, fail_job), requests (round trip and rate
 of requests from Spark tasks, the skewed work queue), filesource (the file source against
-Spark's own file stream source: throughput, planning per trigger, skew, discovery state). Each measures its baseline in
+Spark's own file stream source: throughput, planning per trigger, skew, discovery state),
+alignment (watermark alignment: aggregation state and batch time aligned vs unaligned, its cost
+when already aligned). Each measures its baseline in
 the same run; the report gives medians and ratios.
 """
 
@@ -27,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 IN_PROCESS = ["core", "seal", "durability", "memory"]
-ON_SPARK = ["batches", "channel", "recovery", "filesource"]
+ON_SPARK = ["batches", "channel", "recovery", "filesource", "alignment"]
 OWN_SESSION = ["requests"]  # starts a Spark session of its own, in a subprocess
 
 

@@ -339,7 +339,14 @@ class SplitEnumerator(OperatorCoordinator):
             return NoSplitNow(done=self._all_handed_out())
         index = self._next_readable()
         if index is None:
-            return NoSplitNow()  # every pending split's lane is paused; the timer asks again
+            # every pending split's lane is paused. A bounded source asks for the next batch
+            # at once: the lane holding the minimum is then read, or done (and forgotten at
+            # the boundary), so the next decision moves on; an availableNow run would end
+            # with files unread if no batch were wanted. A continuous source's timer asks
+            # again every update interval (a slow live directory may have nothing yet).
+            if self.bounded:
+                self.context.request_batch()
+            return NoSplitNow()
         split = self._pending[index]
         if not self._budget.admits(split):
             self.context.request_batch()  # the limit stopped this batch; the rest go next
