@@ -211,7 +211,9 @@ class FileStream:
             SplitEnumerator, discovery=FileDiscovery(opts), bounded=opts.bounded,
             discovery_interval_s=opts.discovery_interval_s, limit=limit,
             latest_first=opts.latest_first, alignment=aligned)
-        reader = functools.partial(FileReader, opts, json.dumps(struct.jsonValue()), aligned)
+        # alignment by keyword: wrappers of the reader take (options, schema_json) positionally
+        reader = functools.partial(FileReader, opts, json.dumps(struct.jsonValue()),
+                                   alignment=aligned)
         return OperatorSpec(name, enumerator, reader, opts.parallelism), struct
 
     def _struct(self, opts: FileSourceOptions) -> Any:

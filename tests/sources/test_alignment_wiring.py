@@ -494,16 +494,22 @@ def test_file_source_alignment_options_are_parsed_checked_and_left_out_of_the_fi
         parse_options("/x", "json", {"maxdrfit": "1s"})
 
 
+def two_lanes(files: int) -> tuple[list[TimedSplit], list[TimedSplit]]:
+    """Two directories of eight-row files: ``slow/`` at 1 s and ``fast/`` at 20 s per row."""
+    slow = [TimedSplit(f"slow/{k}", rows=8, step_ms=1000, first=8 * k, lane="slow")
+            for k in range(files)]
+    fast = [TimedSplit(f"fast/{k}", rows=8, step_ms=20_000, first=8 * k, lane="fast")
+            for k in range(files)]
+    return slow, fast
+
+
 def test_lanes_align_a_directory_of_many_files_across_its_files() -> None:
     # two directories of eight-row files, discovered interleaved by arrival: the fast lane's
     # watermark outlives each of its files, its pending files wait while it is paused, and a
     # lane with nothing left goes idle (a live directory waiting for files) and then holds
     # nobody back
     files = 12
-    slow = [TimedSplit(f"slow/{k}", rows=8, step_ms=1000, first=8 * k, lane="slow")
-            for k in range(files)]
-    fast = [TimedSplit(f"fast/{k}", rows=8, step_ms=20_000, first=8 * k, lane="fast")
-            for k in range(files)]
+    slow, fast = two_lanes(files)
     run = Run([split for pair in zip(slow, fast, strict=True) for split in pair],
               options={"maxDrift": "100s", "eventTimeColumn": "ts", "idleTimeout": "5s"})
     run.until_done()
@@ -674,10 +680,7 @@ def test_a_backlog_listed_with_the_ahead_lanes_files_first_is_still_read_aligned
     # of "fast/" and "slow/" is): a lane that has not reported may be the slowest, so it is
     # handed out first and holds the group back from its first report on
     files = 12
-    slow = [TimedSplit(f"slow/{k}", rows=8, step_ms=1000, first=8 * k, lane="slow")
-            for k in range(files)]
-    fast = [TimedSplit(f"fast/{k}", rows=8, step_ms=20_000, first=8 * k, lane="fast")
-            for k in range(files)]
+    slow, fast = two_lanes(files)
     run = Run(fast + slow, options={"maxDrift": "100s", "eventTimeColumn": "ts",
                                     "idleTimeout": "5s"})
     first = run.batch()

@@ -22,9 +22,10 @@ from tests.spark.files_kill_job import failing_enumerator
 
 pytestmark = pytest.mark.spark
 
-FILES, ROWS = 10, 40
+FILES, ROWS = 16, 40
 SLOW_STEP_MS, FAST_STEP_MS = 250, 5_000  # a file spans 10 s of event time, or 200 s (20x)
 DRIFT_S = 60
+WINDOW_S, ALIGNED_DELAY_S = 20, 300
 
 
 def write_lane(directory: str, lane: str, step_ms: int) -> None:
@@ -59,7 +60,7 @@ def run(spark: Any, root: str, aligned: bool, delay: str, fail_at: int | None = 
     df = job.sources([spec], struct, name="files")
     counts = (df.withColumn("event_time", F.timestamp_millis("ts"))
               .withWatermark("event_time", delay)
-              .groupBy(F.window("event_time", "20 seconds"), "lane")
+              .groupBy(F.window("event_time", f"{WINDOW_S} seconds"), "lane")
               .agg(F.count("*").alias("rows"), F.max("ts").alias("latest")))
     windows: dict[tuple[Any, str], int] = {}
     latest: dict[str, int] = {}
@@ -88,8 +89,8 @@ def test_aligned_directories_stay_within_max_drift_and_keep_the_state_small(
     one_file_ms = ROWS * FAST_STEP_MS
     # a delay of max drift + one file (a record batch) + a trigger's progress loses nothing;
     # the job fails once in the middle (a restart from the checkpoint keeps the pauses)
-    aligned = run(spark, str(tmp_path / "aligned"), aligned=True, delay="300 seconds",
-                  fail_at=7)
+    aligned = run(spark, str(tmp_path / "aligned"), aligned=True,
+                  delay=f"{ALIGNED_DELAY_S} seconds", fail_at=7)
     print("aligned", aligned)
     assert aligned["restarts"] == 1, aligned
     # no row lost (a late row is dropped by the watermark) or duplicated
@@ -97,9 +98,94 @@ def test_aligned_directories_stay_within_max_drift_and_keep_the_state_small(
     assert aligned["spreads"], aligned
     assert max(aligned["spreads"]) <= DRIFT_S * 1000 + one_file_ms, aligned
 
-    unaligned = run(spark, str(tmp_path / "unaligned"), aligned=False, delay="3000 seconds")
+    # unaligned, only a delay as long as the fast directory's whole backlog loses nothing
+    unaligned = run(spark, str(tmp_path / "unaligned"), aligned=False,
+                    delay=f"{(FILES + 1) * one_file_ms // 1000} seconds")
     print("unaligned", unaligned)
     assert unaligned["by_lane"] == {"fast": FILES * ROWS, "slow": FILES * ROWS}, unaligned
     assert max(unaligned["spreads"]) > 3 * (DRIFT_S * 1000 + one_file_ms), unaligned
-    # the aggregation keeps a window per lane and 20 s until the watermark passes it
-    assert max(aligned["state_rows"]) * 3 < max(unaligned["state_rows"]), (aligned, unaligned)
+    # the aggregation keeps a window per lane and 20 s until the watermark (the greatest
+    # event time read - the delay) passes it. Aligned, the fast lane is at most the delay and
+    # one batch (two files) past the watermark and the slow lane within max drift and a file
+    # of it: bounded, whatever the backlog. Unaligned, the fast lane's whole backlog is held.
+    slow_span_s = FILES * ROWS * SLOW_STEP_MS / 1000
+    bound = (ALIGNED_DELAY_S + 2 * one_file_ms / 1000) / WINDOW_S + slow_span_s / WINDOW_S + 2
+    assert max(aligned["state_rows"]) <= bound, (bound, aligned)
+    assert max(unaligned["state_rows"]) >= FILES * one_file_ms / 1000 / WINDOW_S, unaligned
+    assert max(unaligned["state_rows"]) > 2 * bound, (bound, unaligned)
+
+def read_all(spark: Any, root: str, data: str, options: dict[str, str], expected: int,
+             bounded: bool, write_later: Any = None) -> tuple[int, Any]:
+    """Run an aligned file source into a parquet sink until it holds ``expected`` rows (or,
+    bounded, until the availableNow run ends); the rows and the job's report."""
+    from tests.spark.helpers import sink_rows
+
+    job = CoordinatedJob(spark, os.path.join(root, "ckpt"))
+    out = os.path.join(root, "out")
+    df = (FileStream(job).format("json").schema("id long, lane string, ts long")
+          .options(recursiveFileLookup="true", eventTimeColumn="ts", **options,
+                   **({"bounded": "true"} if bounded else {})).load(data))
+    writer = df.writeStream.format("parquet").option("path", out)
+    if bounded:
+        report = job.run(writer.trigger(availableNow=True), timeout_s=240)
+    else:
+        def until() -> bool:
+            if write_later is not None:
+                write_later(len(sink_rows(spark, out)))
+            return len(sink_rows(spark, out)) >= expected
+        report = job.run(writer.trigger(processingTime="0 seconds"), until=until,
+                         timeout_s=240)
+    ids = sorted((r.lane, r.id) for r in sink_rows(spark, out))
+    return len(set(ids)) if len(ids) == len(set(ids)) else -len(ids), report
+
+
+@pytest.mark.parametrize("case", ["readers without a split", "a single split"])
+def test_an_aligned_source_with_idle_readers_or_one_split_reads_everything_and_ends(
+        spark, tmp_path, case) -> None:
+    # FLINK-32414 (a subtask with no split hung the group) and FLINK-36751 (one split
+    # paused itself): four readers for two files, or one reader of one file
+    data = str(tmp_path / "data")
+    write_lane(os.path.join(data, "a"), "a", SLOW_STEP_MS)
+    parallelism = "4"
+    if case == "a single split":
+        parallelism = "1"
+    else:
+        write_lane(os.path.join(data, "b"), "b", FAST_STEP_MS)
+    expected = FILES * ROWS * (1 if case == "a single split" else 2)
+    got, report = read_all(spark, str(tmp_path), data,
+                           {"maxDrift": "10s", "parallelism": parallelism}, expected,
+                           bounded=True)
+    assert (got, report.failures) == (expected, []), (got, report)
+
+
+def test_a_paused_directory_resumes_when_the_slow_one_goes_idle_and_a_late_file_still_reads(
+        spark, tmp_path) -> None:
+    # FLINK-32496 (alignment with idleness never resumed) and FLINK-40093 (a paused split that
+    # went idle was not resumed): a continuous source; the slow directory has one file and
+    # then nothing, so the fast one (200 s of event time per file, far past max drift) waits
+    # until the slow one is idle; once everything is read a late file arrives in the slow
+    # directory (far behind: it holds the minimum again) and is read too
+    data = str(tmp_path / "data")
+    os.makedirs(os.path.join(data, "slow"))
+    with open(os.path.join(data, "slow", "part-0000.json"), "w") as f:
+        f.writelines(json.dumps({"id": i, "lane": "slow", "ts": i * 250}) + "\n"
+                     for i in range(ROWS))
+    write_lane(os.path.join(data, "fast"), "fast", FAST_STEP_MS)
+    before = ROWS + FILES * ROWS
+    late: list[int] = []
+
+    def write_later(rows: int) -> None:
+        if rows >= before and not late:
+            with open(os.path.join(data, "slow", ".tmp"), "w") as f:
+                f.writelines(json.dumps({"id": ROWS + i, "lane": "slow", "ts": 20_000 + i})
+                             + "\n" for i in range(ROWS))
+            os.rename(os.path.join(data, "slow", ".tmp"),
+                      os.path.join(data, "slow", "part-0001.json"))
+            late.append(rows)
+
+    got, report = read_all(spark, str(tmp_path), data,
+                           {"maxDrift": "30s", "idleTimeout": "2s", "parallelism": "2",
+                            "maxFilesPerTrigger": "2", "discoveryInterval": "200ms",
+                            "alignmentUpdateInterval": "500ms"},
+                           before + ROWS, bounded=False, write_later=write_later)
+    assert late and (got, report.failures) == (before + ROWS, []), (got, report, late)
