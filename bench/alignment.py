@@ -75,7 +75,10 @@ def one_run(spark: Any, root: str, data: str, aligned: bool, *, aggregate: bool,
 
 def run(preset: str, spark: Any) -> dict[str, Any]:
     files = 12 if preset == "full" else 8
-    rounds = 3 if preset == "full" else 2
+    # the cost figure compares two ~2 s runs: rounds alternate, and enough of them that the
+    # median is not one noisy run (the full preset's first reference run, 3 rounds, spread
+    # 2.06-2.25 s on one side)
+    rounds = 7 if preset == "full" else 5
     drift_s = 60
     fast_step_ms = 20 * SLOW_STEP_MS
     root = tempfile.mkdtemp(prefix="bench-alignment-")
@@ -97,6 +100,7 @@ def run(preset: str, spark: Any) -> dict[str, Any]:
         write_lane(os.path.join(even, "a"), "a", files, SLOW_STEP_MS)
         write_lane(os.path.join(even, "b"), "b", files, SLOW_STEP_MS)
         cost: dict[str, list[float]] = {"on": [], "off": []}
+        batch_counts: dict[str, list[int]] = {"on": [], "off": []}
         for r in range(rounds + 1):  # round 0 warms up and is dropped
             for side in ("off", "on"):
                 result = one_run(spark, os.path.join(root, f"even-{side}-{r}"), even,
@@ -104,6 +108,7 @@ def run(preset: str, spark: Any) -> dict[str, Any]:
                 assert result["rows"] == total
                 if r:
                     cost[side].append(result["triggers_s"])
+                    batch_counts[side].append(result["batches"])
         on, off = statistics.median(cost["on"]), statistics.median(cost["off"])
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -127,7 +132,8 @@ def run(preset: str, spark: Any) -> dict[str, Any]:
         f"(state ratio {state_ratio:.2f})",
         f"- already aligned (1x/1x): triggers {on:.2f} s with alignment, {off:.2f} s without "
         f"({on / off:.3f}x; rounds on {[round(x, 2) for x in cost['on']]}, off "
-        f"{[round(x, 2) for x in cost['off']]})",
+        f"{[round(x, 2) for x in cost['off']]}; batches with data on {batch_counts['on']}, "
+        f"off {batch_counts['off']})",
     ]
     return {"figures": figures, "raw": {"aligned": aligned, "unaligned": unaligned,
                                         "cost": cost}, "notes": notes}
