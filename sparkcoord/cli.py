@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"java       {_java_version()}")
         return 0
     if args.command == "demo":
-        from sparkcoord.demo import WorkDirNotOurs, prepare_workdir, run_demo
+        from sparkcoord.demo import WorkDirNotOurs, prepare_workdir, run_demo, spark_log_settings
 
         workdir = os.path.abspath(args.dir)
         try:
@@ -141,9 +141,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.master:
             from sparkcoord.spark.cluster import standalone_session_builder
 
-            spark = standalone_session_builder(args.master, "sparkcoord-demo").getOrCreate()
+            builder = standalone_session_builder(args.master, "sparkcoord-demo")
+            for key, value in spark_log_settings(workdir).items():
+                builder = builder.config(key, value)
+            spark = builder.getOrCreate()
         try:
-            return 0 if run_demo(workdir, args.fast, args.slow, spark=spark) else 1
+            return 0 if run_demo(workdir, args.fast, args.slow, spark=spark, prepared=True) else 1
         finally:
             if spark is not None:
                 spark.stop()

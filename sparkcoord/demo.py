@@ -91,26 +91,81 @@ def prepare_workdir(workdir: str, force: bool = False) -> None:
         f.write("created by `sparkcoord demo`; the demo may wipe this directory\n")
 
 
+#: Spark's own log (the JVM's log4j) of a demo that started Spark, in its work directory
+SPARK_LOG = "spark.log"
+
+_LOG4J = """\
+# written by `sparkcoord demo`: Spark's own log goes to a file, at Spark's console level
+rootLogger.level = warn
+rootLogger.appenderRef.file.ref = file
+appender.file.type = File
+appender.file.name = file
+appender.file.fileName = {log}
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = %d{{yy/MM/dd HH:mm:ss}} %p %c{{1}}: %m%n%ex
+"""
+
+
+def spark_log_settings(workdir: str) -> dict[str, str]:
+    """Settings for a session the demo starts (before its JVM starts; driver program thread):
+    Spark's own log goes to ``<workdir>/spark.log`` instead of the console.
+
+    The demo injects a task failure, and Spark logs every failed task attempt with its
+    Python traceback and JVM stack, several times over; on the console that buries the
+    demo's own report. Nothing is hidden: the file keeps all of it at Spark's console level
+    (WARN), the demo names it and counts its ERROR lines at the end, and sparkcoord's own
+    lines (a job failure, a restart) stay on the console."""
+    log = os.path.join(workdir, SPARK_LOG)
+    config = os.path.join(workdir, "log4j2.properties")
+    with open(config, "w") as f:
+        f.write(_LOG4J.format(log=log))
+    return {"spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{config}"}
+
+
+def _spark_log_summary(console: Console, workdir: str, ok: bool) -> None:
+    path = os.path.join(workdir, SPARK_LOG)
+    if not os.path.exists(path):
+        return  # the session was not the demo's: its log went where its owner said
+    with open(path, errors="replace") as f:
+        lines = f.read().splitlines()
+    errors = [ln for ln in lines if " ERROR " in ln[:40]]
+    warnings = sum(" WARN " in ln[:40] for ln in lines)
+    console.print(f"Spark's own log: {path} ({len(errors)} ERROR and {warnings} WARN lines"
+                  + ("; Spark logs the injected task failures and the batch the job failure "
+                     "stopped there)" if ok else ")"))
+    if not ok:
+        for line in errors[-10:]:
+            console.print(f"  {line[:200]}", markup=False, highlight=False)
+
+
 def run_demo(workdir: str, fast_total: int = 200, slow_total: int = 10,
-             console: Console | None = None, spark: Any = None, force: bool = False) -> bool:
-    """Run the demo in ``workdir`` (wiped first: see :func:`prepare_workdir`). Returns whether
-    the verdict is exactly-once."""
+             console: Console | None = None, spark: Any = None, force: bool = False,
+             prepared: bool = False) -> bool:
+    """Run the demo in ``workdir`` (wiped first unless ``prepared``: see
+    :func:`prepare_workdir`). Returns whether the verdict is exactly-once. Called by the CLI
+    (or a test) on the driver program's main thread; starts local Spark unless ``spark`` is
+    given (whose logging it leaves alone)."""
     console = console or Console()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    prepare_workdir(workdir, force)
+    if not prepared:
+        prepare_workdir(workdir, force)
     out, markers = os.path.join(workdir, "out"), os.path.join(workdir, "markers")
     console.print(f"[bold]sparkcoord demo[/] in {workdir}: starting local Spark (local[2,4]) ...")
     owned = spark is None
-    spark = spark or (SparkSession.builder.master("local[2,4]").appName("sparkcoord-demo")
-             .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
-             .config("spark.ui.showConsoleProgress", "false")
-             .getOrCreate())
-    # the injected task failure would print a JVM stack trace; the demo reports it itself
-    spark.sparkContext.setLogLevel("FATAL")
+    if spark is None:
+        builder = (SparkSession.builder.master("local[2,4]").appName("sparkcoord-demo")
+                   .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
+                   .config("spark.ui.showConsoleProgress", "false"))
+        for key, value in spark_log_settings(workdir).items():
+            builder = builder.config(key, value)
+        spark = builder.getOrCreate()
+    ok = False
     try:
-        job = CoordinatedJob(spark, os.path.join(workdir, "checkpoint"))
+        # sparkcoord's ERROR lines stay on the console; its WARNING lines about restarts are
+        # what the demo reports itself (on_failure below)
+        job = CoordinatedJob(spark, os.path.join(workdir, "checkpoint"), log_level="ERROR")
         totals = {"fast": fast_total, "slow": slow_total}
         operators = [
             OperatorSpec("fast", functools.partial(
@@ -153,8 +208,10 @@ def run_demo(workdir: str, fast_total: int = 200, slow_total: int = 10,
             report = job.run(writer, restart=FixedDelay(attempts=3, delay_s=1.0), until=done,
                              poll_s=0.25, timeout_s=900, on_failure=failed)
         rows = _rows(spark, out)
-        return _verdict(console, rows, totals, report, job, markers)
+        ok = _verdict(console, rows, totals, report, job, markers)
+        return ok
     finally:
+        _spark_log_summary(console, workdir, ok)
         if owned:
             spark.stop()
 

@@ -32,6 +32,13 @@ def as_spark_shows_it(exc: BaseException, monkeypatch) -> str:
     from pyspark.util import handle_worker_exception
 
     monkeypatch.setenv("SPARK_SIMPLIFIED_TRACEBACK", "1")
+    # In Spark, PySpark's worker calls into the task, and the simplified traceback leaves its
+    # frames out; here the test is the caller: leave out its frames the same way
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_name.startswith(
+            ("test_", "run_real", "task_failure")):
+        tb = tb.tb_next
+    exc.__traceback__ = tb
     out = io.BytesIO()
     handle_worker_exception(exc, out)
     data = out.getvalue()
@@ -79,3 +86,75 @@ def test_sparkcoords_own_errors_raised_inside_user_code_pass_through_unnoted() -
         with user_code(SID, 0, "process()"):
             raise RequestRefused("coordinator 'orders' refused request 'x'")
     assert not getattr(caught.value, "__notes__", None)
+
+
+# --------------------------------------------------------------- the real subtask runtime
+class OpensBadly:
+    """A subtask operator whose open() raises (the user's own line below)."""
+
+    def open(self, context, state):
+        raise ValueError("no such table: orders")
+
+    def close(self):
+        pass
+
+
+class RefusedMidBatch(OpensBadly):
+    """A subtask operator that the service refuses while it sends (what the client raises)."""
+
+    def open(self, context, state):
+        self.context = context
+
+    def handle_operator_event(self, event):
+        return None
+
+    def process(self):
+        from sparkcoord.channel.client import ChannelRejected
+
+        yield (1,)
+        raise ChannelRejected("orders[0]: the coordination service refused event 3: the job "
+                              "failed: coordinator 'orders' called fail_job: gone")
+
+
+def run_real_subtask(operator, tmp_path) -> list:
+    """Rows of ``operator`` run by the real ``run_subtask`` (no Spark, no connection: a first
+    attempt registers lazily, and these operators send nothing)."""
+    from sparkcoord.spark.source import CoordinatedPartition, OperatorSpec, SourceSpec
+    from sparkcoord.spark.subtask import run_subtask
+
+    spec = SourceSpec("orders", str(tmp_path / "coordination"),
+                      [OperatorSpec("orders", object, operator, 1)], "v int")
+    partition = CoordinatedPartition("orders", 0, 3, [], ("127.0.0.1", 9), b"s" * 32, "run")
+    return list(run_subtask(spec, partition))
+
+
+def task_failure_text(operator, tmp_path, monkeypatch) -> str:
+    """Spark's text for the exception ``operator`` fails its task with (real runtime)."""
+    try:
+        run_real_subtask(operator, tmp_path)
+    except Exception as exc:  # noqa: BLE001 - whatever leaves the task
+        return as_spark_shows_it(exc, monkeypatch)
+    raise AssertionError("nothing left the task")
+
+
+def test_the_subtask_runtime_lets_a_users_exception_out_starting_at_the_users_frame(
+        monkeypatch, tmp_path) -> None:
+    text = task_failure_text(OpensBadly, tmp_path, monkeypatch)
+    assert "ValueError: no such table: orders" in text, text
+    frames = [line.strip() for line in text.splitlines() if line.strip().startswith("File ")]
+    # no frame of the runtime (its outer generator included) before the user's
+    assert frames and frames[0].endswith("in open") and __file__ in frames[0], text
+    assert "sparkcoord/spark/subtask.py" not in text, text
+    assert "sparkcoord: orders[0] in epoch 3: raised by the operator's open()" in text
+
+
+def test_a_refusal_leaves_the_task_with_its_reason_and_the_entry_frame_only(monkeypatch, tmp_path) -> None:
+    text = task_failure_text(RefusedMidBatch, tmp_path, monkeypatch)
+    frames = [line.strip() for line in text.splitlines() if line.strip().startswith("File ")]
+    # the task's entry point only: neither the runtime's frames nor the operator's (with no
+    # frame outside PySpark, its simplified traceback would print all of PySpark's)
+    assert len(frames) == 1 and frames[0].endswith("in run_subtask"), text
+    assert "process" not in text, text
+    assert text.strip().splitlines()[-1] == (
+        "sparkcoord.channel.client.ChannelRejected: orders[0]: the coordination service "
+        "refused event 3: the job failed: coordinator 'orders' called fail_job: gone"), text

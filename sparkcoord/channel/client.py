@@ -19,7 +19,11 @@ Rules:
      before it was sent) or ``timeout_s`` passes. After a reconnect it is sent again with
      the same number, after the unacknowledged events; the service answers a repeated
      request from its log.
-  3. A REJECT fails the task with the service's reason. A lost connection or a reply that does
+  3. A REJECT fails the task with the service's reason (one line, no traceback of ours: the
+     task did nothing wrong). A REJECT or FAILED response because the job failed carries a
+     hold: the task waits that long before it fails, so that the job runner, which stops the
+     query on a job failure, cancels it first (Spark logs a cancelled task as one line, and
+     does not retry it; decision 44). A lost connection or a reply that does
      not come within ``ack_timeout_s`` is retried: reconnect, register again (a duplicate
      registration is acknowledged), re-send every unacknowledged event with its number; after
      ``max_retries`` the task fails.
@@ -46,6 +50,7 @@ from sparkcoord.channel.frames import (
     ReplyVerdict,
     Request,
     Response,
+    ResponseStatus,
     authenticate_and_parse,
     encode,
 )
@@ -55,7 +60,22 @@ from sparkcoord.core.ids import TaskAttempt
 
 
 class ChannelRejected(SparkCoordError):
-    """The coordination service refused this task's registration or event."""
+    """The coordination service refused this task's registration, event or request (the job
+    failed, the run ended, the attempt is stale). Raised without a traceback of the runtime
+    or the operator (:func:`refused`): the reason is all there is to say."""
+
+
+def refused(what: str, reason: str, hold_ms: int) -> ChannelRejected:
+    """The error for a refusal of ``what`` (task thread), after waiting ``hold_ms`` for the
+    job runner to cancel this task (rule 3): a job failure's cause may span lines (a
+    coordinator's traceback, which the job runner reports whole); the task's error keeps the
+    first."""
+    if hold_ms > 0:
+        time.sleep(hold_ms / 1000)
+        lines = reason.strip().splitlines() or [""]
+        reason = lines[0] + (" [...]" if len(lines) > 1 else "")
+        reason += " (nothing cancelled this task: is the query run by CoordinatedJob.run/start?)"
+    return ChannelRejected(f"{what}: {reason}")
 
 
 class ChannelUnavailable(SparkCoordError):
@@ -198,9 +218,14 @@ class ChannelClient:
                     self.reconnects += 1
                     continue
                 if isinstance(message, Response):
-                    if message.seq == seq:
-                        return message
-                    continue  # a stale answer of an earlier connection
+                    if message.seq != seq:
+                        continue  # a stale answer of an earlier connection
+                    if message.status is ResponseStatus.FAILED and message.hold_ms > 0:
+                        self.close()  # the job failed: nothing more to say on this channel
+                        raise refused(f"{self.attempt}: the coordination service refused "
+                                      f"request {seq}", message.payload.decode(errors="replace"),
+                                      message.hold_ms)
+                    return message
                 if isinstance(message, Reply):
                     self._apply(message)
                 elif isinstance(message, Replies):
@@ -350,8 +375,9 @@ class ChannelClient:
     def _apply(self, reply: Reply) -> None:
         if reply.verdict is ReplyVerdict.REJECT:
             what = "registration" if reply.request is FrameType.REGISTER else f"event {reply.seq}"
-            raise ChannelRejected(f"{self.attempt}: the coordination service refused {what}: "
-                                  f"{reply.reason}")
+            self.close()
+            raise refused(f"{self.attempt}: the coordination service refused {what}",
+                          reply.reason, reply.hold_ms)
         self.execution_attempt = reply.execution_attempt
         if reply.request is FrameType.REGISTER:
             self._register_acked = True

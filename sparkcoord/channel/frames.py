@@ -23,12 +23,15 @@ from sparkcoord.core.errors import SparkCoordError
 from sparkcoord.core.ids import SubtaskId, TaskAttempt
 
 MAGIC = b"SC"
-VERSION = 3  # 2: a reply covers a range of sequence numbers (count); 3: requests
+VERSION = 4  # 2: a reply covers a range of sequence numbers (count); 3: requests;
+# 4: a refusal because the job failed carries how long the task waits to be cancelled
 HEADER = struct.Struct(">2sBBI")
 MAC_SIZE = 32
 _ATTEMPT = struct.Struct(">IqI")  # index, epoch, number
 _SEQ = struct.Struct(">Q")
-_REPLY = struct.Struct(">BQIBI")  # request type, first seq, count, verdict, execution attempt
+# request type, first seq, count, verdict, execution attempt, hold (ms)
+_REPLY = struct.Struct(">BQIBII")
+_HOLD = struct.Struct(">I")
 
 
 class FrameError(SparkCoordError):
@@ -83,6 +86,9 @@ class Reply:
     execution_attempt: int
     reason: str
     count: int = 1
+    #: A REJECT because the job failed: how long (ms) the task should wait for the job runner
+    #: to cancel it before failing by itself (decision 44); 0 otherwise.
+    hold_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,6 +146,8 @@ class Response:
     seq: int
     status: ResponseStatus
     payload: bytes
+    #: FAILED because the job failed: as :attr:`Reply.hold_ms`.
+    hold_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,7 +214,7 @@ def encode(message: Message, secret: bytes) -> bytes:
     elif isinstance(message, Reply):
         kind = FrameType.REPLY
         body = _REPLY.pack(message.request, message.seq, message.count, message.verdict,
-                           message.execution_attempt) + message.reason.encode()
+                           message.execution_attempt, message.hold_ms) + message.reason.encode()
     elif isinstance(message, Events):
         kind = FrameType.EVENTS
         body = _events_body(_attempt(message.attempt), message.first_seq, message.payloads)
@@ -215,7 +223,8 @@ def encode(message: Message, secret: bytes) -> bytes:
         parts = [struct.pack(">I", len(message.replies))]
         for r in message.replies:
             reason = r.reason.encode()
-            parts.append(_REPLY.pack(r.request, r.seq, r.count, r.verdict, r.execution_attempt))
+            parts.append(_REPLY.pack(r.request, r.seq, r.count, r.verdict, r.execution_attempt,
+                                     r.hold_ms))
             parts.append(_REASON.pack(len(reason)) + reason)
         body = b"".join(parts)
     elif isinstance(message, Request):
@@ -227,7 +236,8 @@ def encode(message: Message, secret: bytes) -> bytes:
                 + message.payload)
     elif isinstance(message, Response):
         kind = FrameType.RESPONSE
-        body = _SEQ.pack(message.seq) + bytes([message.status]) + message.payload
+        body = (_SEQ.pack(message.seq) + bytes([message.status]) + _HOLD.pack(message.hold_ms)
+                + message.payload)
     elif isinstance(message, Fetch):
         kind = FrameType.FETCH
         body = _text(message.operator) + struct.pack(">Iq", message.index, message.epoch)
@@ -282,31 +292,33 @@ def _parse(frame_type: FrameType, body: memoryview) -> Message:
         return s
 
     if frame_type is FrameType.REPLY:
-        request, seq, count, verdict, execution_attempt = _REPLY.unpack_from(body, 0)
+        request, seq, count, verdict, execution_attempt, hold = _REPLY.unpack_from(body, 0)
         return Reply(FrameType(request), seq, ReplyVerdict(verdict), execution_attempt,
-                     bytes(body[_REPLY.size:]).decode(), count)
+                     bytes(body[_REPLY.size:]).decode(), count, hold)
     if frame_type is FrameType.REPLIES:
         (count,) = struct.unpack_from(">I", body, 0)
         pos = 4
         replies = []
         for _ in range(count):
-            request, seq, covered, verdict, execution_attempt = _REPLY.unpack_from(body, pos)
+            request, seq, covered, verdict, execution_attempt, hold = _REPLY.unpack_from(body, pos)
             pos += _REPLY.size
             (n,) = _REASON.unpack_from(body, pos)
             pos += _REASON.size
             if pos + n > len(body):
                 raise ValueError("reply reason runs past the end of the frame")
             replies.append(Reply(FrameType(request), seq, ReplyVerdict(verdict), execution_attempt,
-                                 bytes(body[pos:pos + n]).decode(), covered))
+                                 bytes(body[pos:pos + n]).decode(), covered, hold))
             pos += n
         if pos != len(body):
             raise ValueError("trailing bytes after the replies")
         return Replies(tuple(replies))
     if frame_type is FrameType.RESPONSE:
         (seq,) = _SEQ.unpack_from(body, 0)
-        if len(body) <= _SEQ.size:
-            raise ValueError("a response without its status byte")
-        return Response(seq, ResponseStatus(body[_SEQ.size]), bytes(body[_SEQ.size + 1:]))
+        if len(body) < _SEQ.size + 1 + _HOLD.size:
+            raise ValueError("a response without its status byte and hold")
+        (hold,) = _HOLD.unpack_from(body, _SEQ.size + 1)
+        return Response(seq, ResponseStatus(body[_SEQ.size]),
+                        bytes(body[_SEQ.size + 1 + _HOLD.size:]), hold)
     if frame_type is FrameType.CLIENT_REQUEST:
         operator = text()
         client = text()

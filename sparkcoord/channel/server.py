@@ -242,6 +242,10 @@ class ChannelServer:
         #: return "drop-before" (close without handling it) or "drop-after" (handle it, then
         #: close without replying: a lost acknowledgement), or "delay:<seconds>".
         self.fault: Callable[[object], str | None] | None = None
+        #: How long (ms) a task refused now should wait to be cancelled (decision 44): set by
+        #: the owner to a function that is positive only while the job has failed and the run
+        #: is not closed; any thread may call it.
+        self.failover_hold: Callable[[], int] = _no_hold
         self.dropped_connections = 0
         self.refused_connections = 0
         self.frames_served = 0
@@ -427,8 +431,9 @@ class ChannelServer:
                                                (decision.accepted, ReplyVerdict.ACCEPT, ""),
                                                (decision.rejected, ReplyVerdict.REJECT, decision.reason)):
                     if count:
+                        hold = self.failover_hold() if verdict is ReplyVerdict.REJECT else 0
                         _add_range(replies, Reply(FrameType.EVENT, seq, verdict,
-                                                  decision.execution_attempt, reason, count))
+                                                  decision.execution_attempt, reason, count, hold))
                         seq += count
             i = j
         return replies
@@ -445,8 +450,10 @@ class ChannelServer:
             answer = handler.client_request_received(message.operator, message.client, seq,
                                                      message.payload)
 
+        hold = self.failover_hold if isinstance(message, Request) else _no_hold
+
         def answered(f: Future[ResponseEntry | ClientResponseEntry]) -> None:
-            writer.send(encode(_response(seq, f), self.secret), quiet=True)
+            writer.send(encode(_response(seq, f, hold), self.secret), quiet=True)
         answer.add_done_callback(answered)
 
     def _inject(self, message: Message, sock: socket.socket, writer: _Writer) -> bool:
@@ -467,8 +474,10 @@ class ChannelServer:
     def _dispatch(self, message: object) -> Reply | Delivery | Response:
         if isinstance(message, Register):
             decision = self.handler.attempt_registered(message.attempt)
-            return Reply(FrameType.REGISTER, 0, _VERDICTS[decision.verdict],
-                         decision.execution_attempt, decision.reason)
+            verdict = _VERDICTS[decision.verdict]
+            return Reply(FrameType.REGISTER, 0, verdict, decision.execution_attempt,
+                         decision.reason, 1,
+                         self.failover_hold() if verdict is ReplyVerdict.REJECT else 0)
         if isinstance(message, Fetch):
             if self.deliveries is None:
                 return Delivery("", message.epoch, (), "this server serves no downstream operators")
@@ -476,12 +485,18 @@ class ChannelServer:
         raise FrameError(f"a client may not send {type(message).__name__} frames")
 
 
-def _response(seq: int, answer: Future[ResponseEntry | ClientResponseEntry]) -> Response:
-    """The RESPONSE frame's message for a resolved answer future (its error: FAILED)."""
+def _no_hold() -> int:
+    return 0
+
+
+def _response(seq: int, answer: Future[ResponseEntry | ClientResponseEntry],
+              hold: Callable[[], int] = _no_hold) -> Response:
+    """The RESPONSE frame's message for a resolved answer future (its error: FAILED, with the
+    task's hold if the job failed)."""
     exc = answer.exception()
     if exc is not None:
         reason = str(exc) if isinstance(exc, SparkCoordError) else repr(exc)
-        return Response(seq, ResponseStatus.FAILED, reason.encode())
+        return Response(seq, ResponseStatus.FAILED, reason.encode(), hold())
     entry = answer.result()
     status = ResponseStatus.REFUSED if entry.failed else ResponseStatus.ANSWER
     return Response(seq, status, entry.payload)

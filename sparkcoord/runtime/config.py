@@ -26,3 +26,8 @@ class ServiceConfig:
     max_channel_connections: int | None = None
     #: A channel connection must send its first authenticated frame within this time.
     channel_first_frame_timeout_s: float = 10.0
+    #: A task the service refuses because the job failed waits up to this long (measured
+    #: from the failure) for the job runner to cancel it: ``CoordinatedJob.run``/``start``
+    #: stops the query when the job fails, and Spark logs a cancelled task in one line and
+    #: does not retry it. Past it (a query run otherwise) the task fails by itself. 0: at once.
+    cancel_wait_s: float = 10.0

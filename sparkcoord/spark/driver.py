@@ -9,7 +9,9 @@ Rules (see also :mod:`sparkcoord.spark.source`, whose reader delegates here):
      of ``start`` committed. A new epoch is sealed only when there is something to carry (held
      events, a batch asked for, the job's first batch) or the checkpoint interval passed, and its record is durable before its epoch is
      returned; otherwise ``start`` is returned and Spark runs no batch.
-  3. A global failure makes the next call raise, failing the query with the failure's text.
+  3. A global failure makes the next call raise, failing the query with the failure's text;
+     ``latest_epoch`` first answers "no batch" for up to ``cancel_wait_s``, so that the job
+     runner can stop the query (decision 44).
 
 Thread model: Spark's runner calls the reader from its main thread, one call at a time; the
 channel server and the coordinators' mailboxes run on their own threads inside the service.
@@ -33,7 +35,12 @@ from sparkcoord.channel.server import ChannelServer
 from sparkcoord.core.ids import SubtaskId
 from sparkcoord.core.records import CheckpointRecord
 from sparkcoord.runtime.logs import install_log_handler
-from sparkcoord.runtime.service import CheckpointDeclined, CoordinationService, CoordinatorSpec
+from sparkcoord.runtime.service import (
+    CheckpointDeclined,
+    CoordinationService,
+    CoordinatorSpec,
+    JobFailed,
+)
 from sparkcoord.runtime.storage import CheckpointStorage
 from sparkcoord.spark.faults import kill_point
 from sparkcoord.spark.source import SourceSpec
@@ -46,6 +53,7 @@ class DriverSide:
 
     def __init__(self, spec: SourceSpec) -> None:
         install_log_handler(spec.log_level)  # the runner's stderr reaches the driver's log
+        self.closed = False
         storage = CheckpointStorage(spec.checkpoint_url, retain=spec.retain, fsync=spec.fsync,
                                     storage_options=spec.storage_options)
         self.spec = spec
@@ -66,10 +74,13 @@ class DriverSide:
         if spec.channel_fault_plan is not None:
             self.server.fault = self._counting(fault_plan(spec.channel_fault_plan),
                                                f"{storage.root}/faults.json")
+        # A job failure: the tasks refused from now on wait to be cancelled (decision 44)
+        self._failed_at: float | None = None
+        self.service.add_failure_listener(self._job_failed)
+        self.server.failover_hold = self.refusal_hold_ms
         host = spec.channel_advertised_host or self.server.address[0]
         self.address = (host, self.server.address[1])
         self.last_seal = time.monotonic()
-        self.closed = False
         # Where this run listens. Downstream subtasks learn the address and the secret here
         # (they have no InputPartition of ours), and so do client requests; the file is written
         # before the run's first batch plans, and is as private as the checkpoint directory
@@ -96,6 +107,29 @@ class DriverSide:
 
         return counted
 
+    def _job_failed(self, cause: str) -> None:
+        # the service's failure listener (the failing thread)
+        if self._failed_at is None:
+            self._failed_at = time.monotonic()
+
+    def cancel_wait_ms(self) -> int:
+        """How long a task refused now waits for the job runner to cancel it (channel
+        threads): what is left of ``cancel_wait_s`` since the job failed; 0 while the job has
+        not failed, and after the run closed (the query is gone: nothing will cancel)."""
+        failed_at = self._failed_at
+        if failed_at is None or self.closed:
+            return 0
+        left = failed_at + self.spec.config.cancel_wait_s - time.monotonic()
+        return max(0, int(left * 1000))
+
+    def refusal_hold_ms(self) -> int:
+        """The hold a refusal carries (channel threads): :meth:`cancel_wait_ms`, at least 1
+        while the job has failed and the run is open (a refusal because the job failed is
+        told as such also once the wait is over: one line, no traceback); 0 otherwise."""
+        if self._failed_at is None or self.closed:
+            return 0
+        return max(1, self.cancel_wait_ms())
+
     def fetch(self, operator: str, index: int, epoch: int) -> Delivery:
         """A downstream subtask asks for its events of ``epoch`` (channel thread)."""
         svc = self.service
@@ -115,10 +149,22 @@ class DriverSide:
             self.server.close()
             self.service.close()
 
-    def latest_epoch(self, start_epoch: int) -> int:
+    def latest_epoch(self, start_epoch: int, *, wait_for_cancel: bool = True) -> int:
         """The end epoch of the next batch after ``start_epoch`` (``start_epoch``: no batch).
 
-        Called by the reader's ``latestOffset`` (runner process, Spark's calling thread)."""
+        Called by the reader's ``latestOffset`` (runner process, Spark's calling thread).
+        After a job failure it raises :class:`JobFailed` (failing the query), but first, for
+        up to ``cancel_wait_s`` and unless ``wait_for_cancel`` is false (an ``availableNow``
+        run would take "no batch" for its end), answers "no batch": the job runner stops the
+        query meanwhile, and Spark logs no failed query (decision 44)."""
+        try:
+            return self._latest_epoch(start_epoch)
+        except JobFailed:
+            if wait_for_cancel and self.cancel_wait_ms() > 0:
+                return start_epoch
+            raise
+
+    def _latest_epoch(self, start_epoch: int) -> int:
         self.service.latest_offset_called(start_epoch)
         interval = self.spec.checkpoint_interval_s
         due = interval is not None and time.monotonic() - self.last_seal >= interval

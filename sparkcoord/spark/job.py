@@ -68,6 +68,10 @@ class JobGaveUp(SparkCoordError):
     """The query failed and the restart strategy allows no further restart."""
 
 
+class _JobFailedInRun(Exception):
+    """The handle found the run's failure report and stopped the query (handle thread)."""
+
+
 @dataclass
 class RunReport:
     """What happened in :meth:`CoordinatedJob.run` (or so far, on a :class:`JobHandle`)."""
@@ -303,14 +307,16 @@ class CoordinatedJob:
         """The cause of the global failure of the latest run of this job's coordinated
         sources, as the coordination service recorded it (with the user's traceback), or None
         if that run did not fail in sparkcoord (e.g. a task kept failing). Driver program
-        thread, after the query failed and before it is restarted."""
+        thread (the handle's), after the query failed and before it is restarted, and at every
+        poll while it runs (a job failure stops the query at once: decision 44)."""
         from sparkcoord.runtime.files import files_for
 
         for spec in self._specs.values():
             try:
                 files, root = files_for(spec.checkpoint_url, spec.storage_options)
-                run = json.loads(files.read(f"{root}/channel.json"))["run"]
+                # the failure report first: usually there is none, one read (polled)
                 failure = json.loads(files.read(f"{root}/last-failure.json"))
+                run = json.loads(files.read(f"{root}/channel.json"))["run"]
             except Exception:  # noqa: BLE001 - no report (or an unreadable one): Spark's text
                 continue
             if isinstance(failure, dict) and failure.get("run") == run:
@@ -442,7 +448,16 @@ class JobHandle:
                         query.stop()
                         raise TimeoutError(f"job not done after {self._timeout_s}s; "
                                            f"failures so far: {report.failures}")
-            except StreamingQueryException as exc:
+                    cause = job.failure_cause()
+                    if cause is not None:
+                        # The job failed in sparkcoord: stop the query now, as Flink cancels
+                        # a failed job's tasks. Its refused tasks are waiting for this
+                        # (cancel_wait_s): Spark logs each cancelled task in one line and
+                        # retries none, instead of a traceback per attempt (decision 44).
+                        log.info("the job failed; stopping query %s to restart it", query.id)
+                        query.stop()
+                        raise _JobFailedInRun(cause)
+            except (StreamingQueryException, _JobFailedInRun) as exc:
                 self._count_batches(query)
                 self.query = None
                 cause = job.failure_cause() or str(exc)
@@ -451,7 +466,8 @@ class JobHandle:
                     self._on_failure(cause)
                 delay = self._strategy.next_delay(time.monotonic())
                 if delay is None:
-                    spark_first = str(exc).strip().splitlines()[:1]
+                    spark_first = ([] if isinstance(exc, _JobFailedInRun)
+                                   else str(exc).strip().splitlines()[:1])
                     raise JobGaveUp(
                         f"{cause}\n\nThe query failed {plural(len(report.failures), 'time')} and "
                         f"the restart strategy gave up; the cause above is the last failure"

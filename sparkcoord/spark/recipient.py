@@ -30,7 +30,7 @@ from sparkcoord.core.ids import SubtaskId, TaskAttempt
 from sparkcoord.runtime.files import files_for
 from sparkcoord.spark.operator import SubtaskContext, SubtaskOperator
 from sparkcoord.spark.source import MARKER, SourceSpec
-from sparkcoord.spark.subtask import request_function, state_store, user_code
+from sparkcoord.spark.subtask import request_function, state_store, task_boundary, user_code
 
 
 class NoEpochInThisBatch(SparkCoordError):
@@ -83,6 +83,12 @@ class RecipientFunction:
         self.arrow_schema = arrow_schema
 
     def __call__(self, batches: Iterator[Any]) -> Iterator[Any]:
+        """The operator's Arrow batches for this partition of a Spark batch (task thread,
+        called by ``mapInArrow``)."""
+        with task_boundary():
+            yield from self._batches(batches)
+
+    def _batches(self, batches: Iterator[Any]) -> Iterator[Any]:
         from pyspark import TaskContext
 
         task = TaskContext.get()

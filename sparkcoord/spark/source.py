@@ -141,9 +141,10 @@ class CoordinatedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
     def __init__(self, spec: SourceSpec) -> None:
         self.spec = spec
         self._driver: DriverSide | None = None
+        self._available_now = False
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"spec": self.spec, "_driver": None}
+        return {"spec": self.spec, "_driver": None, "_available_now": False}
 
     def _driver_side(self) -> DriverSide:
         if self._driver is None:
@@ -162,7 +163,7 @@ class CoordinatedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         """Spark asks for the next batch's end: complete the previous epoch, maybe seal one."""
         d = self._driver_side()
         start_epoch = epoch_of(self.spec.name, start)
-        end_epoch = d.latest_epoch(start_epoch)
+        end_epoch = d.latest_epoch(start_epoch, wait_for_cancel=not self._available_now)
         return start if end_epoch == start_epoch else offset(self.spec.name, end_epoch)
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
@@ -182,8 +183,10 @@ class CoordinatedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         return parts
 
     def prepareForTriggerAvailableNow(self) -> None:
-        """Spark starts an ``availableNow`` run (runner process). Nothing to record: the run
-        ends when no coordinator wants another batch (class docstring)."""
+        """Spark starts an ``availableNow`` run (runner process). The run ends when no
+        coordinator wants another batch (class docstring), so a job failure must fail it at
+        once rather than answer "no batch" (:meth:`DriverSide.latest_epoch`)."""
+        self._available_now = True
 
     def commit(self, end: dict[str, Any]) -> None:
         """Ignored: completion comes from latestOffset (DESIGN rule 9). Idempotent."""

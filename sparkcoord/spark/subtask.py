@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 from types import TracebackType
 from typing import Any
 
-from sparkcoord.channel.client import ChannelClient
+from sparkcoord.channel.client import ChannelClient, ChannelRejected
 from sparkcoord.channel.frames import ResponseStatus
 from sparkcoord.core.codec import EventCodec
 from sparkcoord.core.errors import (
@@ -126,12 +126,16 @@ def from_users_frame(exc: BaseException) -> None:
     exc.__traceback__ = tb
 
 
+#: how the note :func:`noted` adds begins
+NOTE_PREFIX = "sparkcoord: "
+
+
 def noted(exc: Exception, sid: SubtaskId, epoch: int, callback: str) -> None:
     """Name where ``exc`` came from (task thread): a note on it, or (Python 3.10) raise
     :class:`OperatorCodeFailed` with the user's traceback in its message."""
     where = f"{sid} in epoch {epoch}: raised by the operator's {callback}"
     if hasattr(exc, "add_note"):
-        exc.add_note(f"sparkcoord: {where}")
+        exc.add_note(f"{NOTE_PREFIX}{where}")
         return
     import traceback
 
@@ -139,8 +143,43 @@ def noted(exc: Exception, sid: SubtaskId, epoch: int, callback: str) -> None:
     raise OperatorCodeFailed(f"{where}:\n{text}") from exc
 
 
+class task_boundary:  # noqa: N801 - used like a function: ``with task_boundary():``
+    """Around a whole subtask run, in its outermost frame (task thread): what leaves the task
+    is told plainly, as the task's error in Spark's log.
+
+    A refusal by the coordination service (:class:`ChannelRejected`: the job failed, the run
+    ended, a stale attempt) leaves with one frame, the task's entry point: the task did
+    nothing wrong, so frames of the runtime and of the operator (where it sent an event) say
+    nothing, and Spark's text for the task is that frame and the one line of the reason
+    (issue 14, decision 44). An exception of the
+    operator's code (noted by :class:`user_code`) leaves starting at the user's frame: the
+    frames of this wrapper, added as the exception passed through it, are dropped again."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if isinstance(exc, ChannelRejected) and tb is not None:
+            # keep this frame alone: with no frame outside PySpark at all, its simplified
+            # traceback gives up and prints every PySpark frame instead
+            tb.tb_next = None
+            exc.__traceback__ = tb
+        elif exc is not None and any(str(note).startswith(NOTE_PREFIX)
+                                     for note in getattr(exc, "__notes__", ())):
+            from_users_frame(exc)
+
+
 def run_subtask(spec: SourceSpec, p: CoordinatedPartition) -> Iterator[tuple[Any, ...]]:
-    """Generator of the subtask's rows for the batch of ``p.epoch`` (task thread)."""
+    """Generator of the subtask's rows for the batch of ``p.epoch`` (task thread, called by
+    the coordinated source's ``read``)."""
+    with task_boundary():
+        yield from _subtask_rows(spec, p)
+
+
+def _subtask_rows(spec: SourceSpec, p: CoordinatedPartition) -> Iterator[tuple[Any, ...]]:
     op_spec = spec.operator(p.operator)
     sid = SubtaskId(p.operator, p.index)
     number = spark_attempt_number()

@@ -168,3 +168,6 @@ def test_an_exception_in_the_users_open_is_reported_with_the_users_frames_and_wh
     assert user_line < text.index("ValueError: no such table: orders") < text.index(
         "sparkcoord: orders[0] in epoch 0: raised by the operator's open()"), text
     assert "client.close()" not in text
+    # the first frame is the user's: none of the runtime's before it (its task entry included)
+    frames = [line.strip() for line in text.splitlines() if line.strip().startswith("File ")]
+    assert frames and "test_coordinated_source.py" in frames[0], text
