@@ -109,26 +109,40 @@ class DriverSide:
 
     def _job_failed(self, cause: str) -> None:
         # the service's failure listener (the failing thread)
-        if self._failed_at is None:
+        self._failure_time()
+
+    def _failure_time(self) -> float | None:
+        # When the job failed, stamped by whichever comes first: the failure listener, or a
+        # refusal of the failing service (it answers the waiting requests before it calls its
+        # listeners, and their refusals must already hold). Any thread: two stamps race
+        # harmlessly (both are "now").
+        if self._failed_at is None and self.service.failure is not None:
             self._failed_at = time.monotonic()
+        return self._failed_at
 
     def cancel_wait_ms(self) -> int:
         """How long a task refused now waits for the job runner to cancel it (channel
         threads): what is left of ``cancel_wait_s`` since the job failed; 0 while the job has
         not failed, and after the run closed (the query is gone: nothing will cancel)."""
-        failed_at = self._failed_at
+        failed_at = self._failure_time()
         if failed_at is None or self.closed:
             return 0
         left = failed_at + self.spec.config.cancel_wait_s - time.monotonic()
         return max(0, int(left * 1000))
 
     def refusal_hold_ms(self) -> int:
-        """The hold a refusal carries (channel threads): :meth:`cancel_wait_ms`, at least 1
-        while the job has failed and the run is open (a refusal because the job failed is
-        told as such also once the wait is over: one line, no traceback); 0 otherwise."""
-        if self._failed_at is None or self.closed:
+        """The hold a refusal carries (channel threads): once the job failed, what is left of
+        ``cancel_wait_s``, at least 1 (a refusal because the job failed is told as such also
+        once the wait is over: one line, no traceback); 0 while it has not failed.
+
+        Also after the run closed: the query stopped for the failure closes the run while its
+        cancelled tasks may still be running, and a task waiting for an answer then gets
+        "this run is closed"; it is a task of the failed job, to be cancelled like the rest."""
+        failed_at = self._failure_time()
+        if failed_at is None:
             return 0
-        return max(1, self.cancel_wait_ms())
+        left = failed_at + self.spec.config.cancel_wait_s - time.monotonic()
+        return max(1, int(left * 1000))
 
     def fetch(self, operator: str, index: int, epoch: int) -> Delivery:
         """A downstream subtask asks for its events of ``epoch`` (channel thread)."""

@@ -72,6 +72,27 @@ def registered(service: CoordinationService, server: ChannelServer, index: int
     return client
 
 
+def parked_request_when_failing(client: ChannelClient, fail: Any) -> list[BaseException]:
+    """Ask from another thread a request that :class:`Parks` keeps waiting, call ``fail()``
+    once the coordinator has it, and return what the request raised."""
+    errors: list[BaseException] = []
+
+    def ask() -> None:
+        try:
+            client.request(pickle.dumps("park"), timeout_s=20)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            errors.append(exc)
+
+    Parks.asked.clear()
+    asking = threading.Thread(target=ask)
+    asking.start()
+    assert Parks.asked.wait(10), "the request never reached the coordinator"
+    fail()
+    asking.join(10)
+    assert not asking.is_alive()
+    return errors
+
+
 def test_an_event_refused_after_a_job_failure_waits_the_hold_then_fails_in_one_line(
         running, sleeps) -> None:
     service, server = running
@@ -104,21 +125,7 @@ def test_a_request_answered_by_a_job_failure_waits_the_hold_then_fails_in_one_li
     service, server = running
     holding(service, server, 1200)
     client = registered(service, server, 1)
-    errors: list[BaseException] = []
-
-    def ask() -> None:
-        try:
-            client.request(pickle.dumps("park"), timeout_s=20)
-        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
-            errors.append(exc)
-
-    Parks.asked.clear()
-    asking = threading.Thread(target=ask)
-    asking.start()
-    assert Parks.asked.wait(10), "the request never reached the coordinator"
-    service.fail_job(CAUSE)
-    asking.join(10)
-    assert not asking.is_alive()
+    errors = parked_request_when_failing(client, lambda: service.fail_job(CAUSE))
     assert len(errors) == 1 and isinstance(errors[0], ChannelRejected), errors
     assert "refused request 0: " in str(errors[0])
     assert "the job failed: coordinator 'op' called fail_job: the table is gone [...]" in str(
