@@ -2,36 +2,44 @@
 
 Rules:
   1. Binds to loopback unless a host is configured (clusters set the driver's address).
-  2. One thread per connection reads frames; each frame is authenticated before its body is
-     parsed; the handler's decisions are written back as replies, in request order.
+  2. One thread, the I/O loop, reads every connection (a selector: no thread per connection);
+     each frame is authenticated before its body is parsed; the handler's decisions are
+     written back as replies, in request order.
   3. A malformed, oversized or unauthenticated frame, or a connection closed mid-frame, drops
      that connection only; the server and the other connections carry on.
   4. A connection must complete its first authenticated frame within ``first_frame_timeout_s``
      of being accepted (a total deadline, not per read: a client trickling bytes is dropped
      too); after that it may stay idle for as long as it likes (a task between events).
   5. At most ``max_connections`` connections are served at once; one more is closed as soon
-     as it is accepted, before a thread starts for it, with one WARNING line (then at most
+     as it is accepted, before the I/O loop sees it, with one WARNING line (then at most
      one every 10 s, with the number refused since).
   6. The listen backlog is ``listen_backlog`` (connections the kernel queues before the
      accept thread takes them: sized for the run's parallelism).
 
 Theory of operation: a client pipelines up to its window of events, in bursts (EVENTS frames).
-The connection thread reads the socket in large chunks (:class:`FrameReader`), authenticates
+The I/O loop reads a readable socket in large chunks (:class:`FrameReader`), authenticates
 every complete frame in its buffer, and hands the consecutive event frames to the service as
 runs in one call (one lock, one log write: the service's critical section is per batch, in
 frame order). Each run is answered by range replies (duplicates, accepted, rejected: a count
 each, adjacent ranges merged), all written with one ``sendall``. A frame is acknowledged only
-after the service logged it, so batching changes the cost, not the guarantee.
+after the service logged it, so batching changes the cost, not the guarantee. A request whose
+coordinator's mailbox is idle is answered on the I/O loop itself (the service claims the
+mailbox: mailbox rules 2 and 3); its answer, and any answer completed later on another
+thread, is written by the thread that has it (:class:`_Writer`). Sockets stay blocking: the
+loop reads only a readable one, and a write blocks only until the task's own socket buffer
+takes it (a task reads its replies).
 
 Thread model: ``start``/``close`` from the owner's thread; one daemon thread accepts (and
-refuses connections over the cap, rule 5), one daemon thread per admitted connection serves.
-The handler must be thread-safe (the coordination service is).
+refuses connections over the cap, rule 5) and hands admitted connections to the one daemon
+I/O thread, which serves them all until their peers close them (also after ``close``, which
+only stops accepting). The handler must be thread-safe (the coordination service is).
 """
 
 from __future__ import annotations
 
 import logging
 import select
+import selectors
 import socket
 import socketserver
 import threading
@@ -110,9 +118,8 @@ class DeliveryHandler(Protocol):
 class FrameReader:
     """Reads whole frames from a socket through a buffer (one ``recv`` for many frames).
 
-    An optional deadline (:meth:`set_deadline`) bounds the total time of all reads until it is
-    cleared: each ``recv`` waits at most the time left, and a read that would pass it raises
-    :class:`FrameError`. Without one, reads wait as the socket's own timeout says.
+    Blocking use (the client): :meth:`read_frame`. Event-driven use (the server's I/O loop,
+    once the socket is readable): :meth:`receive`, then :meth:`next_frame` until None.
 
     Thread model: owned by the one thread that serves (or, in the client, uses) the socket.
     """
@@ -124,20 +131,43 @@ class FrameReader:
         self.max_body = max_body
         self._buf = bytearray()
         self._pos = 0
-        self._deadline: float | None = None  # time.monotonic() value
-        self._deadline_problem = ""
 
-    def set_deadline(self, at: float, problem: str) -> None:
-        """Until :meth:`clear_deadline`, a read that would pass ``at`` (a ``time.monotonic()``
-        value) raises ``FrameError(problem)``. The socket's owner thread calls it."""
-        self._deadline = at
-        self._deadline_problem = problem
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet returned as a frame."""
+        return len(self._buf) - self._pos
 
-    def clear_deadline(self) -> None:
-        """No deadline any more: the socket blocks again without a timeout. Owner thread."""
-        if self._deadline is not None:
-            self._deadline = None
-            self.sock.settimeout(None)
+    def receive(self) -> bool:
+        """One ``recv`` (the socket is readable: it does not block); False on end of stream."""
+        if self._pos and self._pos >= len(self._buf) // 2:
+            del self._buf[:self._pos]  # compact now and then, not per frame
+            self._pos = 0
+        chunk = self.sock.recv(self._CHUNK)
+        if not chunk:
+            return False
+        self._buf += chunk
+        return True
+
+    def next_frame(self) -> tuple[bytes, bytes, bytes] | None:
+        """The next complete buffered frame as (header, mac, body), unauthenticated, or None
+        if it is not all here yet. A bad header raises :class:`FrameError` as soon as header
+        and MAC are here (an oversized frame is refused before its body is waited for)."""
+        head = HEADER.size + MAC_SIZE
+        start = self._pos
+        if len(self._buf) - start < head:
+            return None
+        _, length = check_header(bytes(self._buf[start:start + HEADER.size]), self.max_body)
+        if len(self._buf) - start < head + length:
+            return None
+        return self._take(start, length)
+
+    def _take(self, start: int, length: int) -> tuple[bytes, bytes, bytes]:
+        head = HEADER.size + MAC_SIZE
+        header = bytes(self._buf[start:start + HEADER.size])
+        mac = bytes(self._buf[start + HEADER.size:start + head])
+        body = bytes(self._buf[start + head:start + head + length])
+        self._pos = start + head + length
+        return header, mac, body
 
     def frame_ready(self) -> bool:
         """Whether a complete frame is already buffered (no socket read needed)."""
@@ -160,10 +190,7 @@ class FrameReader:
         _, length = check_header(header, self.max_body)  # before reading a huge body
         if not self._fill(head + length):
             raise FrameError("connection closed in the middle of a frame")
-        mac = bytes(self._buf[start + HEADER.size:start + head])
-        body = bytes(self._buf[start + head:start + head + length])
-        self._pos = start + head + length
-        return header, mac, body
+        return self._take(self._pos, length)
 
     def poll(self) -> bool:
         """Buffer whatever the socket already has, without blocking; whether anything came.
@@ -195,16 +222,7 @@ class FrameReader:
         return True
 
     def _recv(self, size: int) -> bytes:
-        if self._deadline is None:
-            return self.sock.recv(size)
-        remaining = self._deadline - time.monotonic()
-        if remaining <= 0:
-            raise FrameError(self._deadline_problem)
-        self.sock.settimeout(remaining)
-        try:
-            return self.sock.recv(size)
-        except TimeoutError:
-            raise FrameError(self._deadline_problem) from None
+        return self.sock.recv(size)
 
 
 class ChannelServer:
@@ -256,30 +274,34 @@ class ChannelServer:
         self._refusal_logged_at: float | None = None
         server = self
 
-        class _Handler(socketserver.BaseRequestHandler):
-            def handle(self) -> None:
-                server._serve(self.request)
+        # The I/O loop: one thread serves every admitted connection (rule 2)
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = socket.socketpair()  # hands it new connections, or close
+        self._wake_r.setblocking(False)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._incoming: list[socket.socket] = []  # admitted, not yet in the loop (under _lock)
+        self._closing = False
+        self._waiting_first: dict[socket.socket, _Connection] = {}  # the loop's, rule 4
+        self._connections: dict[socket.socket, _Connection] = {}  # the loop's
 
-        class _Server(socketserver.ThreadingTCPServer):
-            daemon_threads = True
+        class _Server(socketserver.TCPServer):
             allow_reuse_address = True
             request_queue_size = listen_backlog  # server_activate's listen() uses it
 
             def verify_request(self, request: object, client_address: object) -> bool:
                 assert isinstance(request, socket.socket)
-                return server._admit(request, client_address)  # False: closed at once, no thread
+                return server._admit(request, client_address)  # False: closed at once
 
             def process_request(self, request: object, client_address: object) -> None:
-                try:
-                    super().process_request(request, client_address)  # type: ignore[arg-type]
-                except BaseException:
-                    assert isinstance(request, socket.socket)
-                    server._connection_ended(request)  # no thread will end it
-                    raise
+                assert isinstance(request, socket.socket)
+                server._hand_over(request)  # the I/O loop serves it from now on
 
-        self._server = _Server((host, port), _Handler, bind_and_activate=True)
+        self._server = _Server((host, port), socketserver.BaseRequestHandler,
+                               bind_and_activate=True)
         self._thread = threading.Thread(target=self._server.serve_forever, name="sparkcoord-channel",
                                         daemon=True)
+        self._io = threading.Thread(target=self._io_loop, name="sparkcoord-channel-io",
+                                    daemon=True)
 
     @property
     def address(self) -> tuple[str, int]:
@@ -294,17 +316,21 @@ class ChannelServer:
             return self._open
 
     def start(self) -> ChannelServer:
-        """Start accepting. The owner's thread (the driver side's constructor, or a test)."""
+        """Start accepting and serving. The owner's thread (the driver side's constructor, or
+        a test)."""
+        self._io.start()
         self._thread.start()
         return self
 
     def close(self) -> None:
-        """Stop accepting and close the listening socket (also if never started). Connection
-        threads are daemons and are not waited for (an authenticated one may block in a read
-        until its peer closes). The owner's thread."""
+        """Stop accepting and close the listening socket (also if never started). Connections
+        already open are still served until their peers close them (a task of the ended run
+        gets its refusal); the I/O loop ends after the last. The owner's thread."""
         if self._thread.ident is not None:  # shutdown() waits for serve_forever to return
             self._server.shutdown()
         self._server.server_close()
+        self._closing = True
+        self._wake()
 
     def _admit(self, sock: socket.socket, peer: object) -> bool:
         # the accept thread, right after accept(): admit under the cap, or refuse (rule 5)
@@ -338,54 +364,131 @@ class ChannelServer:
             self._open -= 1
             self._accepted_at.pop(sock, None)
 
-    def _serve(self, sock: socket.socket) -> None:
-        # a connection thread, for the whole connection
-        peer: object = "?"
+    # ----------------------------------------------------------------------- the I/O loop
+    def _hand_over(self, sock: socket.socket) -> None:
+        # the accept thread: an admitted connection goes to the I/O loop
+        with self._lock:
+            self._incoming.append(sock)
+        self._wake()
+
+    def _wake(self) -> None:
         try:
+            self._wake_w.send(b"\0")
+        except OSError:
+            pass  # the loop has ended (and closed its end): nothing to wake
+
+    def _io_loop(self) -> None:
+        # The one thread that reads every connection (rule 2). Why one: with a thread per
+        # connection, P tasks asking at once cost P threads handing the GIL to each other per
+        # request, about two thirds of the server's CPU per request (decision 45).
+        try:
+            while True:
+                timeout = None
+                if self._waiting_first:
+                    first = min(c.deadline for c in self._waiting_first.values())
+                    timeout = max(0.0, first - time.monotonic())
+                for key, _ in self._selector.select(timeout):
+                    if key.data is None:
+                        self._take_incoming()
+                    else:
+                        self._readable(key.data)
+                if self._waiting_first:
+                    self._drop_late(time.monotonic())
+                if self._closing and not self._connections and not self._incoming:
+                    return
+        finally:
+            for conn in list(self._connections.values()):
+                self._end(conn)
+            self._selector.close()
+            self._wake_r.close()
+            self._wake_w.close()
+
+    def _take_incoming(self) -> None:
+        try:
+            while self._wake_r.recv(4096):
+                pass
+        except BlockingIOError:
+            pass
+        with self._lock:
+            incoming, self._incoming = self._incoming, []
+        now = time.monotonic()
+        for sock in incoming:
             with self._lock:
-                accepted = self._accepted_at.pop(sock, None)
-            reader = FrameReader(sock, self.max_frame_bytes)
-            reader.set_deadline(
-                (time.monotonic() if accepted is None else accepted) + self.first_frame_timeout_s,
-                f"no authenticated frame within {self.first_frame_timeout_s} s of connecting")
-            peer = sock.getpeername()
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self._serve_frames(sock, reader)
+                accepted = self._accepted_at.pop(sock, now)
+            conn = _Connection(sock, FrameReader(sock, self.max_frame_bytes), _Writer(sock, self),
+                               accepted + self.first_frame_timeout_s)
+            try:
+                conn.peer = sock.getpeername()
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                self._selector.register(sock, selectors.EVENT_READ, conn)
+            except OSError as exc:  # gone before it was served
+                self._connections[sock] = conn
+                self._dropped(conn, exc, abruptly=True)
+                continue
+            self._connections[sock] = self._waiting_first[sock] = conn
+
+    def _drop_late(self, now: float) -> None:
+        # rule 4: a total deadline for the first authenticated frame, counted from accept
+        for conn in [c for c in self._waiting_first.values() if c.deadline <= now]:
+            self._dropped(conn, FrameError(
+                f"no authenticated frame within {self.first_frame_timeout_s} s of connecting"))
+
+    def _readable(self, conn: _Connection) -> None:
+        # the I/O loop: read what the socket has, answer every complete frame in it
+        try:
+            reader = conn.reader
+            if not reader.receive():
+                if reader.buffered:
+                    raise FrameError(f"connection closed {reader.buffered} bytes into a frame")
+                self._end(conn)  # closed between frames: normal end
+                return
+            batch: list[Message] = []
+            while (frame := reader.next_frame()) is not None:
+                message = authenticate_and_parse(*frame, self.secret)
+                self._waiting_first.pop(conn.sock, None)  # may idle between events (rule 4)
+                if self.fault is not None:  # test hook: one message at a time
+                    if self._inject(message, conn.sock, conn.writer):
+                        self._end(conn)
+                        return
+                    conn.writer.send(self._answer(self._dispatch_batch([message], conn.writer)))
+                    self.frames_served += 1
+                    continue
+                batch.append(message)
+            if batch:
+                conn.writer.send(self._answer(self._dispatch_batch(batch, conn.writer)))
+                self.frames_served += len(batch)
         except (ConnectionResetError, BrokenPipeError) as exc:
+            self._dropped(conn, exc, abruptly=True)
+        except (FrameError, OSError) as exc:
+            self._dropped(conn, exc)
+
+    def _dropped(self, conn: _Connection, exc: BaseException, abruptly: bool = False) -> None:
+        with self._lock:
+            self.dropped_connections += 1
+        if abruptly:
             # the task's process went away mid-connection: a failed or killed task, which the
             # service learns of from its retry; expected, so not a warning (one line per task)
-            with self._lock:
-                self.dropped_connections += 1
             log.info("channel connection from %s ended abruptly (its task failed or was "
-                     "killed): %s", peer, exc)
-        except (FrameError, OSError) as exc:
-            with self._lock:
-                self.dropped_connections += 1
-            log.warning("dropped channel connection from %s: %s", peer, exc)
-        finally:
-            self._connection_ended(sock)
+                     "killed): %s", conn.peer, exc)
+        else:
+            log.warning("dropped channel connection from %s: %s", conn.peer, exc)
+        self._end(conn)
 
-    def _serve_frames(self, sock: socket.socket, reader: FrameReader) -> None:
-        secret = self.secret
-        writer = _Writer(sock, self)
-        while True:
-            frame = reader.read_frame()
-            if frame is None:
-                return  # closed between frames: normal end
-            batch: list[Message] = [authenticate_and_parse(*frame, secret)]
-            reader.clear_deadline()  # authenticated: may idle between events (rule 4)
-            if self.fault is not None:  # test hook: one message at a time
-                if self._inject(batch[0], sock, writer):
-                    return
-                writer.send(self._answer(self._dispatch_batch(batch, writer)))
-                self.frames_served += 1
-                continue
-            while reader.frame_ready():
-                more = reader.read_frame()
-                assert more is not None
-                batch.append(authenticate_and_parse(*more, secret))
-            writer.send(self._answer(self._dispatch_batch(batch, writer)))
-            self.frames_served += len(batch)
+    def _end(self, conn: _Connection) -> None:
+        sock = conn.sock
+        if self._connections.pop(sock, None) is None:
+            return
+        self._waiting_first.pop(sock, None)
+        try:
+            self._selector.unregister(sock)
+        except (KeyError, ValueError):
+            pass  # never registered, or its descriptor is closed already
+        try:
+            sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+        sock.close()
+        self._connection_ended(sock)
 
     def _answer(self, answers: list[Reply | Delivery | Response]) -> bytes:
         # consecutive replies travel as one REPLIES frame: one MAC for the whole batch
@@ -487,6 +590,17 @@ class ChannelServer:
 
 def _no_hold() -> int:
     return 0
+
+
+class _Connection:
+    """One admitted connection, as the I/O loop keeps it."""
+
+    __slots__ = ("sock", "reader", "writer", "deadline", "peer")
+
+    def __init__(self, sock: socket.socket, reader: FrameReader, writer: _Writer,
+                 deadline: float) -> None:
+        self.sock, self.reader, self.writer, self.deadline = sock, reader, writer, deadline
+        self.peer: object = "?"
 
 
 def _response(seq: int, answer: Future[ResponseEntry | ClientResponseEntry],

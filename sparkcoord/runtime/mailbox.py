@@ -8,6 +8,10 @@ Rules:
      task is then answered on its connection's thread without waking the mailbox thread (two
      thread handoffs less per request). While it runs the queue, that thread is the mailbox
      thread (:meth:`Mailbox.in_mailbox_thread` says so); rule 1 holds either way.
+  3. A claiming thread is borrowed (the channel's one I/O thread serves every connection of
+     the source), so a claim must be short: when a claimed run of the queue took longer than
+     ``claim_budget_s``, the mailbox hands out no claim for ``claim_pause_s`` (its own thread
+     runs the actions meanwhile), and so a slow coordinator holds up only itself.
 
 Thread model: ``execute`` may be called from any thread; actions run on the mailbox's own thread
 (or a claiming thread, rule 2) in submission order. An action that raises does not stop the
@@ -20,6 +24,7 @@ from __future__ import annotations
 import abc
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 
@@ -58,9 +63,13 @@ class Mailbox(abc.ABC):
 
 
 class ThreadMailbox(Mailbox):
-    """A mailbox backed by one daemon thread (and by claiming threads: module rule 2)."""
+    """A mailbox backed by one daemon thread (and by claiming threads: module rules 2, 3)."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, claim_budget_s: float = 0.02,
+                 claim_pause_s: float = 1.0) -> None:
+        self.claim_budget_s = claim_budget_s
+        self.claim_pause_s = claim_pause_s
+        self._claims_paused_until = 0.0  # a time.monotonic() value (rule 3)
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._actions: deque[Action] = deque()
@@ -85,11 +94,21 @@ class ThreadMailbox(Mailbox):
             self._actions.append(action)
             if self._busy:
                 return False  # whoever runs the queue runs this one too, in order
+            if self._claims_paused_until and time.monotonic() < self._claims_paused_until:
+                self._wake.notify()  # rule 3: the mailbox's own thread runs it
+                return False
             self._busy = True
             return True
 
     def run_claimed(self) -> None:
+        started = time.monotonic()
         self._drain()
+        took = time.monotonic() - started
+        if took > self.claim_budget_s:
+            # rule 3: the borrowed thread serves others too; no claims for a while
+            self._claims_paused_until = time.monotonic() + self.claim_pause_s
+            log.debug("a claimed mailbox run took %.1f ms: no claims for %.1f s", took * 1e3,
+                      self.claim_pause_s)
 
     def in_mailbox_thread(self) -> bool:
         # compared on every send: an ident comparison is cheaper than current_thread()

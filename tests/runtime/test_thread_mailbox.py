@@ -40,6 +40,28 @@ def test_a_raising_action_does_not_stop_the_mailbox() -> None:
     mailbox.close()
 
 
+def test_a_claimed_run_over_its_budget_stops_claims_and_the_mailbox_thread_takes_over() -> None:
+    # rule 3: the claiming thread is the channel's one I/O thread, borrowed
+    ran_on: list[bool] = []
+    done = threading.Event()
+    generous = ThreadMailbox("fast", claim_budget_s=60.0)
+    assert generous.execute_claiming(lambda: ran_on.append(generous.in_mailbox_thread()))
+    generous.run_claimed()
+    assert generous.execute_claiming(lambda: None)  # within budget: claims go on
+    generous.run_claimed()
+    generous.close()
+
+    slow = ThreadMailbox("slow", claim_budget_s=-1.0, claim_pause_s=60.0)  # every run is over
+    assert slow.execute_claiming(lambda: ran_on.append(slow.in_mailbox_thread()))
+    slow.run_claimed()
+    # paused: not claimed, run by the mailbox's own thread, in order
+    assert not slow.execute_claiming(lambda: ran_on.append(slow.in_mailbox_thread()))
+    slow.execute(done.set)
+    assert done.wait(10)
+    assert ran_on == [True, True, True]  # each ran as the mailbox thread of its time
+    slow.close()
+
+
 class Threads(OperatorCoordinator):
     """Completes its checkpoint from a foreign thread after sending from it."""
 
