@@ -8,6 +8,8 @@ requesting at once" needs eight task slots: the shared benchmark session has two
   the mailbox);
 - requests per second per job: P=8 tasks asking back to back, with fsync off (the default)
   and on, each against the raw channel's event round trips per second from the same tasks;
+  every task starts at one start line (a "ready" request the coordinator answers when all P
+  asked), so the rate is not diluted by Spark starting tasks up to a second apart;
 - the work queue (``sparkcoord.examples.workqueue``) on a skewed workload: P=4 subtasks pull
   items one at a time with ``request`` inside the batch, against the same items split
   statically at batch start (every item sent to subtask ``i % P`` as an event: today's only
@@ -80,7 +82,7 @@ def run(preset: str) -> dict[str, Any]:
 
 # ------------------------------------------------------------------- inside the subprocess
 def _ask_task(address: tuple[str, int], secret: bytes, run: str, epoch: int, n: int,
-              events: bool, index: int) -> tuple[list[float], float, float]:
+              events: bool, parallelism: int, index: int) -> tuple[list[float], float, float]:
     import pickle
     import time
 
@@ -89,6 +91,10 @@ def _ask_task(address: tuple[str, int], secret: bytes, run: str, epoch: int, n: 
 
     client = ChannelClient(address, secret, TaskAttempt(run, SubtaskId("op", index), epoch, 0))
     client.register()
+    # a start line: Spark starts the P tasks (and their Python workers) up to a second apart;
+    # timed from their own starts, the rate would measure that spread. The coordinator
+    # answers "ready" when all P asked, so every task starts at once.
+    client.request(pickle.dumps(("ready", parallelism)), 120.0)
     payload = pickle.dumps(("next", index))
     samples = []
     start = time.time()
@@ -108,6 +114,7 @@ def _ask_task(address: tuple[str, int], secret: bytes, run: str, epoch: int, n: 
 def _measure(sc: Any, fsync: bool, n: int) -> dict[str, Any]:
     import functools
     import tempfile
+    from concurrent.futures import Future
 
     from sparkcoord import OperatorCoordinator
     from sparkcoord.channel.server import ChannelServer
@@ -119,8 +126,17 @@ def _measure(sc: Any, fsync: bool, n: int) -> dict[str, Any]:
         def __init__(self, context: Any) -> None:
             super().__init__(context)
             self.count = 0
+            self.ready: list[Future[Any]] = []
 
         def handle_request(self, subtask: int, attempt: int, request: Any) -> Any:
+            if request[0] == "ready":  # the start line (_ask_task): answered when all are in
+                ready: Future[Any] = Future()
+                self.ready.append(ready)
+                if len(self.ready) == request[1]:
+                    for waiting in self.ready:
+                        waiting.set_result(True)
+                    self.ready = []
+                return ready
             self.count += 1
             return self.count
 
@@ -139,7 +155,7 @@ def _measure(sc: Any, fsync: bool, n: int) -> dict[str, Any]:
                     service.batch_committed(service.last_sealed)
                     service.checkpoint(service.last_sealed + 1)
                     task = functools.partial(_ask_task, server.address, secret, service.run_id,
-                                             service.last_sealed, n, events)
+                                             service.last_sealed, n, events, p)
                     results = sc.parallelize(range(p), p).mapPartitionsWithIndex(
                         lambda i, _, task=task: [task(i)]).collect()
                     samples = [s for r in results for s in r[0]]
