@@ -139,9 +139,7 @@ class FrameReader:
 
     def receive(self) -> bool:
         """One ``recv`` (the socket is readable: it does not block); False on end of stream."""
-        if self._pos and self._pos >= len(self._buf) // 2:
-            del self._buf[:self._pos]  # compact now and then, not per frame
-            self._pos = 0
+        self._compact()
         chunk = self.sock.recv(self._CHUNK)
         if not chunk:
             return False
@@ -160,6 +158,11 @@ class FrameReader:
         if len(self._buf) - start < head + length:
             return None
         return self._take(start, length)
+
+    def _compact(self) -> None:
+        if self._pos and self._pos >= len(self._buf) // 2:
+            del self._buf[:self._pos]  # now and then, not per frame
+            self._pos = 0
 
     def _take(self, start: int, length: int) -> tuple[bytes, bytes, bytes]:
         head = HEADER.size + MAC_SIZE
@@ -208,11 +211,9 @@ class FrameReader:
 
     def _fill(self, need: int) -> bool:
         """Make ``need`` bytes available from the read position; False on EOF before any."""
-        if self._pos and self._pos >= len(self._buf) // 2:
-            del self._buf[:self._pos]  # compact now and then, not per frame
-            self._pos = 0
+        self._compact()
         while len(self._buf) - self._pos < need:
-            chunk = self._recv(max(self._CHUNK, need))
+            chunk = self.sock.recv(max(self._CHUNK, need))
             if not chunk:
                 if len(self._buf) == self._pos:
                     return False
@@ -221,8 +222,6 @@ class FrameReader:
             self._buf += chunk
         return True
 
-    def _recv(self, size: int) -> bytes:
-        return self.sock.recv(size)
 
 
 class ChannelServer:

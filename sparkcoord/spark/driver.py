@@ -120,15 +120,20 @@ class DriverSide:
             self._failed_at = time.monotonic()
         return self._failed_at
 
+    def _wait_left_ms(self) -> int | None:
+        # what is left of cancel_wait_s since the job failed (negative once over); None
+        # while the job has not failed
+        failed_at = self._failure_time()
+        if failed_at is None:
+            return None
+        return int((failed_at + self.spec.config.cancel_wait_s - time.monotonic()) * 1000)
+
     def cancel_wait_ms(self) -> int:
         """How long a task refused now waits for the job runner to cancel it (channel
         threads): what is left of ``cancel_wait_s`` since the job failed; 0 while the job has
         not failed, and after the run closed (the query is gone: nothing will cancel)."""
-        failed_at = self._failure_time()
-        if failed_at is None or self.closed:
-            return 0
-        left = failed_at + self.spec.config.cancel_wait_s - time.monotonic()
-        return max(0, int(left * 1000))
+        left = self._wait_left_ms()
+        return 0 if left is None or self.closed else max(0, left)
 
     def refusal_hold_ms(self) -> int:
         """The hold a refusal carries (channel threads): once the job failed, what is left of
@@ -138,11 +143,8 @@ class DriverSide:
         Also after the run closed: the query stopped for the failure closes the run while its
         cancelled tasks may still be running, and a task waiting for an answer then gets
         "this run is closed"; it is a task of the failed job, to be cancelled like the rest."""
-        failed_at = self._failure_time()
-        if failed_at is None:
-            return 0
-        left = failed_at + self.spec.config.cancel_wait_s - time.monotonic()
-        return max(1, int(left * 1000))
+        left = self._wait_left_ms()
+        return 0 if left is None else max(1, left)
 
     def fetch(self, operator: str, index: int, epoch: int) -> Delivery:
         """A downstream subtask asks for its events of ``epoch`` (channel thread)."""
