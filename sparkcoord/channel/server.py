@@ -482,12 +482,14 @@ class ChannelServer:
             self._selector.unregister(sock)
         except (KeyError, ValueError):
             pass  # never registered, or its descriptor is closed already
+        # its place under the cap is free before its peer can see the close (rule 5): a
+        # client that reconnects at once must not be refused for its own dead connection
+        self._connection_ended(sock)
         try:
             sock.shutdown(socket.SHUT_WR)
         except OSError:
             pass
         sock.close()
-        self._connection_ended(sock)
 
     def _answer(self, answers: list[Reply | Delivery | Response]) -> bytes:
         # consecutive replies travel as one REPLIES frame: one MAC for the whole batch
