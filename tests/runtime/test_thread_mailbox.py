@@ -5,7 +5,9 @@ No sleeps: the test waits on futures and events with generous timeouts.
 
 from __future__ import annotations
 
+import gc
 import threading
+import time
 from concurrent.futures import Future
 from typing import Any
 
@@ -44,14 +46,14 @@ def test_a_claimed_run_over_its_budget_stops_claims_and_the_mailbox_thread_takes
     # rule 3: the claiming thread is the channel's one I/O thread, borrowed
     ran_on: list[bool] = []
     done = threading.Event()
-    generous = ThreadMailbox("fast", claim_budget_s=60.0)
+    generous = ThreadMailbox("fast", claim_cpu_budget_s=60.0, claim_wall_budget_s=60.0)
     assert generous.execute_claiming(lambda: ran_on.append(generous.in_mailbox_thread()))
     generous.run_claimed()
     assert generous.execute_claiming(lambda: None)  # within budget: claims go on
     generous.run_claimed()
     generous.close()
 
-    slow = ThreadMailbox("slow", claim_budget_s=-1.0, claim_pause_s=60.0)  # every run is over
+    slow = ThreadMailbox("slow", claim_cpu_budget_s=-1.0, claim_pause_s=60.0)  # always over
     assert slow.execute_claiming(lambda: ran_on.append(slow.in_mailbox_thread()))
     slow.run_claimed()
     # paused: not claimed, run by the mailbox's own thread, in order
@@ -60,6 +62,70 @@ def test_a_claimed_run_over_its_budget_stops_claims_and_the_mailbox_thread_takes
     assert done.wait(10)
     assert ran_on == [True, True, True]  # each ran as the mailbox thread of its time
     slow.close()
+
+
+def _compute(seconds: float) -> None:
+    # uses ``seconds`` of this thread's CPU time, however long the machine takes to give it
+    start = time.thread_time()
+    while time.thread_time() - start < seconds:
+        pass
+
+
+def test_a_claimed_run_that_computes_past_the_cpu_budget_stops_claims() -> None:
+    # the coordinator itself is slow: the I/O thread must not be borrowed for it again soon
+    busy = ThreadMailbox("computes", claim_cpu_budget_s=0.01, claim_wall_budget_s=60.0,
+                         claim_pause_s=60.0)
+    assert busy.execute_claiming(lambda: _compute(0.03))
+    busy.run_claimed()
+    assert not busy.execute_claiming(lambda: None)
+    busy.close()
+
+
+def test_a_claimed_run_that_blocks_past_the_wall_budget_stops_claims() -> None:
+    # a coordinator that waits (I/O, a lock, a sleep) uses no CPU and still holds the loop
+    blocks = ThreadMailbox("blocks", claim_cpu_budget_s=60.0, claim_wall_budget_s=0.01,
+                           claim_pause_s=60.0)
+    assert blocks.execute_claiming(lambda: time.sleep(0.03))
+    blocks.run_claimed()
+    assert not blocks.execute_claiming(lambda: None)
+    blocks.close()
+
+
+def test_a_claimed_run_that_waited_without_computing_keeps_claims_within_the_wall_budget() -> None:
+    # preemption on a loaded machine: a run that took 30 ms of wall time but almost no CPU is
+    # no sign of a slow coordinator (a 20 ms wall budget tripped on this alone: decision 46)
+    waits = ThreadMailbox("preempted", claim_cpu_budget_s=0.02, claim_wall_budget_s=60.0,
+                          claim_pause_s=60.0)
+    assert waits.execute_claiming(lambda: time.sleep(0.03))
+    waits.run_claimed()
+    assert waits.execute_claiming(lambda: None)  # still claimed: claims go on
+    waits.run_claimed()
+    waits.close()
+
+
+def test_a_claimed_run_that_triggers_a_long_garbage_collection_keeps_claims() -> None:
+    # the collector's pass over the whole heap is not the coordinator's doing (decision 46)
+    heap = []
+    for _ in range(200_000):
+        cycle: list[object] = []
+        cycle.append(cycle)
+        heap.append(cycle)
+    collects = ThreadMailbox("collects", claim_cpu_budget_s=0.001, claim_wall_budget_s=0.001,
+                             claim_pause_s=60.0)
+    took: list[float] = []
+
+    def collect() -> None:
+        start = time.thread_time()
+        gc.collect()
+        took.append(time.thread_time() - start)
+
+    assert collects.execute_claiming(collect)
+    collects.run_claimed()
+    assert took[0] > 0.001  # the collection alone was over both budgets
+    assert collects.execute_claiming(lambda: None)  # and claims go on
+    collects.run_claimed()
+    collects.close()
+    del heap
 
 
 class Threads(OperatorCoordinator):
