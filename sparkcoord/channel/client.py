@@ -48,7 +48,6 @@ from sparkcoord.channel.frames import (
     Replies,
     Reply,
     ReplyVerdict,
-    Request,
     Response,
     ResponseStatus,
     authenticate_and_parse,
@@ -180,7 +179,7 @@ class ChannelClient:
         seq = self.next_seq
         self.next_seq += 1
         self._request = (seq, payload)
-        frame = encode(Request(self.attempt, seq, payload), self.secret)
+        frame = self._frames.encode_request(seq, payload)
         if self._register_pending:  # rule 1a: the registration precedes the first item
             frame = encode(Register(self.attempt), self.secret) + frame
             self._register_pending = False
@@ -339,7 +338,7 @@ class ChannelClient:
             sock.sendall(self._frames.encode_many(first, chunk))
         if self._request is not None:  # the request waiting for its answer comes last
             seq, payload = self._request
-            sock.sendall(encode(Request(self.attempt, seq, payload), self.secret))
+            sock.sendall(self._frames.encode_request(seq, payload))
 
     def _read_one_reply(self) -> None:
         self._write_pending()  # never wait for acknowledgements of events still buffered here

@@ -1,9 +1,10 @@
-"""A cheap future for event sends.
+"""A cheap future for event sends and request answers.
 
 ``concurrent.futures.Future()`` builds a ``threading.Condition`` (an RLock and a condition) on
 construction: about 1.5 us, which dominated the cost of a send. Most send futures are never
-waited on, so :class:`SendFuture` creates its condition only when someone waits, adds a
-callback or cancels; completing a future nobody waits on takes a global lock briefly and sets
+waited on, so :class:`SendFuture` creates its condition only when someone waits for it or adds
+a callback before it finished (reading a finished one needs none: it never changes again);
+completing a future nobody waits on takes a global lock briefly and sets
 the state. It is a real ``Future`` for every caller (``result``, ``add_done_callback``,
 ``concurrent.futures.wait``, ``asyncio.wrap_future``).
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 import threading
 from concurrent.futures import Future, InvalidStateError
 from concurrent.futures._base import FINISHED, PENDING
+from concurrent.futures._base import LOGGER as _LOGGER
 from typing import Any
 
 _INFLATE = threading.Lock()
@@ -55,11 +57,36 @@ class SendFuture(Future[Any]):
         with _INFLATE:
             if "_condition" in self.__dict__:
                 return False
-            if self._state != PENDING:
-                raise InvalidStateError(f"{self._state}: {self!r}")
-            setattr(self, attribute, value)
-            self._state = FINISHED
-            return True
+            state = self._state
+            if state == PENDING:
+                setattr(self, attribute, value)
+                self._state = FINISHED
+                return True
+        # raised outside the lock: the repr takes the condition, which may create it
+        raise InvalidStateError(f"{state}: {self!r}")
+
+    # A finished future never changes again: reading it needs no condition (Future's own
+    # methods take it, which would create one for every answer the channel reads).
+    def add_done_callback(self, fn: Any) -> None:
+        if self._state == FINISHED:
+            try:
+                fn(self)
+            except Exception:  # noqa: BLE001 - as Future.add_done_callback: logged, not raised
+                _LOGGER.exception("exception calling callback for %r", self)
+            return
+        super().add_done_callback(fn)
+
+    def result(self, timeout: float | None = None) -> Any:
+        if self._state == FINISHED:
+            if self._exception is not None:
+                raise self._exception
+            return self._result
+        return super().result(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        if self._state == FINISHED:
+            return self._exception
+        return super().exception(timeout)
 
     def set_result(self, result: Any) -> None:
         if not self._finish_unwatched("_result", result):

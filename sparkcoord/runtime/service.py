@@ -62,6 +62,7 @@ from sparkcoord.core.records import CheckpointRecord, encode_log_entry
 from sparkcoord.core.restore import RestorePoint, RestorePointDetector
 from sparkcoord.runtime.clock import Clock, SystemClock
 from sparkcoord.runtime.config import ServiceConfig as ServiceConfig  # re-exported: its old home
+from sparkcoord.runtime.futures import SendFuture
 from sparkcoord.runtime.holder import Answered, CoordinatorHolder, ReplayedEvent
 from sparkcoord.runtime.mailbox import Mailbox, ThreadMailbox
 from sparkcoord.runtime.storage import CheckpointStorage
@@ -503,7 +504,7 @@ class CoordinationService:
         adopted the history: DESIGN 2b) gets the logged answer without reaching the
         coordinator again. A repeated request whose bytes differ fails the job.
         """
-        answer: Future[Answer] = Future()
+        answer: Future[Answer] = SendFuture()  # no condition unless someone waits
         request = self._decoded_request(payload, f"request {seq} of {attempt}", answer)
         if answer.done():
             return answer
@@ -552,7 +553,7 @@ class CoordinationService:
         ``handle_client_request`` sees it, so its effect survives a reset and a restore; a
         re-send of the same ``(client, seq)`` is answered from the log.
         """
-        answer: Future[Answer] = Future()
+        answer: Future[Answer] = SendFuture()
         request = self._decoded_request(payload, f"client request {seq} to {operator!r}", answer)
         if answer.done():
             return answer

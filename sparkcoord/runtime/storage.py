@@ -146,7 +146,7 @@ class CheckpointStorage:
             self.files.remove(self._seal_path(epoch))
             self.files.write_atomic(self._log_path(epoch), initial, fsync=self.fsync)
             self._log_epoch = epoch
-            self._log_file = open(self._log_path(epoch), "ab")  # noqa: SIM115 - kept open
+            self._log_file = self._open_log(epoch)
         else:
             self.truncate_inbound_log(epoch)
             self._log_epoch = epoch
@@ -175,8 +175,9 @@ class CheckpointStorage:
             self.reopen_inbound_log(epoch)
         if self._local:
             f = self._log_file
-            f.write(frame)
-            f.flush()
+            written = f.write(frame)  # unbuffered: one write(2), in the OS when it returns
+            while written < len(frame):  # a short write (rare): the rest, or an OSError
+                written += f.write(memoryview(frame)[written:])
             if self.fsync:
                 os.fsync(f.fileno())
         else:
@@ -187,12 +188,16 @@ class CheckpointStorage:
         length, crc = self._log_sums.get(epoch, (0, 0))
         self._log_sums[epoch] = (length + len(frame), zlib.crc32(frame, crc))
 
+    def _open_log(self, epoch: int) -> Any:
+        # kept open for the epoch; unbuffered, so an append is one system call (no flush)
+        return open(self._log_path(epoch), "ab", buffering=0)  # noqa: SIM115
+
     def reopen_inbound_log(self, epoch: int) -> None:
         """Continue appending to an existing log of ``epoch`` (after a restore)."""
         self._close_log()
         self._log_epoch = epoch
         if self._local:
-            self._log_file = open(self._log_path(epoch), "ab")  # noqa: SIM115 - kept open
+            self._log_file = self._open_log(epoch)
         else:
             self._segments = len(self._segment_names(epoch))
         if epoch not in self._log_sums:

@@ -330,6 +330,15 @@ def test_an_events_frame_round_trips_and_lengths_that_do_not_add_up_are_named() 
         authenticate_and_parse(bad_header, _hmac.digest(SECRET, bad_header + bad, "sha256"), bad, SECRET)
 
 
+def test_a_task_attempts_cached_frames_are_the_bytes_of_the_generic_encoder() -> None:
+    from sparkcoord.channel.frames import EventFrames, Request
+
+    a = TaskAttempt("run", SubtaskId("op", 1), 4, 0)
+    frames = EventFrames(a, SECRET)
+    assert frames.encode_request(9, b"ask") == encode(Request(a, 9, b"ask"), SECRET)
+    assert frames.encode(3, b"ev") == encode(Event(a, 3, b"ev"), SECRET)
+
+
 def test_a_fault_plan_hits_every_nth_new_event_and_never_a_resent_burst() -> None:
     from sparkcoord.channel.faults import fault_plan
 

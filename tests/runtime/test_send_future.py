@@ -18,6 +18,29 @@ def test_a_completed_future_nobody_waited_on_reports_its_result() -> None:
         f.set_result(8)
 
 
+def test_reading_a_finished_future_creates_no_condition() -> None:
+    # the channel reads every request's answer future once it finished: no condition for it
+    f = SendFuture()
+    f.set_result(7)
+    called = []
+    f.add_done_callback(lambda done: called.append(done.result()))
+    assert f.result() == 7 and f.exception() is None and called == [7]
+    failed = SendFuture()
+    failed.set_exception(KeyError("k"))
+    assert isinstance(failed.exception(), KeyError)
+    with pytest.raises(KeyError):
+        failed.result()
+    assert "_condition" not in f.__dict__ and "_condition" not in failed.__dict__
+
+
+def test_a_callback_added_to_a_finished_future_that_raises_is_logged_not_raised(
+        caplog: pytest.LogCaptureFixture) -> None:
+    f = SendFuture()
+    f.set_result(1)
+    f.add_done_callback(lambda done: 1 / 0)  # as concurrent.futures does: logged
+    assert "exception calling callback" in caplog.text
+
+
 def test_a_failed_future_raises_its_exception() -> None:
     f = SendFuture()
     f.set_exception(KeyError("k"))
