@@ -235,7 +235,7 @@ def _inner(preset: str) -> dict[str, Any]:
              .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
              .config("spark.sql.shuffle.partitions", "2").getOrCreate())
     spark.sparkContext.setLogLevel("FATAL")
-    n = 1_000 if quick else 5_000
+    n = 3_000 if quick else 5_000  # per task: shorter runs measure warm-up and stragglers
     raw: dict[str, Any] = {"n_rtt": n}
     off = _measure(spark.sparkContext, False, n)
     raw.update(off)
