@@ -181,8 +181,13 @@ def _collector_timed(phase: str, info: dict[str, int]) -> None:
         _collector_cpu[ident] = _collector_cpu.get(ident, 0.0) + time.thread_time() - started
 
 
+_collector_installing = threading.Lock()
+
+
 def _time_the_collector() -> None:
     # once per process, when the first thread mailbox is made (not at import: a process that
-    # only imports sparkcoord pays nothing per collection)
-    if _collector_timed not in gc.callbacks:
-        gc.callbacks.append(_collector_timed)
+    # only imports sparkcoord pays nothing per collection); a lock, as two mailboxes made at
+    # once would otherwise install it twice and count every collection double
+    with _collector_installing:
+        if _collector_timed not in gc.callbacks:
+            gc.callbacks.append(_collector_timed)
