@@ -185,15 +185,17 @@ class EventFrames:
 
     def encode(self, seq: int, payload: bytes) -> bytes:
         """The authenticated frame of event ``seq``; the same bytes as ``encode(Event(...))``."""
-        body = self.prefix + _SEQ.pack(seq) + payload
-        header = HEADER.pack(MAGIC, VERSION, FrameType.EVENT, len(body))
-        return header + _mac(self.secret, header + body) + body
+        return self._item(FrameType.EVENT, seq, payload)
 
     def encode_request(self, seq: int, payload: bytes) -> bytes:
         """The authenticated frame of request ``seq``; the same bytes as
         ``encode(Request(...))``."""
+        return self._item(FrameType.REQUEST, seq, payload)
+
+    def _item(self, kind: FrameType, seq: int, payload: bytes) -> bytes:
+        # an EVENT and a REQUEST frame differ only in their type: attempt, number, payload
         body = self.prefix + _SEQ.pack(seq) + payload
-        header = HEADER.pack(MAGIC, VERSION, FrameType.REQUEST, len(body))
+        header = HEADER.pack(MAGIC, VERSION, kind, len(body))
         return header + _mac(self.secret, header + body) + body
 
     def encode_many(self, first_seq: int, payloads: list[bytes]) -> bytes:

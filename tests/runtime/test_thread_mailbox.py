@@ -1,6 +1,7 @@
 """The threaded runtime for real: mailbox threads and the blocking checkpoint path.
 
-No sleeps: the test waits on futures and events with generous timeouts.
+No sleeps to wait: the tests wait on futures and events with generous timeouts (a sleep is
+only ever the coordinator's own behaviour under test: one that blocks).
 """
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import gc
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -71,24 +73,29 @@ def _compute(seconds: float) -> None:
         pass
 
 
+def _claims_go_on_after(mailbox: ThreadMailbox, action: Callable[[], None]) -> bool:
+    """Run ``action`` as a claimed run; whether the next action is claimed too."""
+    assert mailbox.execute_claiming(action)
+    mailbox.run_claimed()
+    claimed = mailbox.execute_claiming(lambda: None)
+    if claimed:
+        mailbox.run_claimed()
+    mailbox.close()
+    return claimed
+
+
 def test_a_claimed_run_that_computes_past_the_cpu_budget_stops_claims() -> None:
     # the coordinator itself is slow: the I/O thread must not be borrowed for it again soon
     busy = ThreadMailbox("computes", claim_cpu_budget_s=0.01, claim_wall_budget_s=60.0,
                          claim_pause_s=60.0)
-    assert busy.execute_claiming(lambda: _compute(0.03))
-    busy.run_claimed()
-    assert not busy.execute_claiming(lambda: None)
-    busy.close()
+    assert not _claims_go_on_after(busy, lambda: _compute(0.03))
 
 
 def test_a_claimed_run_that_blocks_past_the_wall_budget_stops_claims() -> None:
     # a coordinator that waits (I/O, a lock, a sleep) uses no CPU and still holds the loop
     blocks = ThreadMailbox("blocks", claim_cpu_budget_s=60.0, claim_wall_budget_s=0.01,
                            claim_pause_s=60.0)
-    assert blocks.execute_claiming(lambda: time.sleep(0.03))
-    blocks.run_claimed()
-    assert not blocks.execute_claiming(lambda: None)
-    blocks.close()
+    assert not _claims_go_on_after(blocks, lambda: time.sleep(0.03))
 
 
 def test_a_claimed_run_that_waited_without_computing_keeps_claims_within_the_wall_budget() -> None:
@@ -96,11 +103,7 @@ def test_a_claimed_run_that_waited_without_computing_keeps_claims_within_the_wal
     # no sign of a slow coordinator (a 20 ms wall budget tripped on this alone: decision 46)
     waits = ThreadMailbox("preempted", claim_cpu_budget_s=0.02, claim_wall_budget_s=60.0,
                           claim_pause_s=60.0)
-    assert waits.execute_claiming(lambda: time.sleep(0.03))
-    waits.run_claimed()
-    assert waits.execute_claiming(lambda: None)  # still claimed: claims go on
-    waits.run_claimed()
-    waits.close()
+    assert _claims_go_on_after(waits, lambda: time.sleep(0.03))
 
 
 def test_a_claimed_run_that_triggers_a_long_garbage_collection_keeps_claims() -> None:
@@ -119,12 +122,8 @@ def test_a_claimed_run_that_triggers_a_long_garbage_collection_keeps_claims() ->
         gc.collect()
         took.append(time.thread_time() - start)
 
-    assert collects.execute_claiming(collect)
-    collects.run_claimed()
-    assert took[0] > 0.001  # the collection alone was over both budgets
-    assert collects.execute_claiming(lambda: None)  # and claims go on
-    collects.run_claimed()
-    collects.close()
+    assert _claims_go_on_after(collects, collect)  # claims go on
+    assert took[0] > 0.001  # though the collection alone was over both budgets
     del heap
 
 
