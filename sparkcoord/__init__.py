@@ -15,6 +15,7 @@ from sparkcoord.coordinator import (
     CoordinatorProvider,
     OperatorCoordinator,
     SubtaskGateway,
+    Withdrawn,
 )
 from sparkcoord.core.codec import EventCodec
 from sparkcoord.core.errors import (
@@ -30,6 +31,7 @@ from sparkcoord.core.errors import (
     SparkCoordError,
     UnknownRecordVersion,
     UnknownSubtask,
+    WithdrawnNotHandled,
     WrongThread,
 )
 from sparkcoord.runtime.restart import (
@@ -47,5 +49,6 @@ __all__ = [
     "CoordinatorProvider", "CorruptRecord", "EventCodec", "EventEncodingError", "EventTooLarge",
     "ExponentialBackoff", "FailureRate", "FixedDelay", "GatewayNotReady", "IllegalTransition", "NoRestart",
     "OperatorCoordinator", "RequestFailed", "RequestRefused", "RestartStrategy", "SparkCoordError", "SubtaskGateway",
-    "UnknownRecordVersion", "UnknownSubtask", "WrongThread", "__version__",
+    "UnknownRecordVersion", "UnknownSubtask", "Withdrawn", "WithdrawnNotHandled", "WrongThread",
+    "__version__",
 ]

@@ -16,9 +16,10 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from sparkcoord.core.errors import GatewayNotReady
+from sparkcoord.core.errors import GatewayNotReady, WithdrawnNotHandled
 
 
 class Cancellable(abc.ABC):
@@ -62,6 +63,24 @@ class SubtaskGateway(abc.ABC):
         Returns one future per event, in order (the same future for all: they share their fate).
         """
         return [self.send_event(e) for e in list(events)]
+
+
+@dataclass(frozen=True)
+class Withdrawn:
+    """An item of a subtask's history in an epoch that its surviving attempt did not send
+    again: a task retry (or the rerun of a batch after a restart) adopted the failed
+    attempt's history, sent a shorter one, and finished (docs/decisions.md 47).
+
+    ``item`` is the event or request as the subtask sent it; ``is_request`` tells which.
+    ``answered``: the request got an answer, ``answer``, which the failed attempt was handed
+    and nobody will use (False for an event, for a request not answered yet and for a
+    refused one; if you complete such a request's future later, that answer goes nowhere).
+    """
+
+    item: Any
+    is_request: bool
+    answered: bool = False
+    answer: Any = None
 
 
 class CoordinatorContext(abc.ABC):
@@ -185,6 +204,30 @@ class OperatorCoordinator:
             f"answer client requests: implement handle_client_request(request)"))
         return refused
 
+    def handle_items_withdrawn(self, subtask: int, attempt: int,
+                               withdrawn: list[Withdrawn]) -> None:
+        """Take back what the last items of ``subtask``'s history did: its surviving attempt
+        ``attempt`` finished the batch without sending them again. Mailbox thread, in log
+        order (a restore replays it at the same place).
+
+        Happens only after a task retry that adopted a history (once the operator answered a
+        request in the epoch, docs/decisions.md 36) and sent fewer items than the attempt it
+        replaced, e.g. a worker whose time budget ran out sooner. ``withdrawn`` lists those
+        items in the order they were sent: for each request put back what its answer handed
+        out (an item of a queue, a split: Flink's ``addSplitsBack``) and undo what it
+        reported; for each event undo its effect. The retry's own output holds none of them.
+
+        The default fails the job, naming the operator, the subtask and the items: without
+        this method, what was handed out would be lost silently.
+        """
+        raise WithdrawnNotHandled(
+            f"coordinator {self.context.operator_id!r} ({type(self).__qualname__}): subtask "
+            f"{subtask}'s surviving attempt finished without {len(withdrawn)} item(s) its "
+            f"failed attempt sent ({', '.join(_describe(w) for w in withdrawn[:5])}"
+            f"{', ...' if len(withdrawn) > 5 else ''}); what their answers handed out would be "
+            f"lost: implement handle_items_withdrawn(subtask, attempt, withdrawn) to take it "
+            f"back (docs/coordinators.md, 'A retry that asks less')")
+
     def checkpoint_coordinator(self, checkpoint_id: int, result: Future[Any]) -> None:
         """Take checkpoint ``checkpoint_id``: complete ``result`` with your state.
 
@@ -254,6 +297,12 @@ class OperatorCoordinator:
             raise GatewayNotReady(
                 f"coordinator {self.context.operator_id!r} has no gateway for subtask "
                 f"{subtask} {when}") from None
+
+
+def _describe(w: Withdrawn) -> str:
+    if not w.is_request:
+        return f"event {w.item!r}"
+    return f"request {w.item!r} answered {w.answer!r}" if w.answered else f"request {w.item!r}"
 
 
 #: What the runtime calls to create a coordinator: usually the class itself.

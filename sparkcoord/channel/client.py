@@ -9,6 +9,11 @@ Rules:
      one EVENTS frame when the in-flight ones are acknowledged, when it holds ``batch_max``
      events or ``batch_max_bytes``, when the window is full, or at :meth:`flush`. So a lone
      event costs one round trip, and a burst costs about one frame per round trip.
+  1b. A registration's reply tells the length of the history the attempt continues (a retry,
+     or the rerun of a batch after a restore, adopts the logged history once requests were
+     answered). An attempt that asked a request or continues a history says at its end how
+     many items it sent (:meth:`finish`): the service logs it and withdraws the rest of a
+     longer history (docs/decisions.md 47).
   1a. A first attempt may register lazily (:meth:`register_with_first_event`): the REGISTER
      frame then travels just before its first event frame, on the same connection, so the
      server still handles it first; a task that sends nothing never connects. A retried
@@ -26,7 +31,12 @@ Rules:
      does not retry it; decision 44). A lost connection or a reply that does
      not come within ``ack_timeout_s`` is retried: reconnect, register again (a duplicate
      registration is acknowledged), re-send every unacknowledged event with its number; after
-     ``max_retries`` the task fails.
+     ``max_retries`` the task fails, but not before ``retry_window_s`` (15 s) has passed
+     since the first failure: a connection the service closes unanswered is what its full
+     connection cap, or a flood of foreign connections it sheds, looks like, and the window
+     outlasts the service's first-frame deadline (10 s by default; server rules 4 to 6).
+     Except when nothing listens at the address (a refused connect: the run ended): that
+     fails after ``max_retries`` alone (about 1.3 s).
 
 Thread model: one client per task, used from the task's thread only.
 """
@@ -42,6 +52,7 @@ from sparkcoord.channel.frames import (
     Delivery,
     EventFrames,
     Fetch,
+    Finished,
     FrameError,
     FrameType,
     Register,
@@ -86,7 +97,8 @@ class ChannelClient:
 
     def __init__(self, address: tuple[str, int], secret: bytes, attempt: TaskAttempt, *,
                  window: int = 1024, batch_max: int = 256, batch_max_bytes: int = 1 << 16,
-                 ack_timeout_s: float = 30.0, max_retries: int = 5) -> None:
+                 ack_timeout_s: float = 30.0, max_retries: int = 5,
+                 retry_window_s: float = 15.0) -> None:
         self.address = address
         self.secret = secret
         self.attempt = attempt
@@ -95,7 +107,11 @@ class ChannelClient:
         self.batch_max_bytes = batch_max_bytes
         self.ack_timeout_s = ack_timeout_s
         self.max_retries = max_retries
+        self.retry_window_s = retry_window_s
         self.execution_attempt = 0
+        #: the length of the history this attempt continues (its registration's reply)
+        self.history_length = 0
+        self._asked = False  # whether this attempt sent a request (it then says when it ends)
         self._register_pending = False  # lazy registration not written yet
         self._register_acked = False
         self.next_seq = 0
@@ -176,6 +192,7 @@ class ChannelClient:
         and :class:`ChannelUnavailable` when the service cannot be reached (rule 3).
         """
         self._write_pending()  # events sent before the request go first, in order
+        self._asked = True
         seq = self.next_seq
         self.next_seq += 1
         self._request = (seq, payload)
@@ -189,6 +206,7 @@ class ChannelClient:
         except OSError:
             self.close()
         failures = 0
+        first_failure = 0.0
         shortened = False
         try:
             while True:
@@ -209,10 +227,13 @@ class ChannelClient:
                 except (OSError, FrameError) as exc:
                     failures += 1
                     self.close()
-                    if failures > self.max_retries:
+                    if failures == 1:
+                        first_failure = time.monotonic()
+                    if self._give_up(failures, first_failure, exc):
                         raise ChannelUnavailable(
                             f"{self.attempt}: channel to {self.address} failed {failures} "
-                            f"times while request {seq} waited for its answer: {exc!r}") from exc
+                            f"times in {time.monotonic() - first_failure:.1f} s while request "
+                            f"{seq} waited for its answer: {exc!r}") from exc
                     time.sleep(min(0.02 * 2 ** failures, 1.0))
                     self.reconnects += 1
                     continue
@@ -244,6 +265,22 @@ class ChannelClient:
         """
         while self._unacked:
             self._with_retries(self._read_one_reply)
+
+    def finish(self) -> None:
+        """The task's batch is done: wait for every acknowledgement (:meth:`flush`), then, if
+        this attempt asked a request or continues a history (rule 1b), say how many items it
+        sent and wait until the service logged it (and withdrew the rest of a longer
+        history). Task thread, at the end of the batch, before the task's state is stored."""
+        self.flush()
+        if not self._asked and not self.history_length:
+            return  # nothing was answered to this attempt: nothing to withdraw, ever
+
+        def once() -> None:
+            self._connected().sendall(encode(Finished(self.attempt, self.next_seq), self.secret))
+            while not any(r.request is FrameType.FINISHED for r in self._read_replies()):
+                pass
+
+        self._with_retries(once)
 
     def close(self) -> None:
         if self._sock is not None:
@@ -291,8 +328,16 @@ class ChannelClient:
             self._reader = FrameReader(sock, 1 << 30)
         return self._sock
 
+    def _give_up(self, failures: int, first_failure: float, exc: BaseException) -> bool:
+        """Whether a failing channel has been retried enough (rule 3)."""
+        if failures <= self.max_retries:
+            return False
+        return (isinstance(exc, ConnectionRefusedError)  # nothing listens: the run ended
+                or time.monotonic() - first_failure >= self.retry_window_s)
+
     def _with_retries(self, action: object, resend: bool = True) -> None:
         failures = 0
+        first_failure = 0.0
         reconnect = False
         while True:
             try:
@@ -303,10 +348,12 @@ class ChannelClient:
             except (OSError, FrameError) as exc:
                 failures += 1
                 self.close()
-                if failures > self.max_retries:
+                if failures == 1:
+                    first_failure = time.monotonic()
+                if self._give_up(failures, first_failure, exc):
                     raise ChannelUnavailable(
-                        f"{self.attempt}: channel to {self.address} failed {failures} times: {exc!r}"
-                    ) from exc
+                        f"{self.attempt}: channel to {self.address} failed {failures} times in "
+                        f"{time.monotonic() - first_failure:.1f} s: {exc!r}") from exc
                 time.sleep(min(0.02 * 2 ** failures, 1.0))
                 self.reconnects += 1
                 reconnect = True
@@ -373,13 +420,16 @@ class ChannelClient:
 
     def _apply(self, reply: Reply) -> None:
         if reply.verdict is ReplyVerdict.REJECT:
-            what = "registration" if reply.request is FrameType.REGISTER else f"event {reply.seq}"
+            what = ("registration" if reply.request is FrameType.REGISTER
+                    else "the end of its batch" if reply.request is FrameType.FINISHED
+                    else f"event {reply.seq}")
             self.close()
             raise refused(f"{self.attempt}: the coordination service refused {what}",
                           reply.reason, reply.hold_ms)
         self.execution_attempt = reply.execution_attempt
         if reply.request is FrameType.REGISTER:
             self._register_acked = True
+            self.history_length = max(self.history_length, reply.seq)
         if reply.request is FrameType.EVENT:
             unacked = self._unacked
             for seq in range(reply.seq, reply.seq + reply.count):

@@ -23,8 +23,9 @@ from sparkcoord.core.errors import SparkCoordError
 from sparkcoord.core.ids import SubtaskId, TaskAttempt
 
 MAGIC = b"SC"
-VERSION = 4  # 2: a reply covers a range of sequence numbers (count); 3: requests;
-# 4: a refusal because the job failed carries how long the task waits to be cancelled
+VERSION = 5  # 2: a reply covers a range of sequence numbers (count); 3: requests;
+# 4: a refusal because the job failed carries how long the task waits to be cancelled;
+# 5: FINISHED, and a registration's reply carries the adopted history's length in ``seq``
 HEADER = struct.Struct(">2sBBI")
 MAC_SIZE = 32
 _ATTEMPT = struct.Struct(">IqI")  # index, epoch, number
@@ -49,6 +50,8 @@ class FrameType(enum.IntEnum):
     REQUEST = 8  # a request of one attempt (shares the sequence of its events)
     RESPONSE = 9  # the logged answer to a request, or why there is none
     CLIENT_REQUEST = 10  # a request of a client of the job (the user's driver program)
+    FINISHED = 11  # an attempt that adopted a history finished after ``seq`` items (the rest
+    # is withdrawn: docs/decisions.md 47)
 
 
 class ResponseStatus(enum.IntEnum):
@@ -66,6 +69,14 @@ class ReplyVerdict(enum.IntEnum):
 @dataclass(frozen=True, slots=True)
 class Register:
     attempt: TaskAttempt
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """The attempt finished its batch having sent items 0 .. ``seq`` - 1."""
+
+    attempt: TaskAttempt
+    seq: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,7 +169,7 @@ class Replies:
 
 
 Message = (Register | Event | Events | Reply | Fetch | Delivery | Replies | Request | Response
-           | ClientRequest)
+           | ClientRequest | Finished)
 _REASON = struct.Struct(">H")
 
 
@@ -226,6 +237,8 @@ def encode(message: Message, secret: bytes) -> bytes:
         body = _attempt(message.attempt) + _SEQ.pack(message.seq) + message.payload
     elif isinstance(message, Register):
         kind, body = FrameType.REGISTER, _attempt(message.attempt)
+    elif isinstance(message, Finished):
+        kind, body = FrameType.FINISHED, _attempt(message.attempt) + _SEQ.pack(message.seq)
     elif isinstance(message, Event):
         kind = FrameType.EVENT
         body = _attempt(message.attempt) + _SEQ.pack(message.seq) + message.payload
@@ -357,6 +370,10 @@ def _parse(frame_type: FrameType, body: memoryview) -> Message:
         return Events(attempt, seq, _blobs(body, pos, "event"))
     if frame_type is FrameType.REQUEST:
         return Request(attempt, seq, bytes(body[pos:]))
+    if frame_type is FrameType.FINISHED:
+        if pos != len(body):
+            raise ValueError("trailing bytes after a finish")
+        return Finished(attempt, seq)
     return Event(attempt, seq, bytes(body[pos:]))
 
 

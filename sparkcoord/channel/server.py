@@ -10,10 +10,20 @@ Rules:
   4. A connection must complete its first authenticated frame within ``first_frame_timeout_s``
      of being accepted (a total deadline, not per read: a client trickling bytes is dropped
      too); after that it may stay idle for as long as it likes (a task between events).
-  5. At most ``max_connections`` connections are served at once; one more is closed as soon
-     as it is accepted, before the I/O loop sees it, with one WARNING line (then at most
-     one every 10 s, with the number refused since).
-  6. The listen backlog is ``listen_backlog`` (connections the kernel queues before the
+  5. Nothing unauthenticated can crowd out a task. Connections that have not yet sent an
+     authenticated frame have a budget of their own, ``max_unauthenticated`` (default
+     max(16, max_connections // 4)), apart from the cap of rule 6. When more than that wait,
+     the I/O loop first reads the ones that sent something (a task sends its first frame
+     as soon as it connects), then drops the oldest that still wait: the newest are kept,
+     so idle sockets opened earlier cannot keep a task's fresh connection out. Connections
+     the accept thread handed over and the loop has not taken yet are bounded alike (a busy
+     loop: the oldest are closed). One WARNING line, then at most one every 10 s.
+  6. At most ``max_connections`` authenticated connections are served at once; unauthenticated
+     ones never count against it and never evict an authenticated one. While it is full, a
+     new connection is closed as soon as it is accepted, before the I/O loop sees it; one
+     that authenticates while it is full is closed then, unanswered (its task retries). One
+     WARNING line, then at most one every 10 s with the number refused since.
+  7. The listen backlog is ``listen_backlog`` (connections the kernel queues before the
      accept thread takes them: sized for the run's parallelism).
 
 Theory of operation: a client pipelines up to its window of events, in bursts (EVENTS frames).
@@ -30,13 +40,14 @@ loop reads only a readable one, and a write blocks only until the task's own soc
 takes it (a task reads its replies).
 
 Thread model: ``start``/``close`` from the owner's thread; one daemon thread accepts (and
-refuses connections over the cap, rule 5) and hands admitted connections to the one daemon
-I/O thread, which serves them all until their peers close them (also after ``close``, which
-only stops accepting). The handler must be thread-safe (the coordination service is).
+refuses connections while the cap is full, rule 6) and hands admitted connections to the one
+daemon I/O thread, which serves them all until their peers close them (also after ``close``,
+which only stops accepting). The handler must be thread-safe (the coordination service is).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import select
 import selectors
@@ -56,6 +67,7 @@ from sparkcoord.channel.frames import (
     Event,
     Events,
     Fetch,
+    Finished,
     FrameError,
     FrameType,
     Message,
@@ -90,6 +102,11 @@ class InboundHandler(Protocol):
     """What the server hands frames to (the coordination service)."""
 
     def attempt_registered(self, attempt: TaskAttempt) -> InboundDecision: ...
+
+    def attempt_finished(self, attempt: TaskAttempt, sent: int) -> Future[InboundDecision]:
+        """An attempt that adopted a history finished after ``sent`` items: the future of
+        the decision (it resolves once the coordinator took back what it did not send)."""
+        ...
 
     def event_runs_received(self, runs: Sequence[tuple[TaskAttempt, int, tuple[bytes, ...]]]
                             ) -> list[RunDecision]:
@@ -227,19 +244,23 @@ class FrameReader:
 class ChannelServer:
     """Serves subtask connections for one coordination service.
 
-    Limits (module rules 4 to 6): ``first_frame_timeout_s`` for a connection's first
-    authenticated frame, counted from its accept; ``max_connections`` served at once (more are
-    closed on accept and counted in ``refused_connections``); ``listen_backlog`` for the
-    kernel's queue of connections not yet accepted.
+    Limits (module rules 4 to 7): ``first_frame_timeout_s`` for a connection's first
+    authenticated frame, counted from its accept; ``max_unauthenticated`` connections waiting
+    for it (beyond that the oldest are dropped, counted in ``evicted_connections``);
+    ``max_connections`` authenticated ones served at once (more are closed and counted in
+    ``refused_connections``); ``listen_backlog`` for the kernel's queue of connections not
+    yet accepted.
     """
 
-    #: At most one WARNING line about refused connections per this many seconds.
+    #: At most one WARNING line about refused (or about evicted) connections per this many
+    #: seconds.
     REFUSAL_LOG_INTERVAL_S = 10.0
 
     def __init__(self, handler: InboundHandler, secret: bytes, *, host: str = "127.0.0.1",
                  port: int = 0, max_frame_bytes: int = (1 << 20) + 4096,
                  deliveries: DeliveryHandler | None = None, first_frame_timeout_s: float = 10.0,
-                 max_connections: int = 256, listen_backlog: int = 128) -> None:
+                 max_connections: int = 256, listen_backlog: int = 128,
+                 max_unauthenticated: int | None = None) -> None:
         if len(secret) < 16:
             raise ValueError("the channel secret must be at least 16 bytes")
         if first_frame_timeout_s <= 0:
@@ -248,12 +269,17 @@ class ChannelServer:
             raise ValueError(f"max_connections must be >= 1, got {max_connections}")
         if listen_backlog < 1:
             raise ValueError(f"listen_backlog must be >= 1, got {listen_backlog}")
+        if max_unauthenticated is None:
+            max_unauthenticated = max(16, max_connections // 4)
+        if max_unauthenticated < 1:
+            raise ValueError(f"max_unauthenticated must be >= 1, got {max_unauthenticated}")
         self.handler = handler
         self.deliveries = deliveries
         self.secret = secret
         self.max_frame_bytes = max_frame_bytes
         self.first_frame_timeout_s = first_frame_timeout_s
         self.max_connections = max_connections
+        self.max_unauthenticated = max_unauthenticated
         self.listen_backlog = listen_backlog
         #: Test hook, None in normal operation: called with each authenticated message, it may
         #: return "drop-before" (close without handling it) or "drop-after" (handle it, then
@@ -265,12 +291,14 @@ class ChannelServer:
         self.failover_hold: Callable[[], int] = _no_hold
         self.dropped_connections = 0
         self.refused_connections = 0
+        self.evicted_connections = 0  # unauthenticated, dropped for newer ones (rule 5)
         self.frames_served = 0
         self._lock = threading.Lock()
         self._open = 0  # connections admitted and not yet ended (under _lock)
+        self._authenticated = 0  # of those, the authenticated ones: the cap's (under _lock)
         self._accepted_at: dict[socket.socket, float] = {}  # admitted, thread not yet serving
-        self._refused_unlogged = 0  # refusals since the last WARNING line
-        self._refusal_logged_at: float | None = None
+        self._refusals = _Throttle(self.REFUSAL_LOG_INTERVAL_S)  # WARNING lines (under _lock)
+        self._evictions = _Throttle(self.REFUSAL_LOG_INTERVAL_S)
         server = self
 
         # The I/O loop: one thread serves every admitted connection (rule 2)
@@ -280,7 +308,8 @@ class ChannelServer:
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
         self._incoming: list[socket.socket] = []  # admitted, not yet in the loop (under _lock)
         self._closing = False
-        self._waiting_first: dict[socket.socket, _Connection] = {}  # the loop's, rule 4
+        # the loop's: not yet authenticated, oldest first (rules 4 and 5)
+        self._waiting_first: dict[socket.socket, _Connection] = {}
         self._connections: dict[socket.socket, _Connection] = {}  # the loop's
 
         class _Server(socketserver.TCPServer):
@@ -314,6 +343,13 @@ class ChannelServer:
         with self._lock:
             return self._open
 
+    @property
+    def authenticated_connections(self) -> int:
+        """Connections being served now that sent an authenticated frame (the ones the cap
+        counts, rule 6). Any thread."""
+        with self._lock:
+            return self._authenticated
+
     def start(self) -> ChannelServer:
         """Start accepting and serving. The owner's thread (the driver side's constructor, or
         a test)."""
@@ -332,43 +368,76 @@ class ChannelServer:
         self._wake()
 
     def _admit(self, sock: socket.socket, peer: object) -> bool:
-        # the accept thread, right after accept(): admit under the cap, or refuse (rule 5)
+        # the accept thread, right after accept(): admit while the cap has room, or refuse
+        # (rule 6); an unauthenticated connection does not count against the cap (rule 5)
         now = time.monotonic()
         with self._lock:
-            if self._open < self.max_connections:
+            if self._authenticated < self.max_connections:
                 self._open += 1
                 self._accepted_at[sock] = now
                 return True
+        self._refused(peer, now)
+        return False
+
+    def _refused(self, peer: object, now: float) -> None:
+        # the accept thread, or the I/O loop for a connection that authenticated at a full cap
+        with self._lock:
             self.refused_connections += 1
-            self._refused_unlogged += 1
-            last = self._refusal_logged_at
-            if last is not None and now - last < self.REFUSAL_LOG_INTERVAL_S:
-                return False
-            refused, self._refused_unlogged = self._refused_unlogged, 0
-            self._refusal_logged_at = now
-            open_now = self._open
+            due = self._refusals.note(now)
+            open_now = self._authenticated
+        if due is None:
+            return
+        refused, last = due
         host, port = self.address
         if last is None:
             what = f"refused a connection from {peer}"
         else:
             what = (f"refused {refused} connection{'s' if refused != 1 else ''} in the last "
                     f"{now - last:.0f} s, the latest from {peer}")
-        log.warning("channel server at %s:%d %s: %d connections open, the cap is %d "
-                    "(ServiceConfig.max_channel_connections)", host, port, what, open_now,
+        log.warning("channel server at %s:%d %s: %d authenticated connections open, the cap "
+                    "is %d (ServiceConfig.max_channel_connections)", host, port, what, open_now,
                     self.max_connections)
-        return False
 
-    def _connection_ended(self, sock: socket.socket) -> None:
+    def _evicted(self, count: int, peer: object) -> None:
+        # rule 5: ``count`` unauthenticated connections were dropped for newer ones
+        now = time.monotonic()
+        with self._lock:
+            self.evicted_connections += count
+            due = self._evictions.note(now, count)
+        if due is None:
+            return
+        evicted, last = due
+        host, port = self.address
+        since = "" if last is None else f" in the last {now - last:.0f} s"
+        log.warning("channel server at %s:%d dropped %d unauthenticated connection%s%s, the "
+                    "latest from %s: more than %d connections had not sent an authenticated "
+                    "frame (the oldest are dropped first)", host, port, evicted,
+                    "s" if evicted != 1 else "", since, peer, self.max_unauthenticated)
+
+    def _connection_ended(self, sock: socket.socket, authenticated: bool) -> None:
         with self._lock:
             self._open -= 1
+            if authenticated:
+                self._authenticated -= 1
             self._accepted_at.pop(sock, None)
 
     # ----------------------------------------------------------------------- the I/O loop
     def _hand_over(self, sock: socket.socket) -> None:
-        # the accept thread: an admitted connection goes to the I/O loop
+        # the accept thread: an admitted connection goes to the I/O loop. If the loop has not
+        # taken a budget's worth of them yet (it is busy), the oldest of those is closed
+        # (rule 5): the accept thread outpaces a busy loop, and what it holds is bounded.
+        oldest = None
         with self._lock:
+            if len(self._incoming) >= self.max_unauthenticated:
+                oldest = self._incoming.pop(0)
+                self._open -= 1
+                self._accepted_at.pop(oldest, None)
             self._incoming.append(sock)
         self._wake()
+        if oldest is not None:
+            peer = _peer(oldest)
+            oldest.close()  # never seen by the loop: nothing else refers to it
+            self._evicted(1, peer)
 
     def _wake(self) -> None:
         try:
@@ -383,8 +452,8 @@ class ChannelServer:
         try:
             while True:
                 timeout = None
-                if self._waiting_first:
-                    first = min(c.deadline for c in self._waiting_first.values())
+                if self._waiting_first:  # oldest first: the first has the nearest deadline
+                    first = next(iter(self._waiting_first.values())).deadline
                     timeout = max(0.0, first - time.monotonic())
                 for key, _ in self._selector.select(timeout):
                     if key.data is None:
@@ -392,6 +461,8 @@ class ChannelServer:
                     else:
                         self._readable(key.data)
                 if self._waiting_first:
+                    if len(self._waiting_first) > self.max_unauthenticated:
+                        self._shed()
                     self._drop_late(time.monotonic())
                 if self._closing and not self._connections and not self._incoming:
                     return
@@ -428,9 +499,33 @@ class ChannelServer:
 
     def _drop_late(self, now: float) -> None:
         # rule 4: a total deadline for the first authenticated frame, counted from accept
-        for conn in [c for c in self._waiting_first.values() if c.deadline <= now]:
+        # (oldest first: the late ones are at the front)
+        late: list[_Connection] = []
+        for conn in self._waiting_first.values():
+            if conn.deadline > now:
+                break
+            late.append(conn)
+        for conn in late:
             self._dropped(conn, FrameError(
                 f"no authenticated frame within {self.first_frame_timeout_s} s of connecting"))
+
+    def _shed(self) -> None:
+        # rule 5: more connections wait for their first authenticated frame than their budget.
+        # First read the waiting ones that sent something (a task's first frame is there as
+        # soon as it connected; garbage is dropped by rule 3), then drop the oldest that still
+        # wait. Only under a flood: nothing of this runs per request.
+        waiting = self._waiting_first
+        for key, _ in self._selector.select(0):
+            conn = key.data
+            if conn is not None and conn.sock in waiting:
+                self._readable(conn)
+        excess = len(waiting) - self.max_unauthenticated
+        if excess <= 0:
+            return
+        oldest = list(itertools.islice(waiting.values(), excess))
+        for conn in oldest:
+            self._end(conn)
+        self._evicted(len(oldest), oldest[-1].peer)
 
     def _readable(self, conn: _Connection) -> None:
         # the I/O loop: read what the socket has, answer every complete frame in it
@@ -444,7 +539,8 @@ class ChannelServer:
             batch: list[Message] = []
             while (frame := reader.next_frame()) is not None:
                 message = authenticate_and_parse(*frame, self.secret)
-                self._waiting_first.pop(conn.sock, None)  # may idle between events (rule 4)
+                if not conn.authenticated and not self._authenticated_first(conn):
+                    return  # the cap is full: closed unanswered (rule 6)
                 if self.fault is not None:  # test hook: one message at a time
                     if self._inject(message, conn.sock, conn.writer):
                         self._end(conn)
@@ -460,6 +556,21 @@ class ChannelServer:
             self._dropped(conn, exc, abruptly=True)
         except (FrameError, OSError) as exc:
             self._dropped(conn, exc)
+
+    def _authenticated_first(self, conn: _Connection) -> bool:
+        # its first authenticated frame: it may idle between events from now on (rule 4),
+        # and counts against the cap, if the cap has room (rule 6)
+        with self._lock:
+            admitted = self._authenticated < self.max_connections
+            if admitted:
+                self._authenticated += 1
+                conn.authenticated = True
+        if admitted:
+            self._waiting_first.pop(conn.sock, None)
+            return True
+        self._end(conn)
+        self._refused(conn.peer, time.monotonic())
+        return False
 
     def _dropped(self, conn: _Connection, exc: BaseException, abruptly: bool = False) -> None:
         with self._lock:
@@ -482,9 +593,9 @@ class ChannelServer:
             self._selector.unregister(sock)
         except (KeyError, ValueError):
             pass  # never registered, or its descriptor is closed already
-        # its place under the cap is free before its peer can see the close (rule 5): a
+        # its place under the cap is free before its peer can see the close (rule 6): a
         # client that reconnects at once must not be refused for its own dead connection
-        self._connection_ended(sock)
+        self._connection_ended(sock, conn.authenticated)
         try:
             sock.shutdown(socket.SHUT_WR)
         except OSError:
@@ -524,6 +635,9 @@ class ChannelServer:
                 if isinstance(message, (Request, ClientRequest)) and writer is not None:
                     self._request(message, writer)  # answered when its answer is logged
                     continue
+                if isinstance(message, Finished) and writer is not None:
+                    self._finished(message, writer)  # answered when the coordinator took
+                    continue                         # back what the attempt did not send
                 replies.append(self._dispatch(message))
                 continue
             runs = [(m.attempt, m.first_seq, m.payloads) if isinstance(m, Events)
@@ -560,6 +674,20 @@ class ChannelServer:
             writer.send(encode(_response(seq, f, hold), self.secret), quiet=True)
         answer.add_done_callback(answered)
 
+    def _finished(self, message: Finished, writer: _Writer) -> None:
+        # As a request: the reply is written by the thread that completes the decision (the
+        # coordinator's, after handle_items_withdrawn), not waited for here.
+        seq = message.seq
+
+        def decided(f: Future[InboundDecision]) -> None:
+            decision = f.result()
+            verdict = _VERDICTS[decision.verdict]
+            reply = Reply(FrameType.FINISHED, seq, verdict, decision.execution_attempt,
+                          decision.reason, 1,
+                          self.failover_hold() if verdict is ReplyVerdict.REJECT else 0)
+            writer.send(encode(reply, self.secret), quiet=True)
+        self.handler.attempt_finished(message.attempt, seq).add_done_callback(decided)
+
     def _inject(self, message: Message, sock: socket.socket, writer: _Writer) -> bool:
         assert self.fault is not None
         action = self.fault(message)
@@ -579,9 +707,12 @@ class ChannelServer:
         if isinstance(message, Register):
             decision = self.handler.attempt_registered(message.attempt)
             verdict = _VERDICTS[decision.verdict]
-            return Reply(FrameType.REGISTER, 0, verdict, decision.execution_attempt,
-                         decision.reason, 1,
+            # ``seq``: the length of the history the attempt continues (it then says how
+            # much of it it sent when it finishes)
+            return Reply(FrameType.REGISTER, decision.history_length, verdict,
+                         decision.execution_attempt, decision.reason, 1,
                          self.failover_hold() if verdict is ReplyVerdict.REJECT else 0)
+
         if isinstance(message, Fetch):
             if self.deliveries is None:
                 return Delivery("", message.epoch, (), "this server serves no downstream operators")
@@ -596,12 +727,42 @@ def _no_hold() -> int:
 class _Connection:
     """One admitted connection, as the I/O loop keeps it."""
 
-    __slots__ = ("sock", "reader", "writer", "deadline", "peer")
+    __slots__ = ("sock", "reader", "writer", "deadline", "peer", "authenticated")
 
     def __init__(self, sock: socket.socket, reader: FrameReader, writer: _Writer,
                  deadline: float) -> None:
         self.sock, self.reader, self.writer, self.deadline = sock, reader, writer, deadline
         self.peer: object = "?"
+        self.authenticated = False  # sent an authenticated frame: counted by the cap (rule 6)
+
+
+class _Throttle:
+    """When to write a WARNING line about a repeated happening: the first at once, then at
+    most one per ``interval`` with the number since. Used under the server's lock."""
+
+    __slots__ = ("interval", "unlogged", "logged_at")
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self.unlogged = 0
+        self.logged_at: float | None = None
+
+    def note(self, now: float, count: int = 1) -> tuple[int, float | None] | None:
+        """Count ``count`` more; None, or (the number to report, when the last line was)."""
+        self.unlogged += count
+        last = self.logged_at
+        if last is not None and now - last < self.interval:
+            return None
+        reported, self.unlogged = self.unlogged, 0
+        self.logged_at = now
+        return reported, last
+
+
+def _peer(sock: socket.socket) -> object:
+    try:
+        return sock.getpeername()
+    except OSError:
+        return "?"
 
 
 def _response(seq: int, answer: Future[ResponseEntry | ClientResponseEntry],

@@ -88,3 +88,17 @@ class OperatorCodeFailed(SparkCoordError):
     message names the operator, subtask, epoch and callback and carries the user's traceback.
     From Python 3.11 on the user's exception itself leaves the task, with a note saying the
     same (Spark's failure text keeps a note, and may drop a cause)."""
+
+
+class WithdrawnNotHandled(SparkCoordError):
+    """A task retry finished without items its failed attempt sent (answers were handed out
+    that no surviving task uses), and the coordinator does not implement
+    ``handle_items_withdrawn`` to take them back: the job fails instead of losing them."""
+
+
+class RunUnavailable(RequestFailed):
+    """A client request found no run of the job to take it: the query was starting,
+    restarting or failing over for the whole of the request's timeout (or, called from
+    ``until`` on the job's own thread, a restart was due: that thread performs it, so the
+    request does not wait for it). The job runner takes it from ``until`` as "not done yet"
+    while a restart is due or the query has not run a batch yet (docs/decisions.md 51)."""

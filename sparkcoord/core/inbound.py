@@ -24,6 +24,18 @@ Rules (DESIGN.md section 2, rules 6 and 7, and docs/decisions.md 36):
      *adopts* the history instead: another subtask may already have acted on an answer computed
      from it, so it must stay true; the retry re-sends it (checked, not applied again) and
      continues it. Nothing is reset, and the coordinator is not told.
+  6. An attempt that asked a request or adopted a history says when it finished the batch and
+     how many items it sent (registration tells it the history's length); it is logged. If it
+     sent fewer than its history holds, the items from that number on are *withdrawn*: cut
+     from the history (a later retry that sends them again asks anew) and handed to the
+     coordinator's ``handle_items_withdrawn`` with their logged answers, in log order, so
+     what those answers handed out goes back instead of vanishing (DESIGN 2c,
+     docs/decisions.md 47). A replay meets the entry at the same place and withdraws the same.
+     Only within a run: a failed attempt's output never reaches the sink, but when the batch
+     runs again after a restart and an attempt of the earlier run had finished, a sink may
+     hold that attempt's output (Spark's file sink keeps a batch it committed when only the
+     commit log was lost): a shorter history then is divergence (rule 4), not a withdrawal,
+     and so is an item beyond it.
 
 Theory of operation: the gate keeps only the running epoch: the live attempt and history of
 each subtask, the logged responses, and every log entry in order (the in-memory mirror of the
@@ -136,8 +148,18 @@ class ClientResponseEntry:
     failed: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class FinishedEntry:
+    """Log entry: ``attempt``, the live attempt of its subtask, finished the batch having
+    sent items 0 .. ``seq`` - 1; any items of its history from ``seq`` on are withdrawn
+    (rule 6)."""
+
+    attempt: TaskAttempt
+    seq: int
+
+
 LogEntry = (RegistrationEntry | EventEntry | EventRunEntry | RequestEntry | ResponseEntry
-            | ClientRequestEntry | ClientResponseEntry)
+            | ClientRequestEntry | ClientResponseEntry | FinishedEntry)
 #: The entries that are items of a subtask's history (numbered by sequence).
 ItemEntry = EventEntry | EventRunEntry | RequestEntry
 
@@ -169,6 +191,12 @@ class InboundDecision:
     #: an accepted retry that took over the replaced attempt's history (rule 5): the runtime
     #: resets nothing
     adopted: bool = False
+    #: a registration: the length of the history the attempt continues (rule 6: it says at
+    #: the end if it sent fewer items); a finish: the items it withdrew, in order
+    history_length: int = 0
+    withdrawn: tuple[WithdrawnItem, ...] = ()
+    #: a refused finish that is divergence (rule 6): the runtime fails the job
+    diverged: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,6 +242,17 @@ class RequestDecision:
 
 
 @dataclass(frozen=True, slots=True)
+class WithdrawnItem:
+    """Item ``seq`` of a subtask's history, withdrawn (rule 6): its payload, whether it is a
+    request, and a request's logged answer (None: not answered when it was withdrawn)."""
+
+    seq: int
+    payload: bytes
+    is_request: bool
+    response: ResponseEntry | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ReplayedItem:
     """A surviving event or request of a log, in log order, for a coordinator replay.
 
@@ -227,6 +266,8 @@ class ReplayedItem:
     response: ResponseEntry | ClientResponseEntry | None = None
     #: a client's request (``attempt`` is its :func:`client_identity`)
     client: bool = False
+    #: a withdrawal (rule 6): the withdrawn items of ``attempt``'s subtask (``payload`` empty)
+    withdrawn: tuple[WithdrawnItem, ...] | None = None
 
 
 @dataclass(slots=True)
@@ -235,6 +276,7 @@ class _History:
 
     attempts: set[TaskAttempt]          # the live attempt and the attempts it adopted
     length: int = 0                     # the next sequence number
+    finished: TaskAttempt | None = None  # the last attempt that said it finished (rule 6)
     starts: list[int] = field(default_factory=list)       # first seq of each item entry
     items: list[ItemEntry] = field(default_factory=list)  # in sequence order
 
@@ -242,6 +284,13 @@ class _History:
         self.starts.append(self.length)
         self.items.append(entry)
         self.length += count
+
+    def truncate(self, length: int) -> None:
+        """Forget the items from ``length`` on (rule 6); a run entry that straddles the cut
+        stays, covering only its items below it."""
+        cut = bisect.bisect_left(self.starts, length)
+        del self.starts[cut:], self.items[cut:]
+        self.length = length
 
     def item(self, seq: int) -> tuple[bytes, bool, TaskAttempt]:
         """(payload, is a request, the attempt that logged it) of item ``seq`` < length."""
@@ -263,6 +312,11 @@ class InboundGate:
         self._live: dict[SubtaskId, TaskAttempt] = {}
         self._histories: dict[SubtaskId, _History] = {}
         self._responses: dict[tuple[SubtaskId, int], ResponseEntry] = {}
+        # every logged answer by its request (asking attempt, seq), withdrawn ones included:
+        # what a replay compares with (a withdrawn item's number may be asked again)
+        self._answers: dict[tuple[TaskAttempt, int], ResponseEntry] = {}
+        # the items each withdrawal in the log took back (rule 6), for replays
+        self._withdrawals: dict[FinishedEntry, tuple[WithdrawnItem, ...]] = {}
         self._requested: set[str] = set()  # operators that accepted a request this epoch
         # the newest client requests, (operator, client, seq) -> answer (None: not yet), kept
         # across epochs (a client re-sends a request it got no answer to, also to the next
@@ -307,6 +361,13 @@ class InboundGate:
     def live_attempt(self, subtask: SubtaskId) -> TaskAttempt | None:
         return self._live.get(subtask)
 
+    def history_length(self, subtask: SubtaskId) -> int:
+        """How many items ``subtask``'s history holds in the running epoch: more than 0 when
+        the batch runs again after a restore and its tasks adopt a kept history (they then
+        register eagerly, to say at the end whether they sent fewer: rule 6)."""
+        history = self._histories.get(subtask)
+        return 0 if history is None else history.length
+
     def answers_requests(self, operator: str) -> bool:
         """Whether ``operator`` accepted a request in the running epoch (retries adopt)."""
         return operator in self._requested
@@ -348,7 +409,56 @@ class InboundGate:
         self._live[sid] = attempt
         self._log.append(RegistrationEntry(attempt))
         return InboundDecision(Verdict.ACCEPT, replaced=replaced,
-                               execution_attempt=self.execution_attempt(sid), adopted=adopted)
+                               execution_attempt=self.execution_attempt(sid), adopted=adopted,
+                               history_length=history.length if adopted and history else 0)
+
+    def attempt_finished(self, attempt: TaskAttempt, sent: int) -> InboundDecision:
+        """``attempt`` finished its batch having sent ``sent`` items (rule 6). ACCEPT: the
+        caller logs ``self.last_entry`` and hands ``decision.withdrawn`` (if any: it sent fewer
+        than its history holds) to the coordinator. DUPLICATE: a re-send of a finish already
+        taken. REJECT with ``diverged``: a shorter history than an earlier run's finished
+        attempt sent, which fails the job."""
+        sid = attempt.subtask
+        live = self._live.get(sid)
+        if live != attempt:
+            problem = self._check_identity(attempt) or (
+                f"{attempt} is not the live attempt of {sid} (live: {live})")
+            return InboundDecision(Verdict.REJECT, problem)
+        history = self._histories[sid]
+        execution_attempt = self.execution_attempt(sid)
+        if sent > history.length:
+            return InboundDecision(Verdict.REJECT, f"{attempt} says it sent {sent} items, but "
+                                                   f"its history holds {history.length}",
+                                   execution_attempt=execution_attempt)
+        if sent == history.length and history.finished == attempt:
+            return InboundDecision(Verdict.DUPLICATE, execution_attempt=execution_attempt)
+        earlier = history.finished
+        if sent < history.length and earlier is not None and earlier.run != attempt.run:
+            return InboundDecision(
+                Verdict.REJECT,
+                f"nondeterministic subtask: {sid} finished epoch {attempt.epoch} after {sent} "
+                f"items, but the batch runs again after a restart and {earlier} had finished "
+                f"it after {history.length}: a sink may hold that attempt's output, so the "
+                f"rest cannot be withdrawn; a task that runs a batch again must send at least "
+                f"the items it sent before", execution_attempt=execution_attempt, diverged=True)
+        entry = FinishedEntry(attempt, sent)
+        withdrawn = self._withdraw(entry)
+        return InboundDecision(Verdict.ACCEPT, execution_attempt=execution_attempt,
+                               withdrawn=withdrawn)
+
+    def _withdraw(self, entry: FinishedEntry) -> tuple[WithdrawnItem, ...]:
+        sid = entry.attempt.subtask
+        history = self._histories[sid]
+        items = []
+        for seq in range(entry.seq, history.length):
+            payload, is_request, _ = history.item(seq)
+            items.append(WithdrawnItem(seq, payload, is_request,
+                                       self._responses.pop((sid, seq), None)))
+        history.truncate(entry.seq)
+        history.finished = entry.attempt
+        withdrawn = self._withdrawals[entry] = tuple(items)
+        self._log.append(entry)
+        return withdrawn
 
     def event_received(self, attempt: TaskAttempt, seq: int, payload: bytes) -> InboundDecision:
         """Event ``seq`` of ``attempt`` arrived. On ACCEPT the caller logs ``self.last_entry``."""
@@ -383,6 +493,9 @@ class InboundGate:
             if problem:
                 return RunDecision(i, 0, n - i, problem, execution_attempt, diverged=True)
         accepted = n - duplicates
+        if accepted and history.finished is not None and history.finished.run != attempt.run:
+            return RunDecision(duplicates, 0, accepted, self._beyond(history, attempt),
+                               execution_attempt, diverged=True)
         if accepted:
             entry: ItemEntry = (EventEntry(attempt, expected, payloads[duplicates]) if accepted == 1
                                 else EventRunEntry(attempt, expected, payloads[duplicates:]))
@@ -411,6 +524,9 @@ class InboundGate:
                 return RequestDecision(Verdict.REJECT, problem, execution_attempt, diverged=True)
             return RequestDecision(Verdict.DUPLICATE, execution_attempt=execution_attempt,
                                    response=self._responses.get((sid, seq)))
+        if history.finished is not None and history.finished.run != attempt.run:
+            return RequestDecision(Verdict.REJECT, self._beyond(history, attempt),
+                                   execution_attempt, diverged=True)
         entry = RequestEntry(attempt, seq, payload)
         history.append(entry, 1)
         self._log.append(entry)
@@ -426,10 +542,11 @@ class InboundGate:
         history = self._histories.get(sid)
         if (asked_by.epoch != self.running_epoch or history is None
                 or asked_by not in history.attempts or (sid, seq) in self._responses
-                or seq >= history.length):
-            return None
+                or seq >= history.length or history.item(seq)[2] != asked_by):
+            return None  # (the last: a withdrawn request whose number was asked anew)
         entry = ResponseEntry(asked_by, seq, payload, failed)
         self._responses[(sid, seq)] = entry
+        self._answers[(asked_by, seq)] = entry
         self._log.append(entry)
         return entry
 
@@ -546,6 +663,12 @@ class InboundGate:
             if isinstance(entry, (RegistrationEntry, ResponseEntry, ClientResponseEntry)):
                 continue
             sid = entry.attempt.subtask
+            if isinstance(entry, FinishedEntry):
+                if self._withdrawals[entry] and sid != excluding and (
+                        operator is None or sid.operator == operator):
+                    out.append(ReplayedItem(entry.attempt, entry.seq, b"",
+                                            withdrawn=self._withdrawals[entry]))
+                continue
             if isinstance(entry, ClientRequestEntry):
                 if operator is None or sid.operator == operator:
                     out.append(ReplayedItem(entry.attempt, entry.seq, entry.payload, True,
@@ -559,7 +682,7 @@ class InboundGate:
                 continue
             if isinstance(entry, RequestEntry):
                 out.append(ReplayedItem(entry.attempt, entry.seq, entry.payload, True,
-                                        self._responses.get((sid, entry.seq))))
+                                        self._answers.get((entry.attempt, entry.seq))))
             else:
                 out.extend(ReplayedItem(e.attempt, e.seq, e.payload) for e in _events_of(entry))
         return out
@@ -589,7 +712,12 @@ class InboundGate:
         if isinstance(entry, ResponseEntry):
             sid = entry.attempt.subtask
             self._responses.setdefault((sid, entry.seq), entry)
+            self._answers.setdefault((entry.attempt, entry.seq), entry)
             self._log.append(entry)
+            return
+        if isinstance(entry, FinishedEntry):
+            if entry.attempt.subtask in self._histories:
+                self._withdraw(entry)
             return
         if isinstance(entry, (ClientRequestEntry, ClientResponseEntry)):
             self.clients_replayed([entry])
@@ -620,6 +748,14 @@ class InboundGate:
                 f"({len(payload)} vs {len(logged)} bytes); a retried or replayed task must send "
                 f"the same events and requests in the same order")
 
+    @staticmethod
+    def _beyond(history: _History, attempt: TaskAttempt) -> str:
+        return (f"nondeterministic subtask: {attempt.subtask} sent item {history.length} of "
+                f"epoch {attempt.epoch}, but the batch runs again after a restart and "
+                f"{history.finished} had finished it after {history.length} items: a sink may "
+                f"hold that attempt's output, so a task that runs a batch again must send the "
+                f"same items (rule 6)")
+
     def _check_identity(self, attempt: TaskAttempt) -> str:
         sid = attempt.subtask
         p = self.parallelism.get(sid.operator)
@@ -639,6 +775,8 @@ class InboundGate:
         self._live.clear()
         self._histories.clear()
         self._responses.clear()
+        self._answers.clear()
+        self._withdrawals.clear()
         self._requested.clear()
         self._log.clear()
 

@@ -10,7 +10,8 @@ Inbound logs are a sequence of *frames* (length, CRC-32, body) appended one by o
 a registration (kind 0), one event (1), a run of consecutive events of one attempt that were
 accepted together (2; acknowledged together, so they are durable together), a request (3) or
 the coordinator's response to one (4; logged before the task sees it), a request of a client
-of the job (5) or its response (6). A frame whose checksum fails is
+of the job (5) or its response (6), or a withdrawal (7: an attempt that adopted a history
+finished without its items from ``seq`` on, docs/decisions.md 47). A frame whose checksum fails is
 damage wherever it is, the last frame included: an append that a crash cut short leaves a
 *short* frame, never a full-length one with other bytes in it. A short last frame is a torn
 write; only a reader that may see the log of a batch that never committed may drop it
@@ -38,6 +39,7 @@ from sparkcoord.core.inbound import (
     ClientResponseEntry,
     EventEntry,
     EventRunEntry,
+    FinishedEntry,
     LogEntry,
     RegistrationEntry,
     RequestEntry,
@@ -248,6 +250,8 @@ def encode_log_entry(entry: LogEntry) -> bytes:
         kind = 4 if isinstance(entry, ResponseEntry) else 6
         body = b"".join([_log_prefix(a, kind), _ATTEMPT.pack(a.subtask.index, a.epoch, a.number, entry.seq),
                          _U32.pack(1 if entry.failed else 0), _U32.pack(len(payload)), payload])
+    elif isinstance(entry, FinishedEntry):
+        body = _log_prefix(a, 7) + _ATTEMPT.pack(a.subtask.index, a.epoch, a.number, entry.seq)
     else:
         body = _log_prefix(a, 0) + _ATTEMPT.pack(a.subtask.index, a.epoch, a.number, 0)
     return _FRAME.pack(len(body), zlib.crc32(body)) + body
@@ -372,6 +376,9 @@ def _decode_entry(r: _Reader) -> LogEntry:
         payload = r.blob()
         r.done()
         return (RequestEntry if kind == 3 else ClientRequestEntry)(attempt, seq, payload)
+    if kind == 7:
+        r.done()
+        return FinishedEntry(attempt, seq)
     if kind in (4, 6):
         failed = r.u32()
         payload = r.blob()

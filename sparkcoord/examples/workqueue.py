@@ -38,7 +38,8 @@ def skewed_costs(count: int, total_s: float, seed: int = 7) -> list[float]:
 
 class WorkQueue(OperatorCoordinator):
     """Hands out items one at a time; ``None`` when none is left. State: the items not yet
-    handed out, and who got which (a checkpointed assignment: exactly once)."""
+    handed out, and who got which (a checkpointed assignment: exactly once). Items a task
+    retry did not pull again come back (``handle_items_withdrawn``) and go out first."""
 
     def __init__(self, context: CoordinatorContext, costs: list[float] | None = None,
                  fail_job_after: int | None = None, marker_dir: str | None = None) -> None:
@@ -53,6 +54,8 @@ class WorkQueue(OperatorCoordinator):
             state = {"next": 0, "assigned": {}, "added": []}
         self.next: int = state["next"]
         self.assigned: dict[int, int] = dict(state["assigned"])
+        # items handed to a failed attempt that its retry did not pull again: out first
+        self.returned: list[int] = list(state.get("returned", []))
         # items added by client requests (part of the state: they survive restores)
         self.added: list[float] = list(state["added"])
         self.costs = self.initial_costs + self.added
@@ -61,8 +64,8 @@ class WorkQueue(OperatorCoordinator):
         """``"status"``: how many items were handed out and are left; ``("add", costs)``: more
         items (a batch is asked for, so they are pulled without waiting for a timer)."""
         if request == "status":
-            return {"handed_out": self.next, "left": len(self.costs) - self.next,
-                    "done": self.next >= len(self.costs)}
+            return {"handed_out": self.next - len(self.returned),
+                    "left": len(self.costs) - self.next + len(self.returned), "done": self.done()}
         if isinstance(request, tuple) and request[0] == "add":
             first = len(self.costs)
             self.added.extend(request[1])
@@ -74,6 +77,10 @@ class WorkQueue(OperatorCoordinator):
     def handle_request(self, subtask: int, attempt: int, request: Any) -> Any:
         if request != "next":
             raise ValueError(f"unknown request {request!r}")
+        if self.returned:
+            item = self.returned.pop(0)
+            self.assigned[item] = subtask
+            return (item, self.costs[item])
         if self.next >= len(self.costs):
             return None
         if (self.fail_job_after is not None and self.next == self.fail_job_after
@@ -85,25 +92,46 @@ class WorkQueue(OperatorCoordinator):
         self.assigned[item] = subtask
         return (item, self.costs[item])
 
+    def handle_items_withdrawn(self, subtask: int, attempt: int, withdrawn: list[Any]) -> None:
+        """A task retry of ``subtask`` finished without pulling these again (its budget ran
+        out sooner): their items go back to the queue, first in line, and a batch is asked for
+        so that they are pulled even if every other worker already stopped."""
+        for w in withdrawn:
+            if w.is_request and w.answered and w.answer is not None:
+                item = w.answer[0]
+                self.assigned.pop(item, None)
+                self.returned.append(item)
+        self.context.request_batch()
+
     def checkpoint_coordinator(self, checkpoint_id: int, result: Future[Any]) -> None:
-        result.set_result({"next": self.next, "assigned": self.assigned, "added": self.added})
+        result.set_result({"next": self.next, "assigned": self.assigned, "added": self.added,
+                           "returned": self.returned})
 
     def done(self) -> bool:
         """Every item was handed out (mailbox thread)."""
-        return self.next >= len(self.costs)
+        return self.next >= len(self.costs) and not self.returned
 
 
 class QueueWorker(SubtaskOperator):
     """Pulls items until the queue says ``None``; optionally fails its task once after taking
-    item ``fail_task_at`` (a retry in the middle of the queue)."""
+    item ``fail_task_at`` (a retry in the middle of the queue). ``retry_budget``: a retried
+    task pulls at most that many items (a retry left with less of a per-batch time budget;
+    the items its failed attempt pulled beyond them go back to the queue)."""
 
-    def __init__(self, fail_task_at: int | None = None, marker_dir: str | None = None) -> None:
+    def __init__(self, fail_task_at: int | None = None, marker_dir: str | None = None,
+                 retry_budget: int | None = None) -> None:
         self.fail_task_at = fail_task_at
         self.marker_dir = marker_dir
+        self.retry_budget = retry_budget
 
     def process(self) -> Any:
         ctx: SubtaskContext = self.context
+        pulled = 0
         while True:
+            if ctx.spark_attempt > 0 and self.retry_budget is not None \
+                    and pulled >= self.retry_budget:
+                return
+            pulled += 1
             answer = ctx.request("next")
             if answer is None:
                 return

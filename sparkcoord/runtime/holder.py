@@ -97,6 +97,8 @@ class ReplayedEvent:
     answered: Answered | None = None
     #: a client's request (to ``handle_client_request``; ``subtask`` means nothing)
     client: bool = False
+    #: a withdrawal: ``event`` is the list of withdrawn items (``handle_items_withdrawn``)
+    withdrawn: bool = False
 
 
 class CoordinatorHolder:
@@ -212,6 +214,17 @@ class CoordinatorHolder:
         result as for :meth:`deliver_request`."""
         return self.mailbox.execute_claiming(lambda: self._ask_client(request, answered))
 
+    def deliver_withdrawn(self, subtask: int, attempt: int, items: list[Any],
+                          taken: Callable[[bool], None]) -> None:
+        """Items of ``subtask``'s history that its surviving attempt finished without, as one
+        mailbox action (inbound critical section): ``handle_items_withdrawn``, then
+        ``taken(True)``, or ``taken(False)`` when it raised or no instance runs (the job
+        failed)."""
+        def run() -> None:
+            result = self._callback("handle_items_withdrawn", subtask, attempt, items)
+            taken(result is not _CALLBACK_FAILED)
+        self._submit(run)
+
     def subtask_failed(self, subtask: int, old_attempt: int, reason: str, checkpoint_id: int,
                        snapshot: bytes | None, replay: Sequence[ReplayedEvent]) -> None:
         """A task of ``subtask`` was retried inside the batch of ``checkpoint_id`` (rule 7).
@@ -307,6 +320,8 @@ class CoordinatorHolder:
         for item in replay:
             if item.client:
                 self._ask_client(item.event, item.answered or (lambda data, failed: None))
+            elif item.withdrawn:
+                self._callback("handle_items_withdrawn", item.subtask, item.attempt, item.event)
             elif item.answered is not None:
                 self._ask(item.subtask, item.attempt, item.event, item.answered)
             elif type(item.event) is BatchRequested:

@@ -37,7 +37,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from sparkcoord.coordinator import Cancellable, CoordinatorProvider
+from sparkcoord.coordinator import Cancellable, CoordinatorProvider, Withdrawn
 from sparkcoord.core.checkpoints import CheckpointAbort, CheckpointTracker
 from sparkcoord.core.codec import EventCodec
 from sparkcoord.core.errors import (
@@ -56,6 +56,7 @@ from sparkcoord.core.inbound import (
     ResponseEntry,
     RunDecision,
     Verdict,
+    WithdrawnItem,
     kept_at_rerun,
 )
 from sparkcoord.core.records import CheckpointRecord, encode_log_entry
@@ -228,9 +229,7 @@ class CoordinationService:
             for item in items:
                 sid = item.attempt.subtask
                 if sid.operator in replay:
-                    replay[sid.operator].append(ReplayedEvent(
-                        sid.index, 0, self.codec.decode(item.payload),
-                        self._replay_answer(item) if item.is_request else None, item.client))
+                    replay[sid.operator].append(self._replayed(item, 0))
             for spec in self.specs.values():
                 holder = CoordinatorHolder(
                     spec.name, spec.provider, spec.parallelism, self._mailbox_factory(spec.name),
@@ -261,6 +260,27 @@ class CoordinationService:
                      "the logged answers", epoch, len(kept),
                      ", ".join(sorted({e.attempt.subtask.operator for e in kept})))
         return self._gate.surviving_items()
+
+    def _replayed(self, item: ReplayedItem, execution_attempt: int) -> ReplayedEvent:
+        # A logged item as the holder hands it to a coordinator again (a reset, a restore).
+        index = item.attempt.subtask.index
+        if item.withdrawn is not None:
+            return ReplayedEvent(index, execution_attempt, self._withdrawn(item.withdrawn),
+                                 withdrawn=True)
+        return ReplayedEvent(index, execution_attempt, self.codec.decode(item.payload),
+                             self._replay_answer(item) if item.is_request else None, item.client)
+
+    def _withdrawn(self, items: Sequence[WithdrawnItem]) -> list[Withdrawn]:
+        # What ``handle_items_withdrawn`` is handed: the items and their answers, unpickled
+        # (each was unpickled once before it was logged; a refused answer hands out nothing)
+        decode = self.codec.decode
+        out = []
+        for item in items:
+            response = item.response
+            answered = response is not None and not response.failed
+            out.append(Withdrawn(decode(item.payload), item.is_request, answered,
+                                 decode(response.payload) if answered and response else None))
+        return out
 
     def _replay_answer(self, item: ReplayedItem) -> Answered:
         """Where the answer to a replayed request goes: compared with the logged answer (a
@@ -419,6 +439,61 @@ class CoordinationService:
                              attempt.subtask, attempt.epoch, attempt.number)
                 self._append(attempt.epoch)
             return decision
+
+    def attempt_finished(self, attempt: TaskAttempt, sent: int) -> Future[InboundDecision]:
+        """``attempt`` (which asked a request or continues an adopted history) finished its
+        batch having sent ``sent`` items (channel thread). Returns the future of the
+        decision; the task waits for it before it ends.
+
+        The finish is logged (gate rule 6). If the attempt sent fewer items than its history
+        holds, the rest is withdrawn: in the same inbound critical section it is put on the
+        coordinator's mailbox (``handle_items_withdrawn``), like an event, and the decision
+        comes once the coordinator took the items back, so a coordinator that raises there
+        fails the job before the batch can commit (DESIGN 2c); a task still waiting for an
+        answer to a withdrawn request hears that none will come. A shorter history than an
+        earlier run's finished attempt sent fails the job (divergence)."""
+        done: Future[InboundDecision] = SendFuture()
+        sid = attempt.subtask
+        with self._lock:
+            refusal = self._inbound_refusal()
+            if refusal:
+                done.set_result(InboundDecision(Verdict.REJECT, refusal))
+                return done
+            assert self._gate is not None
+            decision = self._gate.attempt_finished(attempt, sent)
+            if decision.verdict is Verdict.ACCEPT:
+                self._append(attempt.epoch)
+            if decision.verdict is not Verdict.ACCEPT or not decision.withdrawn:
+                done.set_result(decision)
+            else:
+                for item in decision.withdrawn:
+                    waiter = self._waiters.pop((sid, item.seq), None)
+                    if waiter is not None and not waiter.done():
+                        waiter.set_exception(RequestFailed(
+                            f"request {item.seq} of {sid} was withdrawn: {attempt} finished "
+                            f"without it"))
+
+                def taken(ok: bool) -> None:  # the coordinator's thread, after its callback
+                    done.set_result(decision if ok else InboundDecision(
+                        Verdict.REJECT, f"the job failed: {self.failure}" if self.failure
+                        else f"coordinator {sid.operator!r} is not running"))
+                self._holders[sid.operator].deliver_withdrawn(
+                    sid.index, decision.execution_attempt, self._withdrawn(decision.withdrawn),
+                    taken)
+        if decision.diverged:
+            self._fail(decision.reason)  # outside the lock, like every failure
+        elif decision.withdrawn:
+            log.info("task of %s in epoch %d (Spark attempt %d) finished after %d items of its "
+                     "history of %d: %d withdrawn and handed back to coordinator %r", sid,
+                     attempt.epoch, attempt.number, sent, sent + len(decision.withdrawn),
+                     len(decision.withdrawn), sid.operator)
+        return done
+
+    def history_length(self, subtask: SubtaskId) -> int:
+        """The length of ``subtask``'s history in the running epoch (driver thread, when
+        planning a batch): above 0 when its tasks continue a kept history (gate rule 6)."""
+        with self._lock:
+            return self._gate.history_length(subtask) if self._gate is not None else 0
 
     def event_received(self, attempt: TaskAttempt, seq: int, payload: bytes) -> InboundDecision:
         """Event ``seq`` of ``attempt`` arrived (channel thread). Acknowledge only on ACCEPT or
@@ -685,10 +760,8 @@ class CoordinationService:
             raise IllegalTransition(f"task retry {attempt} without the record of its epoch")
         # the other subtasks' events and the clients' requests, in log order (a reset comes
         # before any subtask request of the epoch: rule 5 of the gate)
-        replay = [ReplayedEvent(i.attempt.subtask.index,
-                                0 if i.client else self._gate.execution_attempt(i.attempt.subtask),
-                                self.codec.decode(i.payload),
-                                self._replay_answer(i) if i.client else None, i.client)
+        replay = [self._replayed(i, 0 if i.client
+                                 else self._gate.execution_attempt(i.attempt.subtask))
                   for i in self._gate.surviving_items(sid.operator, excluding=sid)]
         reason = (f"task of {sid} in epoch {attempt.epoch} was retried: Spark attempt "
                   f"{decision.replaced.number} replaced by attempt {attempt.number}")

@@ -164,7 +164,7 @@ class RecipientFunction:
             with user_code(sid, epoch, "process()"):
                 yield from self._to_arrow(rows, names)
             if client is not None:
-                client.flush()
+                client.finish()  # acknowledged; a retry's unsent history withdrawn (dec. 47)
             with user_code(sid, epoch, "snapshot_state()"):
                 snapshot = operator.snapshot_state()
             store.write(sid, batch, pickle.dumps(snapshot, protocol=pickle.HIGHEST_PROTOCOL))

@@ -116,7 +116,7 @@ class CoordinatedPartition(InputPartition):
 
     def __init__(self, operator: str, index: int, epoch: int, events: Sequence[bytes],
                  address: tuple[str, int], secret: bytes, run_id: str,
-                 previous_epoch: int | None = None) -> None:
+                 previous_epoch: int | None = None, continues_history: bool = False) -> None:
         super().__init__(f"{operator}[{index}]@{epoch}")
         self.operator = operator
         self.index = index
@@ -127,6 +127,10 @@ class CoordinatedPartition(InputPartition):
         self.address = address
         self.secret = secret
         self.run_id = run_id
+        #: the batch runs again after a restore and this subtask's logged history is kept:
+        #: its task registers at once and says at its end how much of it it sent
+        #: (docs/decisions.md 47)
+        self.continues_history = continues_history
 
 
 class CoordinatedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -176,10 +180,12 @@ class CoordinatedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         parts = []
         for op in self.spec.operators:
             for index in range(op.parallelism):
-                events = record.events_for(SubtaskId(op.name, index)) if record else ()
+                sid = SubtaskId(op.name, index)
+                events = record.events_for(sid) if record else ()
                 parts.append(CoordinatedPartition(
                     op.name, index, end_epoch, events, d.address, d.secret, d.service.run_id,
-                    start_epoch if start_epoch != NO_EPOCH else None))
+                    start_epoch if start_epoch != NO_EPOCH else None,
+                    d.service.history_length(sid) > 0))
         return parts
 
     def prepareForTriggerAvailableNow(self) -> None:

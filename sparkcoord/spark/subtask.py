@@ -184,8 +184,11 @@ def _subtask_rows(spec: SourceSpec, p: CoordinatedPartition) -> Iterator[tuple[A
     sid = SubtaskId(p.operator, p.index)
     number = spark_attempt_number()
     client = ChannelClient(p.address, p.secret, TaskAttempt(p.run_id, sid, p.epoch, number))
-    if number > 0:
-        client.register()  # a retry: the service resets the coordinator before anything else
+    if number > 0 or p.continues_history:
+        # a retry: the service resets the coordinator before anything else, or tells it the
+        # length of the history it continues (as it does a rerun's task: then it must say
+        # at its end if it sent less, decision 47)
+        client.register()
     else:
         client.register_with_first_event()
     store = state_store(spec)
@@ -217,7 +220,7 @@ def _subtask_rows(spec: SourceSpec, p: CoordinatedPartition) -> Iterator[tuple[A
             with user_code(sid, p.epoch, "process()"):
                 yield from rows
         kill_point("mid-batch", p.epoch)
-        client.flush()
+        client.finish()  # every item acknowledged; what a retry did not send again withdrawn
         with user_code(sid, p.epoch, "snapshot_state()"):
             snapshot = operator.snapshot_state()
         if snapshot is not None or restored is not None:

@@ -351,6 +351,21 @@ class CoordinatorHarness:
                                f"{decision.reason}")
         return decision
 
+    def finish_task(self, subtask: int) -> InboundDecision:
+        """The current task attempt of ``subtask`` finished its batch, having sent the items
+        sent so far (as the real task does at its end, after a retry that adopted a history):
+        if it sent fewer than its history holds, the coordinator's ``handle_items_withdrawn``
+        gets the rest. Runs the mailbox; raises :class:`InputRefused` if refused."""
+        self._require_running_batch(f"finish_task({subtask})")
+        attempt = self._attempt(subtask)
+        future = self.service.attempt_finished(attempt, self._seqs.get(attempt, 0))
+        self.run()
+        decision = future.result(timeout=0)
+        if decision.verdict is Verdict.REJECT:
+            raise InputRefused(f"the end of subtask {subtask}'s task was refused: "
+                               f"{decision.reason}")
+        return decision
+
     def _require_running_batch(self, what: str) -> None:
         if self.service.failure is not None:
             raise InputRefused(f"{what}: the job failed: {self.service.failure}")

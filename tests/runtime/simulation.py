@@ -34,7 +34,7 @@ import fsspec
 
 from sparkcoord.coordinator import CoordinatorContext, OperatorCoordinator
 from sparkcoord.core.ids import NO_EPOCH, SubtaskId, TaskAttempt
-from sparkcoord.core.inbound import RequestEntry, RunDecision, Verdict
+from sparkcoord.core.inbound import FinishedEntry, RequestEntry, RunDecision, Verdict
 from sparkcoord.runtime.service import (
     CheckpointDeclined,
     CoordinationService,
@@ -150,6 +150,8 @@ class AskingCoordinator(NumberingCoordinator):
     def reset_to_checkpoint(self, checkpoint_id: int, state: Any) -> None:
         self.next_id = (state or {}).get("next_id", 0)
         self.answers: list[tuple[Any, int]] = list((state or {}).get("answers", []))
+        # ids given back by withdrawn requests: handed out again first
+        self.returned: list[int] = list((state or {}).get("returned", []))
         self.client_adds: list[int] = list((state or {}).get("client_adds", []))
         self.parked: list[tuple[Future[Any], int]] = []
         super().reset_to_checkpoint(checkpoint_id, state)
@@ -158,6 +160,7 @@ class AskingCoordinator(NumberingCoordinator):
         snap = super().snapshot()
         snap["next_id"] = self.next_id
         snap["answers"] = list(self.answers)
+        snap["returned"] = list(self.returned)
         snap["client_adds"] = list(self.client_adds)
         return snap
 
@@ -168,8 +171,11 @@ class AskingCoordinator(NumberingCoordinator):
 
     def handle_request(self, subtask: int, attempt: int, request: Any) -> Any:
         self.effects.append(request)
-        answer = self.next_id
-        self.next_id += 1
+        if self.returned:
+            answer = self.returned.pop(0)
+        else:
+            answer = self.next_id
+            self.next_id += 1
         self.answers.append((request, answer))
         self._send(self.reply_target(subtask), ("a", request, answer))
         if answer % 3 == 1:
@@ -177,6 +183,18 @@ class AskingCoordinator(NumberingCoordinator):
             self.parked.append((parked, answer))
             return parked
         return answer
+
+    def handle_items_withdrawn(self, subtask: int, attempt: int, withdrawn: list[Any]) -> None:
+        # the surviving attempt finished without these: undo their effects, and take back the
+        # id each request was given (answered or still parked), to hand it out again
+        for item in withdrawn:
+            self.effects.remove(item.item)
+            if item.is_request:
+                given = next(a for r, a in self.answers if r == item.item)
+                assert not item.answered or item.answer == given, (item, given)
+                self.answers.remove((item.item, given))
+                self.returned.append(given)
+                self.parked = [(f, a) for f, a in self.parked if a != given]
 
     def complete_parked(self) -> None:
         parked, self.parked = self.parked, []
@@ -222,6 +240,7 @@ class Task:
     pending: Future[Any] | None = None               # the answer a request waits for
     seq: int = 0
     done: bool = False
+    history_length: int = 0  # the adopted history's length (registration says it)
 
 
 # ------------------------------------------------------------------------- the simulation
@@ -395,6 +414,7 @@ class Simulation:
                 raise TaskFailed(decision.reason)
             if decision.adopted:
                 self.stats["retry-adopted"] += 1  # rule 5 of the gate: no reset
+            task.history_length = decision.history_length
             restored = self.storage.read_subtask_state(task.sid, task.epoch)
             task.state = pickle.loads(restored[1]) if restored else []
             task.phase = "apply"
@@ -414,9 +434,13 @@ class Simulation:
                     task.asks.add(len(task.sends))
                     task.sends.append(("q", s, epoch, i, n))
                 task.sends.append(("y", s, epoch, i, n))
+            if task.sends and self.rng.random() < (0.5 if task.number else 0.1):
+                # a worker with a time budget: this attempt stops after a prefix of its items
+                # (a retry that asks less than the attempt whose history it adopted)
+                task.sends = task.sends[:self.rng.randint(0, len(task.sends))]
             task.phase = "send"
         elif task.phase == "send":
-            if task.seq in task.asks:
+            if task.seq in task.asks and task.seq < len(task.sends):
                 self._request_step(task)
             elif task.seq < len(task.sends):
                 # a lone event or a burst (a run of consecutive events, as the channel sends)
@@ -428,7 +452,22 @@ class Simulation:
                 self._send_run(task, task.seq, count)
                 task.seq += count
             else:
-                task.phase = "snapshot"
+                task.phase = "finished"
+        elif task.phase == "finished":
+            if task.history_length or any(i < task.seq for i in task.asks):
+                # it asked, or adopted a history: it says how many items it sent, and what it
+                # did not send of a longer history is withdrawn (gate rule 6); the task waits
+                # until the coordinator took that back
+                if task.pending is None:
+                    task.pending = svc.attempt_finished(task.attempt, task.seq)
+                if not task.pending.done():
+                    return
+                decision, task.pending = task.pending.result(), None
+                if decision.verdict is Verdict.REJECT:
+                    raise TaskFailed(decision.reason)
+                if decision.withdrawn:
+                    self.stats["withdrawn"] += 1
+            task.phase = "snapshot"
         elif task.phase == "snapshot":
             self.storage.write_subtask_state(task.sid, task.epoch, pickle.dumps(task.state))
             task.phase = "finish"
@@ -555,12 +594,19 @@ class Simulation:
             self.driver_step()
             return
         task = self.rng.choice(running)
+        withdrawn = self.stats["withdrawn"]
         try:
             self.task_step(task)
         except TaskFailed as exc:
             self.fail_task(task.sid, str(exc))
             return
-        if (faults and task.phase in ("send", "snapshot") and task.seq - 1 in task.asks
+        if faults and self.stats["withdrawn"] > withdrawn and self.rng.random() < 0.4:
+            # right after a withdrawal: the batch runs again from a restore that replays the
+            # log with the withdrawal in it (or, once committed, the crash-idle case below)
+            self.stats["crash-after-withdrawal"] += 1
+            self.crash("injected after a withdrawal")
+            return
+        if (faults and task.phase in ("send", "finished", "snapshot") and task.seq - 1 in task.asks
                 and task.pending is None and self.rng.random() < 0.2):
             # the answer was lost on the way: the task asks again, and must get the same one
             self.stats["lost-response"] += 1
@@ -582,7 +628,7 @@ class Simulation:
 
     def _inject_fault(self) -> None:
         rng = self.rng
-        kind = rng.choice(["task", "task", "crash", "crash-idle", "fail_job", "timeout",
+        kind = rng.choice(["task", "task", "crash", "crash-idle", "crash-idle", "fail_job", "timeout",
                            "zombie"])
         if kind == "task" and self.phase == "running":
             running = [t for t in self.tasks.values() if not t.done]
@@ -595,7 +641,10 @@ class Simulation:
                   isinstance(e, RequestEntry)
                   for e in self.storage.read_uncommitted_inbound_log(self.cur_end))):
             # right after a batch with requests committed: the restore replays that batch's
-            # log, its requests and their logged answers included
+            # log, its requests and their logged answers (and withdrawals) included
+            if any(isinstance(e, FinishedEntry)
+                   for e in self.storage.read_uncommitted_inbound_log(self.cur_end)):
+                self.stats["withdrawal-replayed-after-commit"] += 1
             self.crash("injected after a commit")
         elif kind == "fail_job" and self.stats["fail_job"] < 2:
             coord = self.coordinator(rng.choice(self.specs).name)
@@ -708,8 +757,11 @@ class Simulation:
                 handed = sorted((tuple(r), a) for r, a in snap["answers"])
                 assert [(tuple(r), a) for r, a in consumed] == handed, (
                     f"{ctx}: answers consumed {consumed}, handed out {handed}")
-                assert sorted(a for _, a in handed) == list(range(snap["next_id"])), (
-                    f"{ctx}: ids handed out {sorted(a for _, a in handed)}")
+                # ... or was returned by a withdrawal and waits to be handed out again
+                ids = sorted([a for _, a in handed] + snap["returned"])
+                assert ids == list(range(snap["next_id"])), (
+                    f"{ctx}: ids handed out {sorted(a for _, a in handed)}, returned "
+                    f"{snap['returned']}, next {snap['next_id']}")
                 # (5) client requests: every answered one took effect exactly once, in order,
                 # and none that was only logged twice (the live, restored state)
                 assert isinstance(coord, AskingCoordinator)

@@ -58,5 +58,5 @@ def test_the_simulation_really_injects_every_kind_of_failure() -> None:
     for kind in ("crash", "task-failure", "fail_job", "declined", "timeout", "resend",
                  "zombie-refused", "batches", "answers", "lost-response", "retry-adopted",
                  "requests-replayed", "requests-replayed-after-commit", "resumed-with-history",
-                 "client-requests"):
+                 "client-requests", "withdrawn", "crash-after-withdrawal"):
         assert totals[kind] > 0, f"no {kind} in 60 seeds: {dict(totals)}"

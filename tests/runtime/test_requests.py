@@ -322,3 +322,218 @@ def test_a_batch_that_runs_again_drops_the_events_of_operators_that_answered_no_
     assert again.holders["plain"].coordinator.events == []  # type: ignore[union-attr]
     kept = again.storage.read_uncommitted_inbound_log(0)
     assert {e.attempt.subtask.operator for e in kept} == {"ids"}
+
+
+# ------------------------------------------------- a retry that asks less (decision 47)
+class ReturningIssuer(IdIssuer):
+    """An id issuer that takes ids back: a withdrawn request's id is handed out again first."""
+
+    def __init__(self, context: Any) -> None:
+        super().__init__(context)
+        self.returned: list[int] = []
+        self.withdrawals: list[tuple[int, list[Any]]] = []
+
+    def reset_to_checkpoint(self, checkpoint_id: int, state: Any) -> None:
+        self.resets += 1
+        self.next_id, self.returned = state or (0, [])
+        self.returned = list(self.returned)
+
+    def handle_request(self, subtask: int, attempt: int, request: Any) -> Any:
+        if self.returned and request != "later":
+            self.asked.append((subtask, attempt, request))
+            return self.returned.pop(0)
+        return super().handle_request(subtask, attempt, request)
+
+    def handle_items_withdrawn(self, subtask: int, attempt: int, withdrawn: list[Any]) -> None:
+        self.withdrawals.append((subtask, withdrawn))
+        for item in withdrawn:
+            if item.is_request and item.answered:
+                self.returned.append(item.answer)
+            elif item.is_request:  # parked: its id was taken when it was asked
+                self.returned.extend(v for f, v in self.parked if f.done() is False)
+                self.parked.clear()
+            else:
+                self.events.remove((subtask, item.item))
+
+    def checkpoint_coordinator(self, checkpoint_id: int, result: Future[Any]) -> None:
+        result.set_result((self.next_id, list(self.returned)))
+
+
+def returning(url: str | None = None) -> CoordinatorHarness:
+    h = CoordinatorHarness(ReturningIssuer, 2, storage_url=url)
+    h.start()
+    h.checkpoint()
+    return h
+
+
+def test_a_retry_that_asks_less_hands_the_answers_it_did_not_use_back_to_the_coordinator() -> None:
+    h = returning()
+    assert [h.request_from_subtask(0, "next") for _ in range(3)] == [0, 1, 2]
+    h.send_from_subtask(0, "report")
+    registered = h.retry_task(0)
+    assert registered.adopted and registered.history_length == 4
+    assert h.request_from_subtask(0, "next") == 0  # the retry's time budget allows one item
+    decision = h.finish_task(0)
+    assert decision.verdict.name == "ACCEPT"
+    (subtask, withdrawn), = h.coordinator.withdrawals
+    assert subtask == 0
+    assert [(w.item, w.is_request, w.answered, w.answer) for w in withdrawn] == [
+        ("next", True, True, 1), ("next", True, True, 2), ("report", False, False, None)]
+    assert h.coordinator.events == []  # the withdrawn event's effect was undone
+    # the ids the retry did not use are handed out again, to whoever asks next
+    assert h.request_from_subtask(1, "next") == 1
+    assert h.request_from_subtask(1, "next") == 2
+    assert h.request_from_subtask(1, "next") == 3
+
+
+def test_a_retry_that_sends_its_whole_history_withdraws_nothing() -> None:
+    h = returning()
+    h.request_from_subtask(0, "next")
+    h.retry_task(0)
+    h.request_from_subtask(0, "next")
+    decision = h.finish_task(0)
+    assert decision.verdict.name == "ACCEPT" and decision.withdrawn == ()
+    assert h.finish_task(0).verdict.name == "DUPLICATE"  # a re-sent finish
+    assert h.coordinator.withdrawals == []
+    assert [type(e).__name__ for e in log_of(h)].count("FinishedEntry") == 1
+
+
+def test_without_handle_items_withdrawn_a_retry_that_asks_less_fails_the_job_naming_it() -> None:
+    h = running()
+    h.request_from_subtask(0, "next")
+    h.request_from_subtask(0, "next")
+    h.retry_task(0)
+    h.request_from_subtask(0, "next")
+    with pytest.raises(InputRefused, match="the job failed"):
+        h.finish_task(0)  # the task hears it before its batch can commit
+    failure = h.service.failure or ""
+    assert "WithdrawnNotHandled" in failure and "subtask 0" in failure
+    assert "request 'next' answered 1" in failure
+    assert "implement handle_items_withdrawn" in failure
+
+
+def test_a_later_retry_that_asks_a_withdrawn_number_again_gets_a_new_answer() -> None:
+    h = returning()
+    assert h.request_from_subtask(0, "next") == 0
+    assert h.request_from_subtask(0, "next") == 1
+    h.retry_task(0)
+    h.request_from_subtask(0, "next")
+    h.finish_task(0)  # 1 is returned
+    assert h.request_from_subtask(1, "next") == 1  # and taken by subtask 1
+    # the finished attempt's task then failed (in its sink write): the next retry continues
+    # the cut history and asks item 1 anew: it is no longer the logged answer 1
+    second = h.retry_task(0)
+    assert second.history_length == 1
+    assert h.request_from_subtask(0, "next") == 0
+    assert h.request_from_subtask(0, "next") == 2
+    assert h.service.failure is None
+
+
+def test_a_withdrawn_request_still_waiting_for_its_answer_is_never_answered() -> None:
+    h = returning()
+    assert h.request_from_subtask(0, "next") == 0
+    waiting = h.ask_from_subtask(0, "later")  # parked: id 1
+    h.retry_task(0)
+    assert h.request_from_subtask(0, "next") == 0
+    h.finish_task(0)
+    (_, withdrawn), = h.coordinator.withdrawals
+    assert [(w.item, w.answered) for w in withdrawn] == [("later", False)]
+    assert h.coordinator.returned == [1]
+    with pytest.raises(RequestFailed, match="not the live attempt|withdrawn"):
+        waiting.result(timeout=1)
+    assert not any(type(e).__name__ == "ResponseEntry" and e.seq == 1 for e in log_of(h))
+
+
+def test_a_restore_replays_a_withdrawal_at_its_place_in_the_log() -> None:
+    h = returning()
+    url = h.storage_url
+    assert [h.request_from_subtask(0, "next") for _ in range(2)] == [0, 1]
+    h.retry_task(0)
+    h.request_from_subtask(0, "next")
+    h.finish_task(0)
+    assert h.request_from_subtask(1, "next") == 1  # the returned id, after the withdrawal
+    assert h.request_from_subtask(1, "next") == 2
+    epoch = h.epoch
+    h.commit()
+    h.service.close()  # the driver dies after the commit
+    again = CoordinatorHarness(ReturningIssuer, 2, storage_url=url)
+    again.start(RestorePoint(epoch, committed=True))
+    # the same answers in the same order (a replay without the withdrawal would answer
+    # subtask 1 with 2 where 1 was logged, and fail the job as nondeterministic)
+    assert again.service.failure is None
+    coordinator = again.coordinator
+    assert len(coordinator.withdrawals) == 1
+    assert (coordinator.next_id, coordinator.returned) == (3, [])
+
+
+def test_a_batch_that_runs_again_after_a_withdrawal_keeps_it() -> None:
+    h = returning()
+    url = h.storage_url
+    assert [h.request_from_subtask(0, "next") for _ in range(3)] == [0, 1, 2]
+    h.retry_task(0)
+    h.request_from_subtask(0, "next")
+    h.finish_task(0)
+    epoch = h.epoch
+    h.service.close()  # the driver dies inside the batch
+    rerun = CoordinatorHarness(ReturningIssuer, 2, storage_url=url)
+    rerun.service.restore(RestorePoint(epoch, committed=False))
+    rerun.run()
+    assert rerun.service.failure is None
+    assert rerun.coordinator.returned == [1, 2]
+    # the rerun's task of subtask 0 continues the cut history: it must register eagerly and
+    # say at its end how much it sent
+    assert rerun.service.history_length(SubtaskId(rerun.name, 0)) == 1
+    registered = rerun.service.attempt_registered(
+        TaskAttempt(rerun.service.run_id, SubtaskId(rerun.name, 0), epoch, 0))
+    assert registered.adopted and registered.history_length == 1
+
+
+def test_a_rerun_that_sends_less_than_a_finished_attempt_of_the_earlier_run_fails_the_job() -> None:
+    """The first run's task finished (a sink may hold its output: Spark's file sink keeps a
+    batch it committed when only the commit log was lost); the batch runs again after a
+    crash and its task sends less: withdrawing would hand out again what the sink holds."""
+    h = returning()
+    url = h.storage_url
+    assert [h.request_from_subtask(0, "next") for _ in range(2)] == [0, 1]
+    h.finish_task(0)
+    epoch = h.epoch
+    h.service.close()  # the driver dies before Spark's commit log has the batch
+    rerun = CoordinatorHarness(ReturningIssuer, 2, storage_url=url)
+    rerun.service.restore(RestorePoint(epoch, committed=False))
+    rerun.run()
+    assert rerun.request_from_subtask(0, "next") == 0
+    with pytest.raises(InputRefused, match="nondeterministic subtask"):
+        rerun.finish_task(0)
+    failure = rerun.service.failure or ""
+    assert "a sink may hold that attempt's output" in failure and "after 1 items" in failure
+
+
+def test_a_rerun_whose_earlier_attempt_never_finished_may_send_less() -> None:
+    h = returning()
+    url = h.storage_url
+    assert [h.request_from_subtask(0, "next") for _ in range(2)] == [0, 1]
+    epoch = h.epoch
+    h.service.close()  # the driver dies while the task still runs: no sink holds its output
+    rerun = CoordinatorHarness(ReturningIssuer, 2, storage_url=url)
+    rerun.service.restore(RestorePoint(epoch, committed=False))
+    rerun.run()
+    assert rerun.request_from_subtask(0, "next") == 0
+    assert rerun.finish_task(0).verdict.name == "ACCEPT"
+    assert rerun.service.failure is None
+    assert rerun.coordinator.returned == [1]
+
+
+def test_a_rerun_that_sends_more_than_a_finished_attempt_of_the_earlier_run_fails_the_job() -> None:
+    h = returning()
+    url = h.storage_url
+    assert h.request_from_subtask(0, "next") == 0
+    h.finish_task(0)
+    epoch = h.epoch
+    h.service.close()
+    rerun = CoordinatorHarness(ReturningIssuer, 2, storage_url=url)
+    rerun.service.restore(RestorePoint(epoch, committed=False))
+    rerun.run()
+    assert rerun.request_from_subtask(0, "next") == 0
+    with pytest.raises(RequestFailed, match="nondeterministic subtask"):
+        rerun.ask_from_subtask(0, "next").result(timeout=1)
+    assert "must send the same items" in (rerun.service.failure or "")
