@@ -11,10 +11,13 @@ Rules:
      nothing pauses: a split that never reported holds nobody back (FLINK-32414), and no
      "idle = +infinity" sentinel exists to overflow or to pause anyone (FLINK-31632, -32496).
   3. A reader checks a split before each record batch: it may read while the split has no
-     watermark yet or its watermark is at most the allowed maximum. So a split ends a batch at
-     most one record batch's span past the allowed maximum, and the split that holds the
-     minimum is never paused: some split can always read, with one split or a thousand
-     (FLINK-36751).
+     watermark yet or its watermark is at most its allowed maximum. So a split ends a batch at
+     most one record batch's span past it. The allowed maximum of the split that alone holds
+     the minimum is not its own watermark + max drift but the next-lowest watermark + max
+     drift (none at all when no other split counts): the split that holds the minimum is
+     never paused, not even by its own progress inside a batch, and a single split is never
+     paused; some split can always read, with one split or a thousand (FLINK-36751). It
+     still stops once it is max drift past the others, so the spread keeps its bound.
   4. A split is idle once its reader tried it and found nothing for ``idle_timeout_ms``,
      counted between decisions. A paused split is not tried, so waiting for alignment never
      counts as idleness (FLINK-35886, -36751). An idle split leaves the minimum but keeps its
@@ -192,11 +195,23 @@ class AlignmentDecision:
     paused: tuple[str, ...] = ()
     #: splits idle at this decision (left out of the minimum)
     idle: tuple[str, ...] = ()
+    #: the split that alone holds the minimum (None: no minimum, or a tie), and its own
+    #: allowed maximum: the next-lowest watermark + max drift (None: nothing else counts, so
+    #: nothing holds it). Rule 3: it is held by the others, never by its own progress.
+    lowest: str | None = None
+    lowest_allowed_maximum: int | None = None
 
-    def allows(self, watermark: int | None) -> bool:
-        """Whether a split with this watermark may read a record batch (rule 3)."""
-        return (self.allowed_maximum is None or watermark is None
-                or watermark <= self.allowed_maximum)
+    def allowed_maximum_of(self, split_id: str | None) -> int | None:
+        """The allowed maximum of ``split_id`` (None: nothing pauses it)."""
+        if split_id is not None and split_id == self.lowest:
+            return self.lowest_allowed_maximum
+        return self.allowed_maximum
+
+    def allows(self, watermark: int | None, split_id: str | None = None) -> bool:
+        """Whether ``split_id`` with this watermark may read a record batch (rule 3); without
+        ``split_id``, under the allowed maximum of every split but the lowest."""
+        bound = self.allowed_maximum_of(split_id)
+        return bound is None or watermark is None or watermark <= bound
 
 
 #: the decision before the first one: nothing pauses
@@ -240,7 +255,7 @@ class SplitWatermarks:
         a split the decision paused stays paused, and a split that crossed the allowed
         maximum inside this batch stops at its next record batch.
         """
-        return decision.allows(self.watermark(split_id))
+        return decision.allows(self.watermark(split_id), split_id)
 
     def observe(self, split_id: str, greatest_event_time_ms: int | None) -> None:
         """A record batch of the split was read; its greatest event time (None: the batch's
@@ -361,7 +376,7 @@ class WatermarkAlignment:
         # a clock that went back (another driver host after a restart) counts no time
         elapsed = 0 if last is None else max(0, now_ms - last)
         timeout = self.options.idle_timeout_ms
-        minimum: int | None = None
+        counted: list[tuple[int, str]] = []  # (watermark, split) of the splits in the minimum
         for split_id in sorted(self.state.splits):
             entry = self.state.splits[split_id]
             if entry.read_since_decision:
@@ -371,10 +386,18 @@ class WatermarkAlignment:
                 entry.quiet_ms = min(entry.quiet_ms + elapsed, timeout)
                 entry.idle = entry.quiet_ms >= timeout
             entry.read_since_decision = entry.empty_since_decision = False
-            if not entry.idle and entry.watermark is not None and (
-                    minimum is None or entry.watermark < minimum):
-                minimum = entry.watermark
-        allowed = None if minimum is None else minimum + self.options.max_drift_ms
+            if not entry.idle and entry.watermark is not None:
+                counted.append((entry.watermark, split_id))
+        counted.sort()
+        drift = self.options.max_drift_ms
+        minimum = counted[0][0] if counted else None
+        allowed = None if minimum is None else minimum + drift
+        lowest: str | None = None
+        lowest_allowed: int | None = None
+        if len(counted) == 1 or (len(counted) > 1 and counted[0][0] < counted[1][0]):
+            # rule 3: the split alone at the minimum is held only by the next-lowest one
+            lowest = counted[0][1]
+            lowest_allowed = counted[1][0] + drift if len(counted) > 1 else None
         ordered = sorted(self.state.splits.items(), key=lambda item: item[0])
         decision = AlignmentDecision(
             group=self.options.group,
@@ -383,8 +406,10 @@ class WatermarkAlignment:
             allowed_maximum=allowed,
             paused=tuple(split_id for split_id, entry in ordered
                          if allowed is not None and entry.watermark is not None
-                         and entry.watermark > allowed),
-            idle=tuple(split_id for split_id, entry in ordered if entry.idle))
+                         and split_id != lowest and entry.watermark > allowed),
+            idle=tuple(split_id for split_id, entry in ordered if entry.idle),
+            lowest=lowest,
+            lowest_allowed_maximum=lowest_allowed)
         self.state.last_decision_ms = now_ms
         self.state.decision = decision
         return decision
@@ -401,8 +426,9 @@ class WatermarkAlignment:
         if last is None:
             return None
         decision = self.state.decision
-        waiting = any(entry.watermark is not None and not decision.allows(entry.watermark)
-                      for entry in self.state.splits.values())
+        waiting = any(entry.watermark is not None
+                      and not decision.allows(entry.watermark, split_id)
+                      for split_id, entry in self.state.splits.items())
         return last + self.options.update_interval_ms if waiting else None
 
     def status(self) -> dict[str, Any]:

@@ -13,12 +13,22 @@ Rules:
   3. What a reader has not finished is in the reader's state (with its position), not taken
      back by the enumerator: the subtask state is restored with the epoch, so a failure neither
      loses nor repeats it. The enumerator only counts splits in flight (handed out, not yet
-     reported finished) to know when a bounded source is done.
+     reported finished) to know when a bounded source is done. The one exception is a task
+     retry that adopted its failed attempt's history and finished without re-sending its
+     tail (``handle_items_withdrawn``): what the tail's answers handed out goes back to the
+     front of the pending splits, as Flink's ``addSplitsBack``, and what it reported is undone.
   4. With watermark alignment (``alignment`` options; docs/alignment.md, decision 43) the
      readers' watermark reports are logged inputs (a ``NextSplit`` field, or an event at the
      end of a reader's batch) and change only the alignment state; the decision is made in
      ``checkpoint_coordinator``, before the snapshot, and sent to every reader there, so it is
      sealed into the epoch it was made for and reaches that batch's readers before any data.
+     A lane held back by another lane (its allowed maximum is not None) has at most one split
+     in flight (handed out and not yet reported finished): P readers taking P files of a lane
+     before any of them reported would put the lane P files past the allowed maximum.
+  5. A bounded source ends an ``availableNow`` run only when everything was read: while a
+     split is pending or a reader keeps one (paused, stopped), each reader's last request of
+     a batch (the one answered :class:`NoSplitNow`) asks for another batch, since the run
+     ends at the first trigger that seals nothing (docs/decisions.md 49).
 
 Theory of operation: a fresh source discovers once in ``start`` (so its first batch has
 splits); after that (and after a restore) discovery runs on a worker thread (never again for a
@@ -41,7 +51,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from sparkcoord.coordinator import Cancellable, CoordinatorContext, OperatorCoordinator
+from sparkcoord.coordinator import Cancellable, CoordinatorContext, OperatorCoordinator, Withdrawn
 from sparkcoord.sources.alignment import (
     AlignmentOptions,
     AlignmentState,
@@ -66,7 +76,8 @@ class SplitDiscovery(abc.ABC):
 
     @abc.abstractmethod
     def discover(self, state: Any) -> tuple[list[Split], Any]:
-        """Splits that appeared since ``state`` was current, and the state after them."""
+        """Splits that appeared since ``state`` was current, and the state after them. A
+        bounded source calls it once: it must then return everything there is (no cap)."""
 
     def size_of(self, state: Any) -> int:
         """How many entries ``state`` holds (reported by ``status``: it must stay bounded)."""
@@ -177,7 +188,8 @@ class SplitEnumerator(OperatorCoordinator):
         if self.alignment_options is not None:
             self._alignment_timer = self.context.call_periodically(
                 self.alignment_options.update_interval_ms / 1000, self._check_alignment)
-        if self._pending:
+        if self._pending or self.state.in_flight:
+            # work left (rule 5): a split pending, or kept by a reader (paused, stopped)
             self.context.request_batch()
         if self.bounded and self.state.discovered_once:
             return
@@ -336,17 +348,15 @@ class SplitEnumerator(OperatorCoordinator):
             for split_id in request.finished:
                 self.state.in_flight_keys.pop(split_id, None)
         if not self._pending:
-            return NoSplitNow(done=self._all_handed_out())
+            return self._no_split(subtask, done=self._all_handed_out())
         index = self._next_readable()
         if index is None:
-            # every pending split's lane is paused. A bounded source asks for the next batch
-            # at once: the lane holding the minimum is then read, or done (and forgotten at
-            # the boundary), so the next decision moves on; an availableNow run would end
-            # with files unread if no batch were wanted. A continuous source's timer asks
-            # again every update interval (a slow live directory may have nothing yet).
-            if self.bounded:
-                self.context.request_batch()
-            return NoSplitNow()
+            # every pending split's lane is paused, or has its one split in flight (rule 4).
+            # A bounded source asks for the next batch at once (rule 5): the lane holding the
+            # minimum is then read, or done (and forgotten at the boundary), so the next
+            # decision moves on. A continuous source's timer asks again every update interval
+            # (a slow live directory may have nothing yet).
+            return self._no_split(subtask)
         split = self._pending[index]
         if not self._budget.admits(split):
             self.context.request_batch()  # the limit stopped this batch; the rest go next
@@ -359,6 +369,16 @@ class SplitEnumerator(OperatorCoordinator):
         self.state.handed_out += 1
         return split
 
+    def _no_split(self, subtask: int, done: bool = False) -> NoSplitNow:
+        """The answer that ends a reader's batch (mailbox thread). Rule 5: the reader asks
+        nothing more in this batch, so what it keeps now (splits in flight to it: paused, or
+        a live split with nothing now) and what is pending wait for the next batch, which a
+        bounded source asks for here. Its other readers do the same with their last request,
+        so the last one of the batch decides; a deterministic function of the state."""
+        if self.bounded and (self._pending or subtask in self.state.in_flight.values()):
+            self.context.request_batch()
+        return NoSplitNow(done=done)
+
     def _next_readable(self) -> int | None:
         """The index of the pending split a reader starts next (mailbox thread). Without
         alignment the first. With alignment, among the lanes whose reported watermark the
@@ -367,10 +387,15 @@ class SplitEnumerator(OperatorCoordinator):
         next, each kept at once), the lane furthest behind: one that has not reported yet
         first (it may be the slowest: a backlog listed with an ahead lane's files first would
         otherwise be read unaligned until the slow lane started), then the lowest watermark,
-        then the fewest splits in flight, then pending order within the lane. The reports this
-        batch made count too, since the request that carries one is answered after it is
-        observed (decision 43). A deterministic function of the snapshot and of the logged
-        reports, so a replay answers the same."""
+        then the fewest splits in flight, then pending order within the lane. A lane held back
+        by another one (its allowed maximum is not None) is skipped while it has a split in
+        flight (rule 4): its next file goes out once the reader of the last one reported it
+        finished, with the watermark it reached, so the lane ends at most one record batch
+        past its allowed maximum however many readers there are. A lane nothing holds back
+        (a single lane, the only one not idle, the first batch) has no such limit and is read
+        by every reader at once. The reports this batch made count too, since the request
+        that carries one is answered after it is observed (decision 43). A deterministic
+        function of the snapshot and of the logged reports, so a replay answers the same."""
         if self.alignment is None:
             return 0
         decision = self.alignment.decision
@@ -387,14 +412,60 @@ class SplitEnumerator(OperatorCoordinator):
             seen.add(key)
             entry = entries.get(key)
             watermark = entry.watermark if entry is not None else None
-            if not decision.allows(watermark):
+            if not decision.allows(watermark, key):
                 continue
+            if in_flight.get(key) and decision.allowed_maximum_of(key) is not None:
+                continue  # one split of a held-back lane at a time (rule 4)
             rank = (0 if watermark is None else 1, watermark or 0, in_flight.get(key, 0), index)
             if best is None or rank < best:
                 best = rank
                 if rank[:3] == (0, 0, 0):
                     break  # a lane nobody reads and nothing reported: none comes before it
         return None if best is None else best[3]
+
+    def handle_items_withdrawn(self, subtask: int, attempt: int,
+                               withdrawn: list[Withdrawn]) -> None:
+        """A task retry of ``subtask`` finished without re-sending the tail of its failed
+        attempt's history (mailbox thread, in log order; a restore replays it at the same
+        place). Undone, last item first: a split a withdrawn ``NextSplit`` was answered with
+        goes back to the front of the pending splits, in the order it went out (Flink's
+        ``addSplitsBack``), and counts no more as handed out, in flight or against this
+        batch's read limit; the splits it reported finished are in flight to ``subtask``
+        again (the retry keeps them, finished or not, and reports them with its next
+        request). Watermark reports (with a request, or as events) are kept: a watermark
+        only moves forward and the enumerator keeps only the greatest, so they cannot be
+        taken back exactly; one that overstates a lane makes the others wait for it a little
+        longer, never for ever, and reading stays exactly-once. Other events are ignored, as
+        when they arrived."""
+        back: list[Split] = []
+        again = 0
+        for item in reversed(withdrawn):
+            request = item.item
+            if not item.is_request or not isinstance(request, NextSplit):
+                continue
+            answer = item.answer
+            if item.answered and isinstance(answer, Split):
+                owner = self.state.in_flight.get(answer.split_id)
+                if owner != subtask:
+                    raise ValueError(
+                        f"enumerator {self.context.operator_id!r}: subtask {subtask}'s withdrawn "
+                        f"answer {answer.split_id!r} is not in flight to it (owner {owner})")
+                del self.state.in_flight[answer.split_id]
+                self.state.in_flight_keys.pop(answer.split_id, None)
+                self.state.handed_out -= 1
+                self._budget.gave_back(answer)
+                back.append(answer)
+            for split_id in request.finished:
+                # the failed attempt reported it; the retry keeps it until its next request
+                self.state.in_flight[split_id] = subtask
+                self.state.finished -= 1
+                again += 1
+        self._pending.extendleft(back)  # back is last-out first: extendleft restores the order
+        if back or again:
+            log.info("enumerator %s: subtask %d's retry withdrew %d answer(s) and %d finished "
+                     "report(s); the splits go out again", self.context.operator_id, subtask,
+                     len(back), again)
+            self.context.request_batch()
 
     def handle_event_from_operator(self, subtask: int, attempt: int, event: Any) -> None:
         """A reader's watermark report sent at the end of its batch (mailbox thread, in log

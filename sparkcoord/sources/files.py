@@ -28,6 +28,9 @@ Rules:
      (:class:`FileChangedError`, naming the file and both sizes): a rewritten parquet file
      or a truncated text file cannot be read as the split that was planned.
   4. Names starting with ``_`` or ``.`` are skipped (files and directories), as Spark does.
+  5. ``maxFilesPerDiscovery`` caps what one cycle of a continuous source takes; the rest is
+     taken by the next cycles (and logged). A bounded source lists once, so it has no cap:
+     its one listing takes every file present (DESIGN 2c, docs/decisions.md 49).
 """
 
 from __future__ import annotations
@@ -304,6 +307,11 @@ class FileDiscovery(SplitDiscovery):
     def size_of(self, state: Any) -> int:
         return 1 + len(state.recent) if isinstance(state, FileDiscoveryState) else 0
 
+    @property
+    def cap(self) -> int | None:
+        """New files one cycle takes (rule 5): none for a bounded source."""
+        return None if self.options.bounded else self.options.max_files_per_discovery
+
     def discover(self, state: Any) -> tuple[list[Split], FileDiscoveryState]:
         o = self.options
         fs, root = filesystem(o.url, o.storage_options)
@@ -326,7 +334,7 @@ class FileDiscovery(SplitDiscovery):
         floor = state.newest - o.max_file_age_s
         # arrival order (modification time), then name; the rest waits for the next cycle
         new = sorted((e for e in unseen if e.mtime >= floor), key=lambda e: (e.mtime, e.path))
-        new = new[:o.max_files_per_discovery]
+        new = self._capped(new, len(new))
         state.recent = {p: v for p, v in state.recent.items() if v[1] >= floor}
         for e in new:
             state.recent[e.path] = (e.size, e.mtime)
@@ -339,7 +347,9 @@ class FileDiscovery(SplitDiscovery):
         late: list[FileEntry] = []
         if state.backfill_at is not None and now - state.backfill_at >= o.backfill_interval_s:
             late = self._backfill(lister, state, now)
-        fresh = lister.after(state.marker, o.max_files_per_discovery)
+        cap = self.cap
+        fresh = lister.after(state.marker, None if cap is None else cap + 1)
+        fresh = self._capped(fresh, None)
         if state.backfill_at is None:
             state.backfill_at = now  # the first listing sees everything: it is a backfill
         if fresh:
@@ -350,6 +360,17 @@ class FileDiscovery(SplitDiscovery):
             if e.mtime >= floor:
                 state.recent[e.path] = (e.size, e.mtime)
         return new
+
+    def _capped(self, new: list[FileEntry], found: int | None) -> list[FileEntry]:
+        """The first ``cap`` of ``new`` (rule 5); a cut is logged with how many files wait
+        (``found``: all that were found, None when the listing stopped early)."""
+        cap = self.cap
+        if cap is None or len(new) <= cap:
+            return new
+        log.info("discovery of %s took %d new files (maxFilesPerDiscovery); %s more wait for "
+                 "the next cycles", self.options.url, cap,
+                 found - cap if found is not None else "some")
+        return new[:cap]
 
     def _backfill(self, lister: Lister, state: FileDiscoveryState, now: float) -> list[FileEntry]:
         floor = state.backfill_at - self.options.max_clock_skew_s  # type: ignore[operator]

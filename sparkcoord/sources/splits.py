@@ -101,7 +101,8 @@ class BatchBudget:
     """What the running batch took so far, checked against a :class:`ReadLimit`."""
 
     limit: ReadLimit
-    units: set[str] = field(default_factory=set)
+    #: unit -> splits of it taken in this batch
+    units: dict[str, int] = field(default_factory=dict)
     bytes: int = 0
     splits: int = 0
 
@@ -115,6 +116,17 @@ class BatchBudget:
         return self.limit.max_bytes is None or self.bytes < self.limit.max_bytes
 
     def took(self, split: Split) -> None:
-        self.units.add(split.unit)
+        self.units[split.unit] = self.units.get(split.unit, 0) + 1
         self.bytes += split.size
         self.splits += 1
+
+    def gave_back(self, split: Split) -> None:
+        """``split``, taken in this batch, was put back (a withdrawn answer): it no longer
+        counts against the limit."""
+        left = self.units.get(split.unit, 0) - 1
+        if left > 0:
+            self.units[split.unit] = left
+        else:
+            self.units.pop(split.unit, None)
+        self.bytes = max(0, self.bytes - split.size)
+        self.splits = max(0, self.splits - 1)

@@ -19,7 +19,14 @@ import pytest
 
 from sparkcoord.core.ids import SubtaskId
 from sparkcoord.core.restore import RestorePoint
-from sparkcoord.sources import NextSplit, Split, SplitDiscovery, SplitEnumerator, SplitReader
+from sparkcoord.sources import (
+    NextSplit,
+    ReadLimit,
+    Split,
+    SplitDiscovery,
+    SplitEnumerator,
+    SplitReader,
+)
 from sparkcoord.sources.alignment import AlignmentDecision, AlignmentOptions, WatermarkReport
 from sparkcoord.sources.stream import alignment_options, parse_options
 from sparkcoord.spark.operator import SubtaskContext
@@ -103,8 +110,14 @@ class Run:
 
     def __init__(self, splits: list[Split], *, parallelism: int = 2,
                  options: dict[str, str] | None = None, rows_per_batch: int | None = 4,
-                 url: str | None = None, bounded: bool = False) -> None:
+                 url: str | None = None, bounded: bool = False,
+                 limit: ReadLimit | None = None, available_now: bool = False) -> None:
         self.bounded = bounded
+        self.limit = limit
+        #: as an ``availableNow`` run: the next batch must be wanted as the last one commits
+        #: (Spark's next ``latestOffset`` comes then; a timer that asks later is too late)
+        self.available_now = available_now
+        self.wanted_at_commit = True
         self.alignment = AlignmentOptions.from_options(
             options if options is not None else {"maxDrift": "100s", "eventTimeColumn": "ts"},
             default_group="timed")
@@ -125,16 +138,19 @@ class Run:
     def _harness(self, url: str | None) -> CoordinatorHarness:
         enumerator = functools.partial(
             SplitEnumerator, discovery=Splits(self.splits), runner=never, bounded=self.bounded,
-            alignment=self.alignment, clock=lambda: self.h.clock.now())
+            alignment=self.alignment, clock=lambda: self.h.clock.now(), limit=self.limit)
         return CoordinatorHarness(enumerator, self.parallelism, name="timed", storage_url=url)
 
     def restart(self) -> None:
         """The driver restarts after the last batch committed: a fresh service restored from
         the records (its clock where the old one was), the readers from their states."""
-        epoch, now = self.h.epoch, self.h.clock.now()
+        epoch, now, old = self.h.epoch, self.h.clock.now(), self.h
         self.h.service.close()
         self.h = self._harness(self.h.storage_url)
         self.h.clock.advance(now)
+        # the test's client goes on numbering its requests (a number it used before is a
+        # re-send, answered from the log with the old status)
+        self.h._client_seqs = dict(old._client_seqs)
         self.h.start(RestorePoint(epoch, committed=True))
         assert self.h.service.failure is None, self.h.service.failure
 
@@ -192,6 +208,9 @@ class Run:
         """Run the next batch; fails if nothing asked for it (the run would hang on Spark).
         ``retry``: that subtask's first task dies after one record batch and is retried."""
         assert self.h.service.wants_batch(), "nothing asked for a batch: the run would hang"
+        assert self.wanted_at_commit or not self.available_now, (
+            "nothing asked for a batch when the last one committed: an availableNow run "
+            "would end here with work left")
         events = self.h.checkpoint()
         assert events is not None
         return self._finish_batch(events, retry)
@@ -206,6 +225,7 @@ class Run:
             rows[subtask], states[subtask] = self.run_reader(subtask, events[subtask])
         assert self.h.service.failure is None, self.h.service.failure
         self.h.commit()
+        self.wanted_at_commit = self.h.service.wants_batch()
         self.states = states
         for state in states.values():
             restored = pickle.loads(state) if state is not None else None

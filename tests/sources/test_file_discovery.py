@@ -143,6 +143,29 @@ def test_a_cycle_takes_at_most_max_files_per_discovery_and_the_next_one_continue
         assert names(first) + names(second) == [f"f{i}.json" for i in range(5)], mode
 
 
+@pytest.mark.parametrize("mode", ["listing", "lexical"])
+def test_a_bounded_source_s_one_listing_takes_every_file_whatever_max_files_per_discovery(
+        tmp_path, mode) -> None:
+    # issue 24 item 2a: a bounded source lists once, so a cap would leave files unread
+    root, clock = str(tmp_path), [1000.0]
+    for i in range(7):
+        touch(f"{root}/f{i}.json", 900 + i)
+    d = discovery(root, clock, discovery_mode=mode, max_files_per_discovery=3, bounded=True)
+    found, _ = d.discover(d.initial_state())
+    assert names(found) == [f"f{i}.json" for i in range(7)]
+
+
+def test_a_continuous_source_s_capped_cycle_says_how_many_files_wait(tmp_path, caplog) -> None:
+    root, clock = str(tmp_path), [1000.0]
+    for i in range(5):
+        touch(f"{root}/f{i}.json", 900 + i)
+    d = discovery(root, clock, max_files_per_discovery=3)
+    with caplog.at_level("INFO", logger="sparkcoord.sources"):
+        first, _ = d.discover(d.initial_state())
+    assert len(first) == 3
+    assert "took 3 new files (maxFilesPerDiscovery); 2 more wait" in caplog.text
+
+
 def test_the_lexical_backfill_reports_a_file_that_changed_after_discovery(tmp_path) -> None:
     root, clock = str(tmp_path), [1000.0]
     touch(f"{root}/f1.json", 999)

@@ -9,6 +9,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from sparkcoord.coordinator import Withdrawn
 from sparkcoord.core.restore import RestorePoint
 from sparkcoord.sources import (
     EnumeratorState,
@@ -215,3 +216,79 @@ def test_the_checkpointed_state_holds_pending_and_in_flight_splits() -> None:
     state = pickle.loads(record.snapshots["files"])
     assert isinstance(state, EnumeratorState)
     assert [s.split_id for s in state.pending] == ["b"] and state.in_flight == {"a": 1}
+
+
+def test_a_split_handed_out_then_withdrawn_goes_out_again_first_and_is_read_exactly_once(
+) -> None:
+    # DESIGN 2c, issue 24 item 1: a task retry adopted subtask 0's history, re-sent only its
+    # first request and finished; its last two requests are withdrawn. What their answers
+    # handed out (b, c) goes back to the front, in order, and what they reported finished
+    # (a, b) is in flight again: the retry keeps a and reports it with its next request.
+    listing, runner = Listing(), ManualRunner()
+    listing.files = [split("a"), split("b"), split("c"), split("d")]
+    h = harness(listing, runner, bounded=True)
+    h.start()
+    h.checkpoint()
+    a = h.request_from_subtask(0, NextSplit())
+    b = h.request_from_subtask(0, NextSplit(("a",)))
+    c = h.request_from_subtask(0, NextSplit(("b",)))
+    assert [a.split_id, b.split_id, c.split_id] == ["a", "b", "c"]
+    h.coordinator.handle_items_withdrawn(0, 1, [
+        Withdrawn(NextSplit(("a",)), is_request=True, answered=True, answer=b),
+        Withdrawn(NextSplit(("b",)), is_request=True, answered=True, answer=c)])
+    state = h.coordinator.state
+    assert [s.split_id for s in h.coordinator._pending] == ["b", "c", "d"]
+    assert state.in_flight == {"a": 0} and (state.handed_out, state.finished) == (1, 0)
+    assert h.service.wants_batch()
+    got: dict[str, list[int]] = {"a": [0]}
+    answer = h.request_from_subtask(1, NextSplit())
+    while not isinstance(answer, NoSplitNow):
+        got.setdefault(answer.split_id, []).append(1)
+        answer = h.request_from_subtask(1, NextSplit((answer.split_id,)))
+    assert answer == NoSplitNow(done=True)
+    h.commit()
+    h.checkpoint()
+    assert h.request_from_subtask(0, NextSplit(("a",))) == NoSplitNow(done=True)
+    h.commit()
+    assert got == {"a": [0], "b": [1], "c": [1], "d": [1]}  # each once, by one reader
+    status = h.ask_as_client("status").result()
+    assert (status["done"], status["handed_out"], status["finished"]) == (True, 4, 4)
+    assert h.service.failure is None
+
+
+def test_a_withdrawn_split_no_longer_counts_against_the_batch_s_read_limit() -> None:
+    listing, runner = Listing(), ManualRunner()
+    listing.files = [split("a"), split("b"), split("c")]
+    h = harness(listing, runner, limit=ReadLimit(max_bytes=25))
+    h.start()
+    h.checkpoint()
+    h.request_from_subtask(0, NextSplit())
+    b = h.request_from_subtask(0, NextSplit())
+    h.coordinator.handle_items_withdrawn(0, 1, [
+        Withdrawn(NextSplit(), is_request=True, answered=True, answer=b)])
+    # 10 bytes taken (a): b and then c still fit under 25, as if b had never gone out
+    assert [h.request_from_subtask(1, NextSplit()).split_id for _ in range(2)] == ["b", "c"]
+
+
+def test_withdrawn_watermark_reports_are_kept_and_other_events_ignored() -> None:
+    from sparkcoord.sources.alignment import AlignmentOptions, WatermarkReport
+
+    listing, runner = Listing(), ManualRunner()
+    listing.files = [split("a"), split("b")]
+    aligned = AlignmentOptions("files", max_drift_ms=1000)
+    h = harness(listing, runner, alignment=aligned)
+    h.start()
+    h.checkpoint()
+    h.request_from_subtask(0, NextSplit())
+    report = WatermarkReport(read=(("x", 5000),))  # a lane's, kept beyond its splits
+    h.send_from_subtask(0, report)
+    b = h.request_from_subtask(0, NextSplit(("a",)))
+    h.send_from_subtask(0, "something else")
+    h.coordinator.handle_items_withdrawn(0, 1, [
+        Withdrawn(report, is_request=False),
+        Withdrawn(NextSplit(("a",)), is_request=True, answered=True, answer=b),
+        Withdrawn("something else", is_request=False)])
+    # a watermark only moves forward and only the greatest is kept: the report stays
+    assert h.coordinator.alignment.state.splits["x"].watermark == 5000
+    assert h.coordinator.state.in_flight == {"a": 0}
+    assert [s.split_id for s in h.coordinator._pending] == ["b"]
