@@ -15,7 +15,8 @@ def python_blocks(name: str) -> list[str]:
 
 def test_the_coordinator_sketch_and_its_harness_example_run_as_written() -> None:
     blocks = python_blocks("coordinators.md")
-    assert len(blocks) == 3  # the sketch, the harness example, the requests example
+    # the sketch, the harness example, the requests example, a retry that asks less
+    assert len(blocks) == 4
     namespace: dict[str, object] = {}
     for block in blocks[:2]:
         exec(compile(block, "docs/coordinators.md", "exec"), namespace)  # noqa: S102
@@ -24,6 +25,9 @@ def test_the_coordinator_sketch_and_its_harness_example_run_as_written() -> None
     exec(compile(blocks[2], "docs/coordinators.md", "exec"), namespace)  # noqa: S102
     # the requests example: the retry got its logged split, and every split went out once
     assert namespace["h"].coordinator.left == []  # type: ignore[attr-defined]
+    exec(compile(blocks[3], "docs/coordinators.md", "exec"), namespace)  # noqa: S102
+    # a retry that asked less: "b" and "c" came back, "b" went out again, "c" is first in line
+    assert namespace["h"].coordinator.items == ["c", "d"]  # type: ignore[attr-defined]
 
 
 #: every ```python block of docs/ that a test executes as written: (file, block index) -> test
@@ -31,6 +35,7 @@ EXECUTED = {
     ("coordinators.md", 0): "tests/test_docs_examples.py",
     ("coordinators.md", 1): "tests/test_docs_examples.py",
     ("coordinators.md", 2): "tests/test_docs_examples.py",
+    ("coordinators.md", 3): "tests/test_docs_examples.py",
     ("spark.md", 0): "tests/spark/test_docs_on_spark.py",
     ("sources.md", 0): "tests/spark/test_docs_on_spark.py",
     ("sources.md", 1): "tests/spark/test_docs_on_spark.py",

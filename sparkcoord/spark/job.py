@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 import time
 import uuid
@@ -34,6 +35,14 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 __all__ = ["CoordinatedJob", "JobGaveUp", "JobHandle", "OperatorSpec", "RunReport"]
+
+#: a run's refusals of a client request that mean "no run can take it now; the next run
+#: will": starting (not restored, no epoch sealed yet: "ask again"), ended ("is closed"),
+#: failed over ("the job failed": a restart may follow). decisions.md 38, 51
+_WAIT_FOR_NEXT_RUN = ("ask again", "not been restored", "is closed", "the job failed")
+
+#: the JobHandle whose ``until`` runs on this thread, and its query (for ``request``)
+_until_caller = threading.local()
 
 
 #: URL schemes Spark's own checkpoint can be written to from the pip package (Hadoop's
@@ -66,6 +75,62 @@ def check_checkpoint_urls(checkpoint_dir: str, spark_checkpoint: str | None) -> 
 
 class JobGaveUp(SparkCoordError):
     """The query failed and the restart strategy allows no further restart."""
+
+
+#: a Python traceback's last line naming one of sparkcoord's exceptions, as Spark's error text
+#: carries it for an exception raised in a task: ``sparkcoord.<module>.<Class>: <message>``
+_OUR_EXCEPTION = re.compile(r"(sparkcoord(?:\.\w+)*)\.([A-Za-z_]\w*): (.*)")
+#: where Spark's (or the JVM's) text resumes after that message
+_SPARK_RESUMES = ("SQLSTATE: ", "=== ", "JVM stacktrace", "Driver stacktrace", "Caused by: ")
+#: the line after a traceback's exception when that exception is not the final one
+_CHAINED = ("The above exception was the direct cause", "During handling of the above exception")
+
+
+def sparkcoord_error_in(spark_text: str) -> str | None:
+    """sparkcoord's own exception (``Class: message``) raised in a Spark task, found in the
+    text of the Spark error that reports it; None when there is none (decision 52).
+
+    Spark leads with its wrappers (``[STREAM_FAILED] ... [FOREACH_BATCH_USER_FUNCTION_ERROR]
+    ... Python Proxy``, ``[PYTHON_EXCEPTION] ...``, ``Job aborted due to stage failure``);
+    the task's Python traceback inside ends with the exception's qualified name and message.
+    Only a :class:`SparkCoordError` counts (the module is imported to check: it is ours), and
+    only the exception a traceback ends with (not one that another exception chained)."""
+    lines = spark_text.split("\n")
+    found = None
+    for i, line in enumerate(lines):
+        m = _OUR_EXCEPTION.fullmatch(line.rstrip("\r"))
+        if m is None or not _is_ours(m.group(1), m.group(2)):
+            continue
+        message = [m.group(3)]
+        j = i + 1
+        while (j < len(lines) and lines[j].strip() and not lines[j].startswith("\tat ")
+               and not lines[j].lstrip().startswith(_SPARK_RESUMES)):
+            message.append(lines[j])
+            j += 1
+        following = next((ln for ln in lines[j:] if ln.strip()), "")
+        if following.startswith(_CHAINED):
+            continue  # another exception followed from this one: that one is the error
+        found = f"{m.group(2)}: " + "\n".join(message).rstrip()
+    return found
+
+
+def _is_ours(module: str, name: str) -> bool:
+    import importlib
+
+    try:
+        cls = getattr(importlib.import_module(module), name, None)
+    except Exception:  # noqa: BLE001 - a module of another version, or none: not ours to tell
+        return False
+    return isinstance(cls, type) and issubclass(cls, SparkCoordError)
+
+
+def failure_text(spark_text: str) -> str:
+    """The cause of a query failure that the coordination service did not record: sparkcoord's
+    own exception from a task first, then Spark's text; Spark's text alone if none."""
+    ours = sparkcoord_error_in(spark_text)
+    if ours is None:
+        return spark_text
+    return f"{ours}\n\n(raised in a Spark task; Spark reported:)\n{spark_text}"
 
 
 class _JobFailedInRun(Exception):
@@ -202,7 +267,9 @@ class CoordinatedJob:
         stopped), after ``timeout_s`` (``TimeoutError``), or when the restart strategy gives up
         (:class:`JobGaveUp`). A failed query is restarted on the same checkpoint location after
         the delay the strategy gives. ``until`` and ``on_failure`` are called on the handle's
-        thread. Called from the user's driver program thread.
+        thread. ``until`` may ask the job's coordinators (:meth:`request`): a request that no
+        run can take while a restart is due or the query is starting means "not done yet"
+        (decision 51). Called from the user's driver program thread.
         """
         self.check_cluster_settings()
         install_log_handler(self.log_level)  # unless this program configured logging
@@ -234,16 +301,25 @@ class CoordinatedJob:
 
         The request is logged in the runner before the coordinator sees it (decision 38), so
         what it changes survives a task retry, a restart and a killed driver; a request
-        re-sent after a lost connection takes effect once. While the query is starting or
-        restarting, the request waits (up to ``timeout_s``). Raises
-        :class:`~sparkcoord.core.errors.RequestRefused` when the coordinator refused and
-        :class:`~sparkcoord.core.errors.RequestFailed` when no answer came in time.
+        re-sent after a lost connection takes effect once. While no run can take it (the
+        query is starting, restarting after a failure, or failing over: the failed run
+        refuses it), the request waits for the next run, up to ``timeout_s``, and is then
+        sent to it (the same request: it takes effect once). Called from ``until`` on the
+        job's own thread while a restart is due, it does not wait (that thread restarts the
+        query) and raises :class:`~sparkcoord.core.errors.RunUnavailable`, which the job
+        runner takes as "not done yet" (decision 51): so
+        ``until=lambda: job.request("queue", "status")["done"]`` survives a ``fail_job`` and
+        a killed driver program. Raises
+        :class:`~sparkcoord.core.errors.RequestRefused` when the coordinator refused,
+        :class:`~sparkcoord.core.errors.RunUnavailable` (a ``RequestFailed``) when no run
+        took the request within ``timeout_s``, and
+        :class:`~sparkcoord.core.errors.RequestFailed` when a run took it but no answer came.
         """
         import pickle
 
         from sparkcoord.channel.client import ChannelUnavailable, JobClient
         from sparkcoord.channel.frames import ResponseStatus
-        from sparkcoord.core.errors import RequestFailed, RequestRefused
+        from sparkcoord.core.errors import RequestFailed, RequestRefused, RunUnavailable
         from sparkcoord.runtime.files import files_for
 
         spec = next((sp for sp in self._specs.values()
@@ -257,7 +333,34 @@ class CoordinatedJob:
         payload = EventCodec(self.config.max_event_bytes).encode(request)
         deadline = time.monotonic() + timeout_s
         last = "the query has not started its coordinated source yet"
-        with self._client_lock:
+        # set when a JobHandle calls its until() on its own thread: the thread that restarts
+        # the query must not wait for that restart
+        handle: JobHandle | None = getattr(_until_caller, "handle", None)
+        query = getattr(_until_caller, "query", None)
+
+        def failing_over(why: str) -> None:
+            if handle is not None and handle._restart_due(query):
+                raise RunUnavailable(f"request {request!r} to coordinator {operator!r}: the "
+                                     f"job is failing over; ask again after its restart "
+                                     f"({why})")
+
+        def wait_for_run(why: str, pause_s: float) -> None:
+            # no run can take the request now: wait for the next one (re-read channel.json)
+            nonlocal last
+            last = why
+            failing_over(why)
+            time.sleep(min(pause_s, max(0.0, deadline - time.monotonic())))
+
+        # one request at a time (one connection per run); the handle's thread stops waiting
+        # for the lock when a restart is due (another thread may hold it, waiting for the run
+        # that this thread is to start)
+        while not self._client_lock.acquire(timeout=0.1):
+            failing_over("another request of this driver program is waiting for the job")
+            if time.monotonic() > deadline:
+                raise RunUnavailable(f"request {request!r} to coordinator {operator!r}: no "
+                                     f"answer within {timeout_s} s (another request of this "
+                                     f"driver program held the channel)")
+        try:
             # one number per call, kept when the call is re-sent to the next run after a
             # restart: the service answers a request it logged once (decision 38)
             seq = self._client_seq
@@ -265,14 +368,13 @@ class CoordinatedJob:
             while True:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise RequestFailed(f"request {request!r} to coordinator {operator!r}: no "
-                                        f"answer within {timeout_s} s ({last})")
+                    raise RunUnavailable(f"request {request!r} to coordinator {operator!r}: "
+                                         f"no answer within {timeout_s} s ({last})")
                 try:
                     files, root = files_for(spec.checkpoint_url, spec.storage_options)
                     info = json.loads(files.read(f"{root}/channel.json"))
                 except (OSError, ValueError) as exc:
-                    last = f"no channel.json yet: {exc!r}"
-                    time.sleep(min(0.2, remaining))
+                    wait_for_run(f"no channel.json yet: {exc!r}", 0.2)
                     continue
                 key = (spec.name, info["run"])
                 client = self._clients.get(key)
@@ -285,9 +387,8 @@ class CoordinatedJob:
                 try:
                     response = client.request(operator, payload, remaining, seq)
                 except ChannelUnavailable as exc:  # the run ended; a restart writes a new file
-                    last = str(exc)
                     self._clients.pop(key, None)
-                    time.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+                    wait_for_run(str(exc), 0.2)
                     continue
                 reason = response.payload.decode(errors="replace")
                 if response.status is ResponseStatus.ANSWER:
@@ -295,13 +396,15 @@ class CoordinatedJob:
                 if response.status is ResponseStatus.REFUSED:
                     raise RequestRefused(f"coordinator {operator!r} refused request "
                                          f"{request!r}: {reason}")
-                if "ask again" in reason or "not been restored" in reason or "is closed" in reason:
-                    last = reason  # starting or ending a run: wait for the next one
+                if any(s in reason for s in _WAIT_FOR_NEXT_RUN):
+                    # starting or ending a run, or a failed one: the next run takes it
                     self._clients.pop(key, None)
-                    time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
+                    wait_for_run(reason, 0.1)
                     continue
                 raise RequestFailed(f"request {request!r} to coordinator {operator!r} got no "
                                     f"answer: {reason}")
+        finally:
+            self._client_lock.release()
 
     def failure_cause(self) -> str | None:
         """The cause of the global failure of the latest run of this job's coordinated
@@ -440,7 +543,7 @@ class JobHandle:
                                  report.batches)
                         return  # ended by itself (availableNow, or stopped by Spark)
                     self._count_batches(query)
-                    if self._stop.is_set() or (self._until is not None and self._until()):
+                    if self._stop.is_set() or self._until_done(query):
                         query.stop()
                         self._count_batches(query)
                         return
@@ -460,7 +563,9 @@ class JobHandle:
             except (StreamingQueryException, _JobFailedInRun) as exc:
                 self._count_batches(query)
                 self.query = None
-                cause = job.failure_cause() or str(exc)
+                # sparkcoord's cause first: the service's record of a global failure, else
+                # our exception raised in a task (Spark's text follows it), else Spark's text
+                cause = job.failure_cause() or failure_text(str(exc))
                 report.failures.append(cause)
                 if self._on_failure is not None:
                     self._on_failure(cause)
@@ -468,16 +573,56 @@ class JobHandle:
                 if delay is None:
                     spark_first = ([] if isinstance(exc, _JobFailedInRun)
                                    else str(exc).strip().splitlines()[:1])
+                    log.error("query failed %s and the restart strategy gave up: %s",
+                              plural(len(report.failures), "time"),
+                              (cause.strip().splitlines() or [""])[0])
                     raise JobGaveUp(
                         f"{cause}\n\nThe query failed {plural(len(report.failures), 'time')} and "
                         f"the restart strategy gave up; the cause above is the last failure"
                         + (f". Spark reported: {spark_first[0]}" if spark_first
-                           and not cause.startswith(spark_first[0]) else "")) from exc
+                           and spark_first[0] not in cause else "")) from exc
                 log.warning("query failed, restarting in %.1fs: %s", delay,
                             (cause.strip().splitlines() or [""])[0])
                 report.restarts += 1
                 if self._stop.wait(delay):
                     return
+
+    def _until_done(self, query: Any) -> bool:
+        """Whether ``until()`` says the job is done (handle thread, at each poll).
+
+        A client request in ``until`` that no run could take (:class:`RunUnavailable`) means
+        "not done yet" while a restart is due (the run failed, or the query ended) or the query
+        is starting (it has run no batch yet): the loop then restarts the query, or gives up
+        with the failure's own cause. Anything else ``until`` raises ends the job (decision 51).
+        """
+        from sparkcoord.core.errors import RunUnavailable
+
+        if self._until is None:
+            return False
+        _until_caller.handle, _until_caller.query = self, query
+        try:
+            return bool(self._until())
+        except RunUnavailable as exc:
+            if not (self._restart_due(query) or self._last_counted < 0):
+                raise
+            log.info("until(): not done yet, the job is %s: %s",
+                     "starting" if self._last_counted < 0 else "failing over",
+                     (str(exc).splitlines() or [""])[0])
+            return False
+        finally:
+            _until_caller.handle = _until_caller.query = None
+
+    def _restart_due(self, query: Any) -> bool:
+        """Whether the current query is to be restarted (or the job stopped) rather than asked:
+        its run failed in sparkcoord, or it ended (handle thread)."""
+        if self._stop.is_set() or query is None:
+            return True
+        try:
+            if not query.isActive:
+                return True
+        except Exception:  # noqa: BLE001 - a query that cannot say is not running
+            return True
+        return self.job.failure_cause() is not None
 
     def _count_batches(self, query: Any) -> None:
         # Spark keeps the last 100 progress reports; polled every poll_s, none is missed. A

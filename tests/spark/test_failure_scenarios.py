@@ -57,8 +57,10 @@ def test_channel_faults_lose_and_duplicate_nothing(spark, tmp_path, plan: str) -
 
 def test_declined_and_timed_out_checkpoints_within_the_tolerance_lose_nothing(spark, tmp_path) -> None:
     markers = str(tmp_path / "markers")
+    # the timeout is what checkpoint 5 waits for; it is long enough that no other checkpoint
+    # times out on a busy machine (one more failure next to a decline would fail the job)
     job = CoordinatedJob(spark, str(tmp_path / "ckpt"), checkpoint_interval_s=0.3,
-                         config=ServiceConfig(checkpoint_timeout_s=1.0, tolerable_checkpoint_failures=2))
+                         config=ServiceConfig(checkpoint_timeout_s=5.0, tolerable_checkpoint_failures=2))
     coordinator = functools.partial(DecliningNumbers, decline=(1, 3), time_out=5, total=N,
                                     per_tick=1, interval_s=0.1, marker_dir=markers)
     df = job.source(NumberCollector, coordinator, 2, SCHEMA, name="numbers")
@@ -72,8 +74,10 @@ def test_declined_and_timed_out_checkpoints_within_the_tolerance_lose_nothing(sp
 def test_declines_past_the_tolerance_fail_over_globally_and_still_end_exactly_once(
         spark, tmp_path) -> None:
     markers = str(tmp_path / "markers")
+    # no checkpoint is meant to time out here: the default timeout (60 s), so that none does
+    # on a busy machine (a timeout next to a decline would be a second failover)
     job = CoordinatedJob(spark, str(tmp_path / "ckpt"), checkpoint_interval_s=0.3,
-                         config=ServiceConfig(checkpoint_timeout_s=1.0, tolerable_checkpoint_failures=1))
+                         config=ServiceConfig(tolerable_checkpoint_failures=1))
     coordinator = functools.partial(DecliningNumbers, decline=(2, 3), total=N, per_tick=1,
                                     interval_s=0.1, marker_dir=markers)
     df = job.source(NumberCollector, coordinator, 2, SCHEMA, name="numbers")
@@ -108,3 +112,37 @@ def run_checked_values(spark, job: CoordinatedJob, df, out: str):
     for s in (0, 1):
         assert latest_state(job, "numbers", "numbers", s) == list(range(N))
     return report
+
+
+def test_a_deleted_subtask_state_file_ends_the_job_with_sparkcoords_error_first(
+        spark, tmp_path, caplog) -> None:
+    # issue 24 item 6: raised in a task, StateMissing reaches the driver program inside Spark's
+    # wrappers ([STREAM_FAILED] ... [FOREACH_BATCH_USER_FUNCTION_ERROR] ... Python Proxy)
+    import logging
+
+    from sparkcoord.runtime.restart import NoRestart
+    from sparkcoord.spark import JobGaveUp
+    from tests.spark.helpers import numbers_job, run_until_rows
+
+    job, df = numbers_job(spark, str(tmp_path), total=N // 2)
+    run_until_rows(spark, job, df, str(tmp_path / "out"), N)
+    state_dir = os.path.join(job.coordination_url("numbers"), "state", "numbers", "0")
+    newest = max((f for f in os.listdir(state_dir) if f.endswith(".state")),
+                 key=lambda f: int(f[:-len(".state")]))
+    deleted = os.path.join(state_dir, newest)
+    os.remove(deleted)
+    job2, df2 = numbers_job(spark, str(tmp_path), total=N)  # more numbers: a batch must run
+    failures: list[str] = []
+    writer = df2.writeStream.foreachBatch(lambda batch, _: batch.collect()).trigger(
+        processingTime="0 seconds")
+    with caplog.at_level(logging.ERROR, logger="sparkcoord"), pytest.raises(JobGaveUp) as caught:
+        job2.run(writer, restart=NoRestart(), on_failure=failures.append, timeout_s=240)
+    ours = f"StateMissing: {deleted} is missing: numbers[0] ran the batch of epoch "
+    text = str(caught.value)
+    assert text.splitlines()[0].startswith(ours), text[:2000]
+    assert "[STREAM_FAILED]" in text and "[FOREACH_BATCH_USER_FUNCTION_ERROR]" in text  # after
+    assert text.index("[STREAM_FAILED]") > text.index(ours)
+    assert len(failures) == 1 and failures[0].startswith(ours), failures
+    gave_up = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR
+               and r.name == "sparkcoord.spark.job"]
+    assert len(gave_up) == 1 and f"gave up: {ours}" in gave_up[0], gave_up
