@@ -58,7 +58,7 @@ def _count_numbers(sim: Any, row: dict[str, Any]) -> None:
 
 def _count_answers(sim: Any, row: dict[str, Any]) -> None:
     """Answers to requests: consumed by surviving tasks, ids handed out and never consumed
-    (lost), ids consumed twice (duplicated). Diverging answers (a retry or a replayed batch
+    nor given back by a withdrawal (lost), ids consumed twice (duplicated). Diverging answers (a retry or a replayed batch
     that saw another answer than an earlier attempt) fail the run where they happen."""
     import pickle
 
@@ -74,7 +74,10 @@ def _count_answers(sim: Any, row: dict[str, Any]) -> None:
         found = sim.storage.read_subtask_state(SubtaskId("ask", s), epoch + 1)
         consumed += [e[2] for e in (pickle.loads(found[1]) if found else []) if e[0] == "ans"]
     row["answers"] += len(consumed)
-    row["lost answers"] += len(set(range(snap["next_id"])) - set(consumed))
+    # ids a withdrawal gave back wait in the coordinator's pool to be handed out again
+    returned = set(snap.get("returned", []))
+    row["returned, waiting"] = row.get("returned, waiting", 0) + len(returned)
+    row["lost answers"] += len(set(range(snap["next_id"])) - set(consumed) - returned)
     row["duplicated answers"] += len(consumed) - len(set(consumed))
 
 

@@ -32,10 +32,12 @@ Rules (DESIGN.md section 2, rules 6 and 7, and docs/decisions.md 36):
      what those answers handed out goes back instead of vanishing (DESIGN 2c,
      docs/decisions.md 47). A replay meets the entry at the same place and withdraws the same.
      Only within a run: a failed attempt's output never reaches the sink, but when the batch
-     runs again after a restart and an attempt of the earlier run had finished, a sink may
+     runs again after a restart and an attempt of an earlier run had finished, a sink may
      hold that attempt's output (Spark's file sink keeps a batch it committed when only the
      commit log was lost): a shorter history then is divergence (rule 4), not a withdrawal,
-     and so is an item beyond it.
+     and so is an item beyond it. An attempt that asked nothing and continued nothing says
+     nothing at its end, so a kept history without a request counts as finished by the
+     earlier run that wrote it.
 
 Theory of operation: the gate keeps only the running epoch: the live attempt and history of
 each subtask, the logged responses, and every log entry in order (the in-memory mirror of the
@@ -277,6 +279,9 @@ class _History:
     attempts: set[TaskAttempt]          # the live attempt and the attempts it adopted
     length: int = 0                     # the next sequence number
     finished: TaskAttempt | None = None  # the last attempt that said it finished (rule 6)
+    # by run: the newest attempt of that run that finished it (or may have: rule 6) and how
+    # many items it had sent; a later run must send exactly as many
+    finishes: dict[str, tuple[TaskAttempt, int]] = field(default_factory=dict)
     starts: list[int] = field(default_factory=list)       # first seq of each item entry
     items: list[ItemEntry] = field(default_factory=list)  # in sequence order
 
@@ -344,6 +349,13 @@ class InboundGate:
         self._logged = epoch
         for entry in entries:
             self._replay(entry)
+        for sid, history in self._histories.items():
+            if not history.finishes and not any(isinstance(i, RequestEntry)
+                                                for i in history.items):
+                # its attempt asked nothing, so it said nothing at its end: it may have
+                # finished, and a sink may hold its output (rule 6)
+                live = self._live[sid]
+                history.finishes[live.run] = (live, history.length)
 
     def batch_committed(self, epoch: int) -> None:
         """Spark committed the batch of ``epoch``: its events are final, later ones dropped."""
@@ -381,8 +393,11 @@ class InboundGate:
             return InboundDecision(Verdict.REJECT, problem)
         live = self._live.get(sid)
         if live == attempt:
+            # a re-sent registration (its reply was lost): tell the history's length again
+            history = self._histories.get(sid)
             return InboundDecision(Verdict.DUPLICATE, "already registered",
-                                   execution_attempt=self.execution_attempt(sid))
+                                   execution_attempt=self.execution_attempt(sid),
+                                   history_length=history.length if history else 0)
         if live is not None and live.run == attempt.run and attempt.number < live.number:
             return InboundDecision(
                 Verdict.REJECT, f"{attempt} is older than the live attempt {live.number}")
@@ -402,6 +417,9 @@ class InboundGate:
             if history is None:
                 history = self._histories[sid] = _History({attempt})
             history.attempts.add(attempt)
+            # an attempt of this run that finished was retried after all: its task failed
+            # later (its sink write), so no sink holds its output (rule 6)
+            history.finishes.pop(attempt.run, None)
         else:
             if replaced is not None:
                 self._execution_attempts[sid] = self.execution_attempt(sid) + 1
@@ -432,15 +450,15 @@ class InboundGate:
                                    execution_attempt=execution_attempt)
         if sent == history.length and history.finished == attempt:
             return InboundDecision(Verdict.DUPLICATE, execution_attempt=execution_attempt)
-        earlier = history.finished
-        if sent < history.length and earlier is not None and earlier.run != attempt.run:
+        earlier = self._earlier_finish(history, attempt)
+        if earlier is not None and sent != earlier[1]:
             return InboundDecision(
                 Verdict.REJECT,
                 f"nondeterministic subtask: {sid} finished epoch {attempt.epoch} after {sent} "
-                f"items, but the batch runs again after a restart and {earlier} had finished "
-                f"it after {history.length}: a sink may hold that attempt's output, so the "
-                f"rest cannot be withdrawn; a task that runs a batch again must send at least "
-                f"the items it sent before", execution_attempt=execution_attempt, diverged=True)
+                f"items, but the batch runs again after a restart and {earlier[0]} had "
+                f"finished it after {earlier[1]}: a sink may hold that attempt's output, so "
+                f"the rest cannot be withdrawn; a task that runs a batch again must send the "
+                f"same items", execution_attempt=execution_attempt, diverged=True)
         entry = FinishedEntry(attempt, sent)
         withdrawn = self._withdraw(entry)
         return InboundDecision(Verdict.ACCEPT, execution_attempt=execution_attempt,
@@ -456,6 +474,7 @@ class InboundGate:
                                        self._responses.pop((sid, seq), None)))
         history.truncate(entry.seq)
         history.finished = entry.attempt
+        history.finishes[entry.attempt.run] = (entry.attempt, entry.seq)
         withdrawn = self._withdrawals[entry] = tuple(items)
         self._log.append(entry)
         return withdrawn
@@ -493,7 +512,7 @@ class InboundGate:
             if problem:
                 return RunDecision(i, 0, n - i, problem, execution_attempt, diverged=True)
         accepted = n - duplicates
-        if accepted and history.finished is not None and history.finished.run != attempt.run:
+        if accepted and self._earlier_finish(history, attempt) is not None:
             return RunDecision(duplicates, 0, accepted, self._beyond(history, attempt),
                                execution_attempt, diverged=True)
         if accepted:
@@ -524,7 +543,7 @@ class InboundGate:
                 return RequestDecision(Verdict.REJECT, problem, execution_attempt, diverged=True)
             return RequestDecision(Verdict.DUPLICATE, execution_attempt=execution_attempt,
                                    response=self._responses.get((sid, seq)))
-        if history.finished is not None and history.finished.run != attempt.run:
+        if self._earlier_finish(history, attempt) is not None:
             return RequestDecision(Verdict.REJECT, self._beyond(history, attempt),
                                    execution_attempt, diverged=True)
         entry = RequestEntry(attempt, seq, payload)
@@ -749,12 +768,22 @@ class InboundGate:
                 f"the same events and requests in the same order")
 
     @staticmethod
-    def _beyond(history: _History, attempt: TaskAttempt) -> str:
+    def _earlier_finish(history: _History, attempt: TaskAttempt) -> tuple[TaskAttempt, int] | None:
+        """A finish of ``history`` by an attempt of another (earlier) run than ``attempt``'s,
+        with its length: the bound a batch that runs again must keep (rule 6)."""
+        for run, finish in history.finishes.items():
+            if run != attempt.run:
+                return finish
+        return None
+
+    def _beyond(self, history: _History, attempt: TaskAttempt) -> str:
+        earlier = self._earlier_finish(history, attempt)
+        assert earlier is not None
         return (f"nondeterministic subtask: {attempt.subtask} sent item {history.length} of "
                 f"epoch {attempt.epoch}, but the batch runs again after a restart and "
-                f"{history.finished} had finished it after {history.length} items: a sink may "
-                f"hold that attempt's output, so a task that runs a batch again must send the "
-                f"same items (rule 6)")
+                f"{earlier[0]} had finished it after {earlier[1]} items: a sink may hold that "
+                f"attempt's output, so a task that runs a batch again must send the same items "
+                f"(rule 6)")
 
     def _check_identity(self, attempt: TaskAttempt) -> str:
         sid = attempt.subtask

@@ -111,12 +111,14 @@ class ThreadMailbox(Mailbox):
         me = threading.get_ident()
         started, cpu_started = time.monotonic(), time.thread_time()
         collected = _collector_cpu.get(me, 0.0)
+        collected_wall = _collector_wall.get(me, 0.0)
         self._drain()
         # the cyclic garbage collector's passes are not the coordinator's doing: a run of a few
         # microseconds that triggers a 30 ms collection of the whole heap says nothing of it
-        collecting = _collector_cpu.get(me, 0.0) - collected
-        took = time.monotonic() - started - collecting
-        used = time.thread_time() - cpu_started - collecting
+        # (its CPU time out of the CPU budget, its wall time, preemption during it included,
+        # out of the wall budget)
+        took = time.monotonic() - started - (_collector_wall.get(me, 0.0) - collected_wall)
+        used = time.thread_time() - cpu_started - (_collector_cpu.get(me, 0.0) - collected)
         if used > self.claim_cpu_budget_s or took > self.claim_wall_budget_s:
             # rule 3: the borrowed thread serves others too; no claims for a while
             self._claims_paused_until = time.monotonic() + self.claim_pause_s
@@ -167,18 +169,21 @@ class ThreadMailbox(Mailbox):
 
 # CPU seconds each thread spent in the cyclic garbage collector (by thread ident), for rule 3:
 # written by the collector's callback in the collecting thread, read by that thread only.
+# and wall seconds (monotonic clock)
 _collector_cpu: dict[int, float] = {}
-_collector_started: dict[int, float] = {}
+_collector_wall: dict[int, float] = {}
+_collector_started: dict[int, tuple[float, float]] = {}
 
 
 def _collector_timed(phase: str, info: dict[str, int]) -> None:
     ident = threading.get_ident()
     if phase == "start":
-        _collector_started[ident] = time.thread_time()
+        _collector_started[ident] = (time.thread_time(), time.monotonic())
         return
     started = _collector_started.pop(ident, None)
     if started is not None:
-        _collector_cpu[ident] = _collector_cpu.get(ident, 0.0) + time.thread_time() - started
+        _collector_cpu[ident] = _collector_cpu.get(ident, 0.0) + time.thread_time() - started[0]
+        _collector_wall[ident] = _collector_wall.get(ident, 0.0) + time.monotonic() - started[1]
 
 
 _collector_installing = threading.Lock()

@@ -145,6 +145,9 @@ class CoordinationService:
         self._waiters: dict[tuple[SubtaskId, int], Future[Answer]] = {}
         # clients waiting for answers, by (operator, client id, seq)
         self._client_waiters: dict[tuple[str, str, int], Future[Answer]] = {}
+        # finishes whose withdrawal the coordinator has not taken back yet (a re-sent finish
+        # waits for the same decision)
+        self._finishing: dict[TaskAttempt, Future[InboundDecision]] = {}
 
     # ---------------------------------------------------------------- driver adapter calls
     def latest_offset_called(self, start_epoch: int) -> None:
@@ -460,12 +463,16 @@ class CoordinationService:
                 done.set_result(InboundDecision(Verdict.REJECT, refusal))
                 return done
             assert self._gate is not None
+            pending = self._finishing.get(attempt)
+            if pending is not None:
+                return pending  # a re-sent finish: the decision comes when the first one's does
             decision = self._gate.attempt_finished(attempt, sent)
             if decision.verdict is Verdict.ACCEPT:
                 self._append(attempt.epoch)
             if decision.verdict is not Verdict.ACCEPT or not decision.withdrawn:
                 done.set_result(decision)
             else:
+                self._finishing[attempt] = done
                 for item in decision.withdrawn:
                     waiter = self._waiters.pop((sid, item.seq), None)
                     if waiter is not None and not waiter.done():
@@ -474,9 +481,12 @@ class CoordinationService:
                             f"without it"))
 
                 def taken(ok: bool) -> None:  # the coordinator's thread, after its callback
-                    done.set_result(decision if ok else InboundDecision(
-                        Verdict.REJECT, f"the job failed: {self.failure}" if self.failure
-                        else f"coordinator {sid.operator!r} is not running"))
+                    with self._lock:
+                        self._finishing.pop(attempt, None)
+                    if not done.done():
+                        done.set_result(decision if ok else InboundDecision(
+                            Verdict.REJECT, f"the job failed: {self.failure}" if self.failure
+                            else f"coordinator {sid.operator!r} is not running"))
                 self._holders[sid.operator].deliver_withdrawn(
                     sid.index, decision.execution_attempt, self._withdrawn(decision.withdrawn),
                     taken)
@@ -713,7 +723,12 @@ class CoordinationService:
             waiter.set_result(entry)
 
     def _fail_waiters(self, why: str) -> None:
-        # Under the lock or not: every task waiting for an answer learns that none will come.
+        # Under the lock or not: every task waiting for an answer learns that none will come,
+        # and every task waiting for its finish that it is refused
+        finishing, self._finishing = self._finishing, {}
+        for done in finishing.values():
+            if not done.done():
+                done.set_result(InboundDecision(Verdict.REJECT, why))
         waiters, self._waiters = self._waiters, {}
         for (sid, seq), waiter in waiters.items():
             if not waiter.done():

@@ -241,6 +241,7 @@ class Task:
     seq: int = 0
     done: bool = False
     history_length: int = 0  # the adopted history's length (registration says it)
+    adopted: bool = False    # it continues a logged history (a retry, or a rerun's task)
 
 
 # ------------------------------------------------------------------------- the simulation
@@ -415,6 +416,7 @@ class Simulation:
             if decision.adopted:
                 self.stats["retry-adopted"] += 1  # rule 5 of the gate: no reset
             task.history_length = decision.history_length
+            task.adopted = decision.adopted
             restored = self.storage.read_subtask_state(task.sid, task.epoch)
             task.state = pickle.loads(restored[1]) if restored else []
             task.phase = "apply"
@@ -434,7 +436,12 @@ class Simulation:
                     task.asks.add(len(task.sends))
                     task.sends.append(("q", s, epoch, i, n))
                 task.sends.append(("y", s, epoch, i, n))
-            if task.sends and self.rng.random() < (0.5 if task.number else 0.1):
+            if task.number == 0 and task.adopted:
+                # the batch runs again after a restart: the worker sends what its first run
+                # logged (the contract when that run's task may have finished: gate rule 6;
+                # tests/runtime/test_requests.py covers a rerun that does not)
+                task.sends = task.sends[:task.history_length]
+            elif task.sends and self.rng.random() < (0.5 if task.number else 0.1):
                 # a worker with a time budget: this attempt stops after a prefix of its items
                 # (a retry that asks less than the attempt whose history it adopted)
                 task.sends = task.sends[:self.rng.randint(0, len(task.sends))]
@@ -460,6 +467,8 @@ class Simulation:
                 # until the coordinator took that back
                 if task.pending is None:
                     task.pending = svc.attempt_finished(task.attempt, task.seq)
+                    task.pending.add_done_callback(
+                        lambda f, t=task, n=task.seq: self._withdrawn_taken(t, n, f.result()))
                 if not task.pending.done():
                     return
                 decision, task.pending = task.pending.result(), None
@@ -491,6 +500,19 @@ class Simulation:
         task.state.append(("ans", task.sends[task.seq], answer))
         task.rows.append(("ans", task.sends[task.seq], answer))
         task.seq += 1
+
+    def _withdrawn_taken(self, task: Task, sent: int, decision: Any) -> None:
+        # A withdrawn answer was used by no surviving attempt, so its number may be asked
+        # anew and get another answer (gate rule 6). The withdrawal stands once it is logged,
+        # also when the task never hears of it (it failed while waiting, or the job failed
+        # before the coordinator took the items back: a restore replays it).
+        seqs: list[int] = [item.seq for item in decision.withdrawn]
+        if not seqs and decision.verdict is Verdict.REJECT and any(
+                isinstance(e, FinishedEntry) and e.attempt == task.attempt
+                for e in self.storage.read_uncommitted_inbound_log(task.epoch)):
+            seqs = list(range(sent, task.history_length))
+        for seq in seqs:
+            self.world.observed.pop((task.sid, task.epoch, seq), None)
 
     def _observe(self, task: Task, seq: int, answer: Any) -> None:
         # no answer may ever change: not for a retry, not for a replayed batch (issue 12)

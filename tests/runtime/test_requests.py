@@ -537,3 +537,80 @@ def test_a_rerun_that_sends_more_than_a_finished_attempt_of_the_earlier_run_fail
     with pytest.raises(RequestFailed, match="nondeterministic subtask"):
         rerun.ask_from_subtask(0, "next").result(timeout=1)
     assert "must send the same items" in (rerun.service.failure or "")
+
+
+def _rerun(url: str, epoch: int) -> CoordinatorHarness:
+    rerun = CoordinatorHarness(ReturningIssuer, 2, storage_url=url)
+    rerun.service.restore(RestorePoint(epoch, committed=False))
+    rerun.run()
+    return rerun
+
+
+def test_a_rerun_keeps_the_earlier_runs_bound_after_its_own_attempt_finished_and_was_retried() -> None:
+    h = returning()
+    assert [h.request_from_subtask(0, "next") for _ in range(3)] == [0, 1, 2]
+    h.finish_task(0)  # run 1's task finished: a sink may hold its output
+    epoch = h.epoch
+    h.service.close()
+    rerun = _rerun(h.storage_url, epoch)
+    assert [rerun.request_from_subtask(0, "next") for _ in range(3)] == [0, 1, 2]
+    rerun.finish_task(0)  # the same items: accepted
+    rerun.retry_task(0)  # then its task failed (in its sink write): the retry sends less
+    assert rerun.request_from_subtask(0, "next") == 0
+    with pytest.raises(InputRefused, match="nondeterministic subtask"):
+        rerun.finish_task(0)
+    assert "after 3" in (rerun.service.failure or "")
+
+
+def test_a_rerun_may_send_anything_when_its_earlier_runs_finished_attempt_was_retried() -> None:
+    h = returning()
+    assert [h.request_from_subtask(0, "next") for _ in range(2)] == [0, 1]
+    h.finish_task(0)
+    h.retry_task(0)  # the finished attempt's task failed after all: no sink holds its output
+    assert h.request_from_subtask(0, "next") == 0
+    assert h.request_from_subtask(0, "next") == 1
+    epoch = h.epoch
+    h.service.close()  # the driver dies before the retry finished
+    rerun = _rerun(h.storage_url, epoch)
+    assert rerun.request_from_subtask(0, "next") == 0
+    assert rerun.finish_task(0).withdrawn[0].seq == 1  # withdrawn: no sink can hold it
+    assert rerun.service.failure is None
+
+
+def test_a_rerun_that_sends_fewer_events_than_a_kept_history_without_requests_fails_the_job() -> None:
+    """An attempt that asked nothing says nothing at its end: it may have finished, and a sink
+    may hold its output, so its kept history counts as finished by its run."""
+    h = returning()
+    h.request_from_subtask(1, "next")  # the operator answered a request: its log is kept
+    for event in ("e0", "e1", "e2"):
+        h.send_from_subtask(0, event)
+    epoch = h.epoch
+    h.service.close()
+    rerun = _rerun(h.storage_url, epoch)
+    rerun.send_from_subtask(0, "e0")
+    with pytest.raises(InputRefused, match="nondeterministic subtask"):
+        rerun.finish_task(0)
+
+
+def test_a_registration_sent_again_is_told_the_history_length_again() -> None:
+    h = returning()
+    h.request_from_subtask(0, "next")
+    h.request_from_subtask(0, "next")
+    first = h.retry_task(0)
+    again = h.service.attempt_registered(h.service.live_attempt(SubtaskId(h.name, 0)))
+    assert (first.verdict.name, again.verdict.name) == ("ACCEPT", "DUPLICATE")
+    assert first.history_length == again.history_length == 2
+
+
+def test_a_finish_sent_again_waits_for_the_coordinator_to_take_the_items_back() -> None:
+    h = returning()
+    h.request_from_subtask(0, "next")
+    h.retry_task(0)
+    attempt = h.service.live_attempt(SubtaskId(h.name, 0))
+    assert attempt is not None
+    first = h.service.attempt_finished(attempt, 0)
+    again = h.service.attempt_finished(attempt, 0)  # a reconnect re-sent it
+    assert not first.done() and again is first  # not DUPLICATE before the callback ran
+    h.run()
+    assert first.result(timeout=0).verdict.name == "ACCEPT"
+    assert h.coordinator.returned == [0]

@@ -36,8 +36,11 @@ def main() -> None:
     summary: dict[str, object] = {}
     for phase in ("managed", "unmanaged"):
         base = os.path.join(work, phase)
+        # managed: the handle stops the query within its poll (0.5 s) on an idle machine; a
+        # long hold keeps a refused task waiting for that also on a busy one (it costs
+        # nothing when the stop comes sooner)
         job = CoordinatedJob(spark, os.path.join(base, "ckpt"), config=ServiceConfig(
-            cancel_wait_s=10.0 if phase == "managed" else 1.0))
+            cancel_wait_s=60.0 if phase == "managed" else 1.0))
         queue = functools.partial(WorkQueue, costs=[0.05] * 60, fail_job_after=20,
                                   marker_dir=os.path.join(base, "markers"))
         df = job.source(QueueWorker, coordinator=queue, parallelism=4, schema=SCHEMA)
