@@ -90,6 +90,10 @@ class CoordinatorContext(abc.ABC):
     parallelism: int
     #: True while the coordinator's ``start()`` runs (no gateway is ready then).
     starting: bool = False
+    #: True when this run is Spark's ``Trigger.AvailableNow``: the run ends at the first
+    #: trigger that seals nothing, so a coordinator with work left must keep asking for
+    #: batches (``request_batch``) until it has handed out what was present when it started.
+    available_now: bool = False
 
     @abc.abstractmethod
     def fail_job(self, cause: BaseException | str) -> None:

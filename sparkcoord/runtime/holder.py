@@ -107,8 +107,9 @@ class CoordinatorHolder:
     def __init__(self, name: str, provider: CoordinatorProvider, parallelism: int,
                  mailbox: Mailbox, clock: Clock, codec: EventCodec,
                  listener: HolderListener, last_checkpoint: int,
-                 stall_warning_s: float = 10.0) -> None:
+                 stall_warning_s: float = 10.0, available_now: bool = False) -> None:
         self.name = name
+        self.available_now = available_now
         self.provider = provider
         self.parallelism = parallelism
         self.mailbox = mailbox
@@ -633,6 +634,7 @@ class _Context(CoordinatorContext):
         self.generation = generation
         self.operator_id = holder.name
         self.parallelism = holder.parallelism
+        self.available_now = holder.available_now
         self.fenced = False
         self.failed = False
         self.timers: list[Cancellable] = []

@@ -114,7 +114,8 @@ class CoordinationService:
 
     def __init__(self, specs: Sequence[CoordinatorSpec], storage: CheckpointStorage, *,
                  config: ServiceConfig | None = None, clock: Clock | None = None,
-                 mailbox_factory: MailboxFactory | None = None, run_id: str | None = None) -> None:
+                 mailbox_factory: MailboxFactory | None = None, run_id: str | None = None,
+                 available_now: bool = False) -> None:
         if not specs:
             raise ValueError("a coordination service needs at least one coordinator")
         self.specs = {spec.name: spec for spec in specs}
@@ -125,6 +126,9 @@ class CoordinationService:
         self.clock = clock or SystemClock()
         self.codec = EventCodec(self.config.max_event_bytes)
         self.run_id = run_id or uuid.uuid4().hex[:16]
+        #: this run is Spark's ``Trigger.AvailableNow`` (coordinators read it from their
+        #: context: the run ends at the first trigger that seals nothing)
+        self.available_now = available_now
         self._mailbox_factory = mailbox_factory or ThreadMailbox
         self._lock = threading.RLock()
         self.detector = RestorePointDetector()
@@ -237,7 +241,8 @@ class CoordinationService:
                 holder = CoordinatorHolder(
                     spec.name, spec.provider, spec.parallelism, self._mailbox_factory(spec.name),
                     self.clock, self.codec, self, last_checkpoint=epoch,
-                    stall_warning_s=self.config.stall_warning_s)
+                    stall_warning_s=self.config.stall_warning_s,
+                    available_now=self.available_now)
                 self._holders[spec.name] = holder
                 snapshot = record.snapshots.get(spec.name) if record is not None else None
                 holder.start(epoch, snapshot, replay[spec.name])

@@ -28,7 +28,11 @@ Rules:
   5. A bounded source ends an ``availableNow`` run only when everything was read: while a
      split is pending or a reader keeps one (paused, stopped), each reader's last request of
      a batch (the one answered :class:`NoSplitNow`) asks for another batch, since the run
-     ends at the first trigger that seals nothing (docs/decisions.md 49).
+     ends at the first trigger that seals nothing (docs/decisions.md 49). A continuous source
+     in an ``availableNow`` run (``CoordinatorContext.available_now``) is bounded for that
+     run, as Spark's file source is: it lists once as the run starts, reads what that
+     listing found and what its state holds, and ends; files that come later wait for the
+     next run (docs/decisions.md 53).
 
 Theory of operation: a fresh source discovers once in ``start`` (so its first batch has
 splits); after that (and after a restore) discovery runs on a worker thread (never again for a
@@ -161,6 +165,11 @@ class SplitEnumerator(OperatorCoordinator):
         self._committed = -1
         self._epoch = -1
         self._drained = -1
+        #: this run lists once and ends (a bounded source, or any source in an availableNow
+        #: run: rule 5), and whether that listing joined the state (for a bounded source, in
+        #: this run or an earlier one; otherwise in this run)
+        self._lists_once = bounded or context.available_now
+        self._run_listed = False
 
     # ---------------------------------------------------------------- lifecycle (mailbox)
     def reset_to_checkpoint(self, checkpoint_id: int, state: Any) -> None:
@@ -192,22 +201,32 @@ class SplitEnumerator(OperatorCoordinator):
             # work left (rule 5): a split pending, or kept by a reader (paused, stopped)
             self.context.request_batch()
         if self.bounded and self.state.discovered_once:
+            self._run_listed = True
             return
-        if self._fresh or self.bounded:
+        if self._fresh or self._lists_once:
             # a fresh source lists here, before its first checkpoint, so that the first batch
             # already has splits (as Spark's file source lists in its first latestOffset), and
-            # so does a bounded one restored before its listing was applied (an availableNow
-            # run must not find nothing to do and end); later cycles run beside the batches
+            # so does a bounded one restored before its listing was applied and any source
+            # starting an availableNow run (the run must not find nothing to do and end);
+            # later cycles run beside the batches
             started = time.perf_counter()
             try:
                 found, after = self.discovery.discover(self.state.discovery)
+                if self._lists_once and not self.bounded:
+                    # a continuous discovery may cap a cycle (maxFilesPerDiscovery): the run
+                    # lists on until a cycle finds nothing, so it reads all that is present
+                    # (a bounded discovery returns everything in one call)
+                    more = found
+                    while more:
+                        more, after = self.discovery.discover(after)
+                        found = found + more
             except Exception as exc:
                 raise RuntimeError(f"enumerator {self.context.operator_id!r}: discovery failed: "
                                    f"{type(exc).__name__}: {exc}") from exc
             self._discovered(found, after, time.perf_counter() - started)
         else:
             self._discover_now()
-        if not self.bounded:
+        if not self._lists_once:
             self._timer = self.context.call_periodically(self.discovery_interval_s,
                                                          self._discover_now)
 
@@ -222,7 +241,7 @@ class SplitEnumerator(OperatorCoordinator):
         """Start a discovery cycle unless one runs (mailbox thread)."""
         if self._discovering or self._closed:
             return
-        if self.bounded and (self.state.discovered_once or self._ready_count):
+        if self._lists_once and (self._run_listed or self._ready_count):
             return
         self._discovering = True
         since = self._ready_state if self._ready_count else self.state.discovery
@@ -250,7 +269,7 @@ class SplitEnumerator(OperatorCoordinator):
         self._ready.extend(found)
         self._ready_state = after
         self._ready_count += 1
-        if found or (self.bounded and not self.state.discovered_once):
+        if found or (self._lists_once and not self._run_listed):
             log.info("enumerator %s: discovered %d split(s)", self.context.operator_id,
                      len(found))
             self.context.request_batch()
@@ -273,6 +292,7 @@ class SplitEnumerator(OperatorCoordinator):
             self.state.discovery = self._ready_state
             if self.bounded:
                 self.state.discovered_once = True
+            self._run_listed = True
             self._ready, self._ready_state, self._ready_count = [], None, 0
         self.state.pending = list(self._pending)
         self._budget = BatchBudget(self.limit)
@@ -291,8 +311,8 @@ class SplitEnumerator(OperatorCoordinator):
         """Before a decision (mailbox thread, at the boundary): a lane with no split pending
         and none in flight is read up to now. No reader tries it, so the enumerator says so
         itself: it is empty (a live directory waiting for files; it goes idle after the idle
-        timeout), or, in a bounded source whose listing was applied (no file will come),
-        finished and forgotten.
+        timeout), or, once a source that lists once (rule 5) applied its listing (no file
+        will come in this run), finished and forgotten.
         A split-keyed entry is never here: it is forgotten when its reader finishes it."""
         assert self.alignment is not None
         busy = {split.alignment_key for split in self._pending}
@@ -300,7 +320,7 @@ class SplitEnumerator(OperatorCoordinator):
         quiet = tuple(sorted(key for key in self.alignment.state.splits if key not in busy))
         if not quiet:
             return
-        if self.bounded and self.state.discovered_once:
+        if self._lists_once and self._run_listed:
             self.alignment.forget(quiet)
         else:
             self.alignment.observe(WatermarkReport(empty=quiet))
@@ -375,7 +395,7 @@ class SplitEnumerator(OperatorCoordinator):
         a live split with nothing now) and what is pending wait for the next batch, which a
         bounded source asks for here. Its other readers do the same with their last request,
         so the last one of the batch decides; a deterministic function of the state."""
-        if self.bounded and (self._pending or subtask in self.state.in_flight.values()):
+        if self._lists_once and (self._pending or subtask in self.state.in_flight.values()):
             self.context.request_batch()
         return NoSplitNow(done=done)
 

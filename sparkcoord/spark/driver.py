@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 class DriverSide:
     """The coordination service and channel server of one run (runner process only)."""
 
-    def __init__(self, spec: SourceSpec) -> None:
+    def __init__(self, spec: SourceSpec, available_now: bool = False) -> None:
         install_log_handler(spec.log_level)  # the runner's stderr reaches the driver's log
         self.closed = False
         storage = CheckpointStorage(spec.checkpoint_url, retain=spec.retain, fsync=spec.fsync,
@@ -60,7 +60,7 @@ class DriverSide:
         self.service = CoordinationService(
             [CoordinatorSpec(op.name, op.coordinator, op.parallelism)
              for op in list(spec.operators) + list(spec.recipients)],
-            storage, config=spec.config)
+            storage, config=spec.config, available_now=available_now)
         self.secret = secrets.token_bytes(32)
         config = spec.config
         parallelism = sum(op.parallelism for op in list(spec.operators) + list(spec.recipients))

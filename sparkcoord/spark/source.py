@@ -154,7 +154,7 @@ class CoordinatedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         if self._driver is None:
             from sparkcoord.spark.driver import DriverSide, install_sigterm_handler
 
-            self._driver = DriverSide(self.spec)
+            self._driver = DriverSide(self.spec, available_now=self._available_now)
             install_sigterm_handler(self.stop)
         return self._driver
 
@@ -191,7 +191,13 @@ class CoordinatedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
     def prepareForTriggerAvailableNow(self) -> None:
         """Spark starts an ``availableNow`` run (runner process). The run ends when no
         coordinator wants another batch (class docstring), so a job failure must fail it at
-        once rather than answer "no batch" (:meth:`DriverSide.latest_epoch`)."""
+        once rather than answer "no batch" (:meth:`DriverSide.latest_epoch`), and the
+        coordinators are told (``CoordinatorContext.available_now``). Spark calls it before
+        the run's first ``latestOffset``, which creates the driver side."""
+        if self._driver is not None:
+            raise RuntimeError("sparkcoord: Spark prepared an availableNow run after the "
+                               "coordination service had started; its coordinators would "
+                               "not know the run ends by itself")
         self._available_now = True
 
     def commit(self, end: dict[str, Any]) -> None:

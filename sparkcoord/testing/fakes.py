@@ -201,7 +201,7 @@ class CoordinatorHarness:
 
     def __init__(self, coordinator: CoordinatorProvider, parallelism: int = 1, *,
                  name: str = "coordinator", config: ServiceConfig | None = None,
-                 storage_url: str | None = None) -> None:
+                 storage_url: str | None = None, available_now: bool = False) -> None:
         self.name = name
         self.parallelism = parallelism
         self.mailboxes = ManualMailboxes()
@@ -210,7 +210,7 @@ class CoordinatorHarness:
         self.storage = CheckpointStorage(self.storage_url)
         self.service = CoordinationService(
             [CoordinatorSpec(name, coordinator, parallelism)], self.storage, config=config,
-            clock=self.clock, mailbox_factory=self.mailboxes)
+            clock=self.clock, mailbox_factory=self.mailboxes, available_now=available_now)
         self._attempt_numbers: dict[int, int] = {}
         self._seqs: dict[TaskAttempt, int] = {}
         self._client_seqs: dict[str, int] = {}

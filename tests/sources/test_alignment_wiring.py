@@ -139,7 +139,8 @@ class Run:
         enumerator = functools.partial(
             SplitEnumerator, discovery=Splits(self.splits), runner=never, bounded=self.bounded,
             alignment=self.alignment, clock=lambda: self.h.clock.now(), limit=self.limit)
-        return CoordinatorHarness(enumerator, self.parallelism, name="timed", storage_url=url)
+        return CoordinatorHarness(enumerator, self.parallelism, name="timed", storage_url=url,
+                                  available_now=self.available_now)
 
     def restart(self) -> None:
         """The driver restarts after the last batch committed: a fresh service restored from

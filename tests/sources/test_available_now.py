@@ -15,7 +15,14 @@ from typing import Any
 import pytest
 
 from sparkcoord.core.restore import RestorePoint
-from sparkcoord.sources import NextSplit, NoSplitNow, ReadLimit, Split, SplitEnumerator
+from sparkcoord.sources import (
+    NextSplit,
+    NoSplitNow,
+    ReadLimit,
+    Split,
+    SplitDiscovery,
+    SplitEnumerator,
+)
 from sparkcoord.sources.alignment import AlignmentOptions, WatermarkReport
 from sparkcoord.testing import CoordinatorHarness
 from tests.sources.test_alignment_wiring import (
@@ -171,3 +178,87 @@ def test_readers_of_a_lane_nothing_holds_back_take_its_files_at_once(tmp_path: A
     assert decision.lowest == "one" and decision.allowed_maximum_of("one") is None
     got = [h.request_from_subtask(s, NextSplit()) for s in range(3)]
     assert [g.split_id for g in got] == ["one/3", "one/4", "one/5"]
+
+
+@pytest.mark.parametrize("parallelism", [1, 2])
+def test_a_continuous_source_in_an_available_now_run_reads_every_file_of_its_paused_lanes(
+        parallelism: int) -> None:
+    # issue 24 item 2, the continuous case: without ``bounded`` an availableNow run ended
+    # with a paused split kept by a reader and files of the paused lane pending (nothing
+    # asked for the batch that would read them), and a lane that had nothing left held the
+    # minimum as "empty" until an idle timeout (here none is set). The run lists once as it
+    # starts and is bounded for its length (rule 5 of the enumerator, decision 53)
+    slow, fast = two_lanes(6)
+    splits = [*fast, *slow[:2]]  # the slow lane ends early: the fast one must not wait on it
+    run = Run(splits, options={**ALIGNED, "maxDrift": "100s"}, parallelism=parallelism,
+              rows_per_batch=None, bounded=False, limit=ReadLimit(max_units=2),
+              available_now=True)
+    run.until_done()
+    assert sorted(run.read()) == everything(splits)
+    assert any(d.paused for b in run.batches for ds in b.decisions.values() for d in ds)
+    assert run.h.service.wants_batch() is False  # done: the run ends at the next trigger
+
+
+class Arriving(SplitDiscovery):
+    """A directory whose files arrive while the job runs: a listing finds what arrived."""
+
+    def __init__(self, arrived: list[Split]) -> None:
+        self.arrived = arrived
+
+    def initial_state(self) -> int:
+        return 0
+
+    def discover(self, state: Any) -> tuple[list[Split], Any]:
+        return list(self.arrived[state:]), len(self.arrived)
+
+
+def test_a_continuous_source_in_an_available_now_run_reads_what_its_start_found_and_ends(
+        ) -> None:
+    # as Spark's file source: an availableNow run reads what is present when it starts; a
+    # file that arrives during the run waits for the next run, which reads it
+    arrived: list[Split] = [Split(f"f{k}") for k in range(3)]
+    runs: list[Any] = []
+
+    def enumerator(context: Any) -> SplitEnumerator:
+        return SplitEnumerator(context, Arriving(arrived), runner=lambda work: work(),
+                               discovery_interval_s=1.0)
+
+    url = "memory://sparkcoord-available-now/arriving"
+    for run_number in range(2):
+        h = CoordinatorHarness(enumerator, 1, name="files", storage_url=url, available_now=True)
+        h.start() if run_number == 0 else h.start(RestorePoint(runs[-1], committed=True))
+        got: list[str] = []
+        while h.service.wants_batch():
+            h.checkpoint()
+            unreported: tuple[str, ...] = ()
+            while isinstance(answer := h.request_from_subtask(0, NextSplit(unreported)), Split):
+                got.append(answer.split_id)
+                unreported = (answer.split_id,)  # read it; reported with the next request
+            h.commit()
+            if run_number == 0 and len(arrived) == 3:
+                arrived.append(Split("late"))  # arrives during the first run
+            h.clock.advance(5.0)  # discovery timers would fire here
+            h.run()
+        runs.append(h.epoch)
+        h.service.close()
+        assert got == (["f0", "f1", "f2"] if run_number == 0 else ["late"]), (run_number, got)
+
+
+def test_a_continuous_source_in_an_available_now_run_lists_past_its_per_cycle_cap() -> None:
+    # a continuous file source takes at most maxFilesPerDiscovery files per listing cycle;
+    # the one listing of an availableNow run goes on until a cycle finds nothing
+    arrived: list[Split] = [Split(f"f{k}") for k in range(7)]
+
+    class Capped(Arriving):
+        def discover(self, state: Any) -> tuple[list[Split], Any]:
+            return list(self.arrived[state:state + 3]), min(state + 3, len(self.arrived))
+
+    h = CoordinatorHarness(functools.partial(SplitEnumerator, discovery=Capped(arrived),
+                                             runner=never), 1, name="files",
+                           available_now=True)
+    h.start()
+    h.checkpoint()
+    got = []
+    while isinstance(answer := h.request_from_subtask(0, NextSplit(tuple(got[-1:]))), Split):
+        got.append(answer.split_id)
+    assert got == [f"f{k}" for k in range(7)]

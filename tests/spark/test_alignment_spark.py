@@ -150,10 +150,29 @@ def test_an_available_now_run_of_one_aligned_directory_reads_every_file(spark, t
     assert (got, report.failures) == (3 * rows, []), (got, report)
 
 
+def test_an_available_now_run_of_a_continuous_aligned_source_reads_every_file(
+        spark, tmp_path) -> None:
+    # a continuous source (no ``bounded``) in an availableNow run: the fast directory paused
+    # behind the slow one kept its split and pending files when the run ended, and a
+    # directory with nothing left held the minimum until an idle timeout (none set here).
+    # It is bounded for the run now (decision 53): it lists as the run starts and reads all
+    data = str(tmp_path / "data")
+    write_lane(os.path.join(data, "fast"), "fast", FAST_STEP_MS)
+    write_lane(os.path.join(data, "slow"), "slow", SLOW_STEP_MS)
+    got, report = read_all(spark, str(tmp_path), data,
+                           {"maxDrift": f"{DRIFT_S}s", "maxFilesPerTrigger": "2",
+                            "parallelism": "2"}, 2 * FILES * ROWS, bounded=False,
+                           available_now=True)
+    assert (got, report.failures) == (2 * FILES * ROWS, []), (got, report)
+
+
 def read_all(spark: Any, root: str, data: str, options: dict[str, str], expected: int,
-             bounded: bool, write_later: Any = None) -> tuple[int, Any]:
+             bounded: bool, write_later: Any = None,
+             available_now: bool | None = None) -> tuple[int, Any]:
     """Run an aligned file source into a parquet sink until it holds ``expected`` rows (or,
-    bounded, until the availableNow run ends); the rows and the job's report."""
+    in an availableNow run, the default when bounded, until the run ends); the rows and the
+    job's report."""
+    available_now = bounded if available_now is None else available_now
     from tests.spark.helpers import sink_rows
 
     job = CoordinatedJob(spark, os.path.join(root, "ckpt"))
@@ -162,7 +181,7 @@ def read_all(spark: Any, root: str, data: str, options: dict[str, str], expected
           .options(recursiveFileLookup="true", eventTimeColumn="ts", **options,
                    **({"bounded": "true"} if bounded else {})).load(data))
     writer = df.writeStream.format("parquet").option("path", out)
-    if bounded:
+    if available_now:
         report = job.run(writer.trigger(availableNow=True), timeout_s=240)
     else:
         def until() -> bool:

@@ -249,3 +249,25 @@ def test_an_available_now_run_over_a_backlog_past_the_listing_cap_reads_every_fi
                                       F.countDistinct("id").alias("ids"),
                                       F.min("id").alias("low"), F.max("id").alias("high"))
     assert got.first().asDict() == {"rows": files, "ids": files, "low": 0, "high": files - 1}
+
+
+def test_an_available_now_run_of_a_continuous_source_reads_past_the_per_cycle_cap(
+        spark, tmp_path) -> None:
+    # a continuous source (no ``bounded``) takes maxFilesPerDiscovery files per listing
+    # cycle; in an availableNow run it lists, as the run starts, until a cycle finds nothing,
+    # and reads all of it before the run ends (decision 53). Before: 300 of 1,000 files
+    data, out = tmp_path / "data", str(tmp_path / "out")
+    data.mkdir()
+    files = 1_000
+    for i in range(files):
+        (data / f"f{i:06d}.json").write_text(f'{{"id":{i}}}\n')
+    job = CoordinatedJob(spark, str(tmp_path / "ckpt"))
+    df = (FileStream(job).format("json").schema("id long")
+          .option("maxFilesPerDiscovery", "300")
+          .option("discoveryInterval", "10 minutes")  # no periodic cycle during the run
+          .load(str(data)))
+    report = job.run(df.writeStream.format("parquet").option("path", out)
+                     .trigger(availableNow=True), timeout_s=300)
+    assert report.failures == []
+    ids = sorted(r.id for r in sink_rows(spark, out))
+    assert ids == list(range(files)), (len(ids), len(set(ids)))
