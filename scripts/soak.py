@@ -16,6 +16,9 @@ Scenarios:
                fail_job at a split chosen by the seed (one local session; ~10 s per seed)
   files-kill   the same job killed with SIGKILL at a kill point and epoch chosen by the seed,
                a wave of files written while it is down, then restarted (~35 s per seed)
+  aligned      watermark alignment: two directories at 1x and 20x in an aligned availableNow
+               run into a windowed count, P readers, bounded or continuous, a task failure
+               or a fail_job chosen by the seed (one local session; ~20 s per seed)
 
 Columns: runs, passes, lost, duplicated and out-of-order events, and the failing seeds.
 Run from the repository root with the project's interpreter.
@@ -258,13 +261,80 @@ def soak_files_kill(seeds: list[int]) -> dict[str, Any]:
     return row
 
 
+def soak_aligned(seeds: list[int]) -> dict[str, Any]:
+    """Watermark alignment under faults: two directories at 1x and 20x (16 files each)
+    read by an aligned availableNow run into a windowed count per lane
+    (tests/spark/test_alignment_spark.py's ``run``). The seed picks the readers (1-3), the
+    files per trigger (1-3), a bounded or a continuous source, and one failure: a reader's
+    task raising in the middle of a file, or the enumerator failing the job at a split. A
+    seed passes when every row is counted once (a row dropped as late by the watermark
+    counts as lost), the spread stays within max drift plus one file, and the failure was
+    injected (a fail_job restarts the query once)."""
+    import random
+
+    from bench.common import spark_session
+    from tests.spark.test_alignment_spark import (
+        ALIGNED_DELAY_S,
+        DRIFT_S,
+        FAST_STEP_MS,
+        FILES,
+        ROWS,
+        run,
+    )
+
+    row = _files_row()
+    bound_ms = DRIFT_S * 1000 + ROWS * FAST_STEP_MS
+    spark = spark_session("sparkcoord-soak-aligned")
+    try:
+        for seed in seeds:
+            rng = random.Random(seed)
+            parallelism, per_trigger = rng.randint(1, 3), rng.randint(1, 3)
+            bounded, failure = rng.random() < 0.5, rng.choice(["task", "fail_job"])
+            lane, at = rng.choice(["fast", "slow"]), rng.randrange(FILES)
+            where = f"{lane}/{at}" if failure == "task" else f"split {2 * at}"
+            what = (f"P={parallelism}, {per_trigger}/trigger, "
+                    f"{'bounded' if bounded else 'continuous'}, {failure} at {where}")
+            workdir = tempfile.mkdtemp(prefix=f"soak-aligned-{seed}-")
+            error = None
+            try:
+                result = run(spark, workdir, aligned=True, delay=f"{ALIGNED_DELAY_S} seconds",
+                             parallelism=parallelism, bounded=bounded,
+                             files_per_trigger=per_trigger, batch_rows=10,
+                             fail_at=2 * at if failure == "fail_job" else None,
+                             task_fails_in=f"{lane}/part-{at:04d}" if failure == "task"
+                             else None)
+                for count in result["by_lane"].values():
+                    row["lost"] += max(0, FILES * ROWS - count)
+                    row["duplicated"] += max(0, count - FILES * ROWS)
+                spread = max(result["spreads"], default=0)
+                if result["by_lane"] != {"fast": FILES * ROWS, "slow": FILES * ROWS}:
+                    error = f"counts {result['by_lane']}"
+                elif spread > bound_ms:
+                    error = f"spread {spread} ms > {bound_ms} ms"
+                elif result["injected"] != [failure]:
+                    error = f"injected {result['injected']}"
+                elif result["restarts"] != (failure == "fail_job"):
+                    error = f"{result['restarts']} restarts"
+            except Exception as exc:  # noqa: BLE001 - a failed seed, reported in the table
+                error = f"{type(exc).__name__}: {exc}"
+            row["runs"] += 1
+            if error is None:
+                row["passes"] += 1
+                shutil.rmtree(workdir, ignore_errors=True)
+            else:
+                row["failed seeds"].append(f"{seed} {what} ({workdir}): {error[:80]}")
+    finally:
+        spark.stop()
+    return row
+
+
 #: Requests (issue 12): only the simulation has a requesting operator so far.
 ANSWER_COLUMNS = ("answers", "lost answers", "duplicated answers", "diverging answers")
 
 SCENARIOS = {"simulation": soak_simulation, "two-speeds": soak_two_speeds,
              "driver-kill": soak_driver_kill, "cluster": soak_cluster,
              "files-task": soak_files_task, "files-fail-job": soak_files_fail_job,
-             "files-kill": soak_files_kill}
+             "files-kill": soak_files_kill, "aligned": soak_aligned}
 
 
 def main() -> int:

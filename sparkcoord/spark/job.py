@@ -463,6 +463,9 @@ class JobHandle:
         self._stop = threading.Event()
         self._error: BaseException | None = None
         self._last_counted = -1  # the highest batch id counted in the current query
+        # the count and the newest commit log entry as the current query started
+        self._counted_before = 0
+        self._committed_before: int | None = None
         self._thread = threading.Thread(target=self._main, name="sparkcoord-job", daemon=True)
 
     # ------------------------------------------------------------------- any thread
@@ -530,6 +533,8 @@ class JobHandle:
         while not self._stop.is_set():
             job._forget_failures()
             self._last_counted = -1
+            self._counted_before = report.batches
+            self._committed_before = self._newest_commit()
             query = self.query = self._writer.option(
                 "checkpointLocation", job.spark_checkpoint).start()
             log.info("query %s started on %s%s", query.id, job.spark_checkpoint,
@@ -637,3 +642,29 @@ class JobHandle:
             if batch > self._last_counted and "addBatch" in (p.durationMs or {}):
                 self.report.batches += 1
                 self._last_counted = batch
+        try:
+            ended = not query.isActive
+        except Exception:  # noqa: BLE001 - a query that cannot say is not running
+            ended = True
+        if ended:
+            # A query stopped between a batch's commit log entry and its progress report
+            # never reports that batch: once it ended, its commit log has the last word
+            # (every batch a query ran committed once, and a batch re-run after a failure
+            # is counted by the query that committed it).
+            newest = self._newest_commit()
+            if newest is not None:
+                ran = newest - (-1 if self._committed_before is None else self._committed_before)
+                self.report.batches = max(self.report.batches, self._counted_before + ran)
+
+    def _newest_commit(self) -> int | None:
+        """The newest batch id in Spark's commit log, None if there is none or it cannot be
+        listed (handle thread, as a query starts and after it ended)."""
+        from sparkcoord.runtime.files import files_for
+
+        try:
+            files, root = files_for(f"{self.job.spark_checkpoint}/commits",
+                                    self.job.storage_options)
+            ids = [int(name) for name in files.names(root) if name.isdigit()]
+        except Exception:  # noqa: BLE001 - the count is informational
+            return None
+        return max(ids) if ids else None

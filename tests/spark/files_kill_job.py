@@ -68,15 +68,20 @@ def sink_check(workdir: str) -> dict[str, int]:
             "unexpected": len(set(counts) - expected)}
 
 
-def failing_reader(options: Any, schema_json: str, marker_dir: str, at: int) -> Any:
+def failing_reader(options: Any, schema_json: str, marker_dir: str, at: int,
+                   needle: str | None = None) -> Any:
+    """A file reader whose task raises once, in the middle of the first split whose id
+    contains ``needle`` (default: a file of wave ``at``)."""
     from sparkcoord.examples.numbers import _once
     from sparkcoord.sources.files import FileReader
+
+    needle = f"w{at:04d}-" if needle is None else needle
 
     class Reader(FileReader):
         def read_split(self, split: Any, position: Any) -> Any:
             for n, item in enumerate(super().read_split(split, position)):
                 yield item
-                if n == 1 and f"w{at:04d}-" in split.split_id and _once(marker_dir, "task"):
+                if n == 1 and needle in split.split_id and _once(marker_dir, "task"):
                     raise RuntimeError(f"injected task failure in the middle of {split.split_id}")
 
     reader = Reader(options, schema_json)

@@ -18,7 +18,7 @@ import pytest
 
 from sparkcoord.sources import FileStream
 from sparkcoord.spark import CoordinatedJob
-from tests.spark.files_kill_job import failing_enumerator
+from tests.spark.files_kill_job import failing_enumerator, failing_reader
 
 pytestmark = pytest.mark.spark
 
@@ -40,23 +40,36 @@ def write_lane(directory: str, lane: str, step_ms: int) -> None:
 
 
 def run(spark: Any, root: str, aligned: bool, delay: str, fail_at: int | None = None,
-        parallelism: int = 2) -> dict[str, Any]:
+        parallelism: int = 2, *, task_fails_in: str | None = None, bounded: bool = True,
+        files_per_trigger: int = 2, batch_rows: int | None = None) -> dict[str, Any]:
+    """An availableNow run of the two directories into a windowed count per lane (the
+    driver program's thread). ``fail_at``: the enumerator fails the job once as it hands out
+    split number ``fail_at``; ``task_fails_in``: a reader's task raises once in the middle of
+    the first split whose id contains it. Also run by ``scripts/soak.py --scenario aligned``."""
     from pyspark.sql import functions as F
 
     data = os.path.join(root, "data")
     write_lane(os.path.join(data, "fast"), "fast", FAST_STEP_MS)  # listed first: "fast" < "slow"
     write_lane(os.path.join(data, "slow"), "slow", SLOW_STEP_MS)
     job = CoordinatedJob(spark, os.path.join(root, "ckpt"))
-    options = {"recursiveFileLookup": "true", "maxFilesPerTrigger": "2",
-               "parallelism": str(parallelism), "bounded": "true"}
+    options = {"recursiveFileLookup": "true", "maxFilesPerTrigger": str(files_per_trigger),
+               "parallelism": str(parallelism)}
+    if bounded:
+        options["bounded"] = "true"
+    if batch_rows is not None:
+        options["batchRows"] = str(batch_rows)
     if aligned:
         options.update(maxDrift=f"{DRIFT_S}s", eventTimeColumn="ts", idleTimeout="5s")
     spec, struct = (FileStream(job).format("json").schema("id long, lane string, ts long")
                     .options(**options).operator_spec(data))
+    markers = os.path.join(root, "markers")
     if fail_at is not None:  # the enumerator fails the job once, while handing out splits
         spec = dataclasses.replace(spec, coordinator=functools.partial(
-            failing_enumerator, marker_dir=os.path.join(root, "markers"), at=fail_at,
-            **spec.coordinator.keywords))
+            failing_enumerator, marker_dir=markers, at=fail_at, **spec.coordinator.keywords))
+    if task_fails_in is not None:
+        spec = dataclasses.replace(spec, operator=functools.partial(
+            failing_reader, *spec.operator.args, marker_dir=markers, at=0,
+            needle=task_fails_in))
     df = job.sources([spec], struct, name="files")
     counts = (df.withColumn("event_time", F.timestamp_millis("ts"))
               .withWatermark("event_time", delay)
@@ -81,7 +94,8 @@ def run(spark: Any, root: str, aligned: bool, delay: str, fail_at: int | None = 
     by_lane = {lane: sum(c for (_, w_lane), c in windows.items() if w_lane == lane)
                for lane in ("fast", "slow")}
     return {"by_lane": by_lane, "spreads": spreads, "state_rows": state_rows,
-            "batches": len(progress), "restarts": handle.restarts}
+            "batches": len(progress), "restarts": handle.restarts,
+            "injected": sorted(os.listdir(markers)) if os.path.isdir(markers) else []}
 
 
 def test_aligned_directories_stay_within_max_drift_and_keep_the_state_small(
