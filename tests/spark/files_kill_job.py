@@ -69,9 +69,10 @@ def sink_check(workdir: str) -> dict[str, int]:
 
 
 def failing_reader(options: Any, schema_json: str, marker_dir: str, at: int,
-                   needle: str | None = None) -> Any:
+                   needle: str | None = None, **kwargs: Any) -> Any:
     """A file reader whose task raises once, in the middle of the first split whose id
-    contains ``needle`` (default: a file of wave ``at``)."""
+    contains ``needle`` (default: a file of wave ``at``); ``kwargs`` go to the reader (its
+    ``alignment``)."""
     from sparkcoord.examples.numbers import _once
     from sparkcoord.sources.files import FileReader
 
@@ -84,7 +85,7 @@ def failing_reader(options: Any, schema_json: str, marker_dir: str, at: int,
                 if n == 1 and needle in split.split_id and _once(marker_dir, "task"):
                     raise RuntimeError(f"injected task failure in the middle of {split.split_id}")
 
-    reader = Reader(options, schema_json)
+    reader = Reader(options, schema_json, **kwargs)
     return reader
 
 

@@ -69,7 +69,7 @@ def run(spark: Any, root: str, aligned: bool, delay: str, fail_at: int | None = 
     if task_fails_in is not None:
         spec = dataclasses.replace(spec, operator=functools.partial(
             failing_reader, *spec.operator.args, marker_dir=markers, at=0,
-            needle=task_fails_in))
+            needle=task_fails_in, **spec.operator.keywords))
     df = job.sources([spec], struct, name="files")
     counts = (df.withColumn("event_time", F.timestamp_millis("ts"))
               .withWatermark("event_time", delay)
