@@ -17,7 +17,8 @@ ALLOWED_INTERNAL = {
     "testing": {"core", "coordinator", "runtime"},
     "channel": {"core"},
     "spark": {"core", "coordinator", "runtime", "channel"},
-    "sources": {"core", "coordinator", "runtime", "channel", "spark"},
+    "committer": {"core"},
+    "sources": {"core", "coordinator", "runtime", "channel", "spark", "committer"},
 }
 FORBIDDEN_IN_CORE = {"pyspark", "socket", "threading", "asyncio", "time", "concurrent",
                      "os", "fsspec", "selectors", "subprocess", "multiprocessing", "signal",

@@ -33,6 +33,13 @@ Rules:
      run, as Spark's file source is: it lists once as the run starts, reads what that
      listing found and what its state holds, and ends; files that come later wait for the
      next run (docs/decisions.md 53).
+  6. With a ``committer`` (docs/sources.md, "Once per committed batch"), the splits a batch's
+     readers reported finished are what that batch produced: once it commits in Spark, the
+     committer is called with the epoch and those splits, off the mailbox, retried until it
+     returns, and again after a restore until it was seen done (it must be idempotent per
+     epoch; :mod:`sparkcoord.committer.ledger`). A split is reported finished in the batch
+     that read its last rows or a later one, so a commit never names a split whose rows are
+     not committed yet.
 
 Theory of operation: a fresh source discovers once in ``start`` (so its first batch has
 splits); after that (and after a restore) discovery runs on a worker thread (never again for a
@@ -55,6 +62,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from sparkcoord.committer import CommitFunction, CommitLedger, CommitWorker, LedgerState
 from sparkcoord.coordinator import Cancellable, CoordinatorContext, OperatorCoordinator, Withdrawn
 from sparkcoord.sources.alignment import (
     AlignmentOptions,
@@ -105,6 +113,9 @@ class EnumeratorState:
     alignment: AlignmentState | None = None
     #: with alignment: split id -> alignment key (its lane) of every split in flight
     in_flight_keys: dict[str, str] = field(default_factory=dict)
+    #: with a committer: every split in flight, and the commits not reported done (rule 6)
+    in_flight_splits: dict[str, Split] | None = None
+    commits: LedgerState | None = None
 
 
 def run_on_thread(work: Callable[[], None]) -> None:
@@ -132,7 +143,8 @@ class SplitEnumerator(OperatorCoordinator):
                  limit: ReadLimit | None = None, latest_first: bool = False,
                  runner: Callable[[Callable[[], None]], None] = run_on_thread,
                  alignment: AlignmentOptions | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 committer: CommitFunction | None = None) -> None:
         super().__init__(context)
         if discovery_interval_s <= 0:
             raise ValueError(f"discovery_interval_s must be > 0, got {discovery_interval_s}")
@@ -170,6 +182,10 @@ class SplitEnumerator(OperatorCoordinator):
         #: this run or an earlier one; otherwise in this run)
         self._lists_once = bounded or context.available_now
         self._run_listed = False
+        #: rule 6: the user's commit, the ledger of the state in force and the worker
+        self.committer = committer
+        self._ledger: CommitLedger | None = None
+        self._commits: CommitWorker | None = None
 
     # ---------------------------------------------------------------- lifecycle (mailbox)
     def reset_to_checkpoint(self, checkpoint_id: int, state: Any) -> None:
@@ -187,6 +203,10 @@ class SplitEnumerator(OperatorCoordinator):
             state.alignment = self.alignment.state
             if getattr(state, "in_flight_keys", None) is None:
                 state.in_flight_keys = {}
+        if self.committer is not None:
+            if getattr(state, "in_flight_splits", None) is None:
+                state.in_flight_splits = {}  # checkpointed before the committer was given
+            self._ledger = CommitLedger(getattr(state, "commits", None))
         self._pending = deque(state.pending)
         self._budget = BatchBudget(self.limit)
         # conservative: a restore point may be a batch that has not committed (a re-run)
@@ -194,6 +214,13 @@ class SplitEnumerator(OperatorCoordinator):
         self._epoch = self._drained = checkpoint_id
 
     def start(self) -> None:
+        if self._ledger is not None and self.committer is not None:
+            post = self.context.run_in_coordinator_thread
+            ledger = self._ledger
+            self._commits = CommitWorker(
+                self.context.operator_id, self.committer,
+                lambda epoch: post(lambda: ledger.commit_done(epoch)))
+            self._commits.submit(ledger.restored())  # rule 6: what a restore left pending
         if self.alignment_options is not None:
             self._alignment_timer = self.context.call_periodically(
                 self.alignment_options.update_interval_ms / 1000, self._check_alignment)
@@ -232,6 +259,8 @@ class SplitEnumerator(OperatorCoordinator):
 
     def close(self) -> None:
         self._closed = True
+        if self._commits is not None:
+            self._commits.stop()
         for timer in (self._timer, self._alignment_timer):
             if timer is not None:
                 timer.cancel()
@@ -295,6 +324,8 @@ class SplitEnumerator(OperatorCoordinator):
             self._run_listed = True
             self._ready, self._ready_state, self._ready_count = [], None, 0
         self.state.pending = list(self._pending)
+        if self._ledger is not None:
+            self.state.commits = self._ledger.checkpoint_taken(checkpoint_id)
         self._budget = BatchBudget(self.limit)
         self._epoch = checkpoint_id
         if self.alignment is not None:
@@ -348,6 +379,8 @@ class SplitEnumerator(OperatorCoordinator):
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         self._committed = max(self._committed, checkpoint_id)
+        if self._ledger is not None and self._commits is not None:
+            self._commits.submit(self._ledger.batch_committed(checkpoint_id))
 
     # ---------------------------------------------------------------- requests
     def handle_request(self, subtask: int, attempt: int, request: Any) -> Any:
@@ -358,6 +391,9 @@ class SplitEnumerator(OperatorCoordinator):
             if self.state.in_flight.pop(split_id, None) is None:
                 raise ValueError(f"enumerator {self.context.operator_id!r}: subtask {subtask} "
                                  f"reports split {split_id!r} finished, which is not in flight")
+            if self._ledger is not None:
+                assert self.state.in_flight_splits is not None
+                self._ledger.item_produced(self.state.in_flight_splits.pop(split_id))
             self.state.finished += 1
             if not self.state.in_flight:
                 self._drained = self._epoch
@@ -384,6 +420,8 @@ class SplitEnumerator(OperatorCoordinator):
         del self._pending[index]
         self._budget.took(split)
         self.state.in_flight[split.split_id] = subtask
+        if self.state.in_flight_splits is not None and self._ledger is not None:
+            self.state.in_flight_splits[split.split_id] = split
         if self.alignment is not None:
             self.state.in_flight_keys[split.split_id] = split.alignment_key
         self.state.handed_out += 1
@@ -412,10 +450,13 @@ class SplitEnumerator(OperatorCoordinator):
         flight (rule 4): its next file goes out once the reader of the last one reported it
         finished, with the watermark it reached, so the lane ends at most one record batch
         past its allowed maximum however many readers there are. A lane nothing holds back
-        (a single lane, the only one not idle, the first batch) has no such limit and is read
-        by every reader at once. The reports this batch made count too, since the request
-        that carries one is answered after it is observed (decision 43). A deterministic
-        function of the snapshot and of the logged reports, so a replay answers the same."""
+        (a single lane, the only one not idle) has no such limit and is read by every reader
+        at once. Before a decision with a minimum is in force (the first batch: no lane had
+        reported at the boundary), the reports of the running batch hold the lanes instead
+        (:meth:`_held_before_a_decision`). The reports this batch made count too, since the
+        request that carries one is answered after it is observed (decision 43). A
+        deterministic function of the snapshot and of the logged reports, so a replay
+        answers the same."""
         if self.alignment is None:
             return 0
         decision = self.alignment.decision
@@ -423,6 +464,7 @@ class SplitEnumerator(OperatorCoordinator):
         in_flight: dict[str, int] = {}
         for key in self.state.in_flight_keys.values():
             in_flight[key] = in_flight.get(key, 0) + 1
+        undecided = decision.minimum is None
         best: tuple[int, int, int, int] | None = None
         seen: set[str] = set()
         for index, split in enumerate(self._pending):
@@ -436,12 +478,43 @@ class SplitEnumerator(OperatorCoordinator):
                 continue
             if in_flight.get(key) and decision.allowed_maximum_of(key) is not None:
                 continue  # one split of a held-back lane at a time (rule 4)
+            if undecided and self._held_before_a_decision(key, watermark, in_flight):
+                continue
             rank = (0 if watermark is None else 1, watermark or 0, in_flight.get(key, 0), index)
             if best is None or rank < best:
                 best = rank
                 if rank[:3] == (0, 0, 0):
                     break  # a lane nobody reads and nothing reported: none comes before it
         return None if best is None else best[3]
+
+    def _held_before_a_decision(self, key: str, watermark: int | None,
+                                in_flight: dict[str, int]) -> bool:
+        """Whether lane ``key`` gets no split now because no decision with a minimum is in
+        force (mailbox thread, from :meth:`_next_readable`). Without one nothing pauses the
+        readers, so the hand-out alone keeps the lanes together, by the reports of this
+        batch: while more than one lane has work, a lane has at most one split in flight; a
+        lane that has not reported may be the slowest and is read; one that has reported
+        waits until every other lane with work has reported too, and then reads only if it
+        is within ``maxDrift`` of the lowest. Without this, in a first batch where one lane's
+        reader was slow to report (a task retried), another reader took that lane's next
+        file too, as a lane not yet reported comes first: the lane went two files ahead in
+        one batch and a watermark delay of ``maxDrift`` plus one file dropped rows of the
+        slow lane as late."""
+        assert self.alignment is not None
+        lanes = {split.alignment_key for split in self._pending}
+        lanes.update(self.state.in_flight_keys.values())
+        if len(lanes) < 2:
+            return False
+        if in_flight.get(key):
+            return True
+        if watermark is None:
+            return False
+        entries = self.alignment.state.splits
+        others = [entries[k].watermark if k in entries else None for k in lanes if k != key]
+        if any(mark is None for mark in others):
+            return True
+        lowest = min([watermark, *(mark for mark in others if mark is not None)])
+        return watermark > lowest + self.alignment.options.max_drift_ms
 
     def handle_items_withdrawn(self, subtask: int, attempt: int,
                                withdrawn: list[Withdrawn]) -> None:
@@ -472,12 +545,19 @@ class SplitEnumerator(OperatorCoordinator):
                         f"answer {answer.split_id!r} is not in flight to it (owner {owner})")
                 del self.state.in_flight[answer.split_id]
                 self.state.in_flight_keys.pop(answer.split_id, None)
+                if self.state.in_flight_splits is not None:
+                    self.state.in_flight_splits.pop(answer.split_id, None)
                 self.state.handed_out -= 1
                 self._budget.gave_back(answer)
                 back.append(answer)
             for split_id in request.finished:
                 # the failed attempt reported it; the retry keeps it until its next request
                 self.state.in_flight[split_id] = subtask
+                if self._ledger is not None:
+                    assert self.state.in_flight_splits is not None
+                    split = self._produced_split(split_id)
+                    self._ledger.item_withdrawn(split)
+                    self.state.in_flight_splits[split_id] = split
                 self.state.finished -= 1
                 again += 1
         self._pending.extendleft(back)  # back is last-out first: extendleft restores the order
@@ -486,6 +566,15 @@ class SplitEnumerator(OperatorCoordinator):
                      "report(s); the splits go out again", self.context.operator_id, subtask,
                      len(back), again)
             self.context.request_batch()
+
+    def _produced_split(self, split_id: str) -> Split:
+        # the split the running batch produced under ``split_id`` (rule 6; mailbox thread)
+        assert self._ledger is not None
+        for split in self._ledger.running:
+            if isinstance(split, Split) and split.split_id == split_id:
+                return split
+        raise ValueError(f"enumerator {self.context.operator_id!r}: a withdrawn report of "
+                         f"split {split_id!r} finished is not in the running batch's output")
 
     def handle_event_from_operator(self, subtask: int, attempt: int, event: Any) -> None:
         """A reader's watermark report sent at the end of its batch (mailbox thread, in log
@@ -518,6 +607,8 @@ class SplitEnumerator(OperatorCoordinator):
                     "discovery_state_entries": self.discovery.size_of(self.state.discovery),
                     "bounded": self.bounded, "done": self.done(),
                     "discovery_cycles_s": list(self._discovery_times),
+                    **({"commits_pending": self._ledger.pending_epochs}
+                       if self._ledger is not None else {}),
                     **({"alignment": self.alignment.status()}
                        if self.alignment is not None else {})}
         if request == "discover":

@@ -262,3 +262,29 @@ def test_a_continuous_source_in_an_available_now_run_lists_past_its_per_cycle_ca
     while isinstance(answer := h.request_from_subtask(0, NextSplit(tuple(got[-1:]))), Split):
         got.append(answer.split_id)
     assert got == [f"f{k}" for k in range(7)]
+
+
+def test_before_the_first_decision_a_lane_slow_to_report_gets_no_second_file(
+        tmp_path: Any) -> None:
+    # soak 'aligned', seeds 41003 and 41009: in the first batch (no decision with a minimum
+    # is in force) the reader of the fast directory's first file was retried and reported
+    # late; the other reader finished a slow file and took the fast directory's second file,
+    # as a lane not yet reported came first. The fast lane went two files ahead in one batch
+    # and the slow lane's rows fell behind the watermark (160 of 640 dropped as late). Now,
+    # before a decision, a lane has one split in flight and a reported lane waits for the
+    # others' reports, then reads only within max drift of the lowest
+    fast, slow = lane_files("fast", 4, 20_000), lane_files("slow", 4, 1000)
+    h = enumerator_harness(fast + slow, f"file://{tmp_path}/records", parallelism=2,
+                           limit=ReadLimit(max_units=3))
+    h.start()
+    h.checkpoint()
+    assert h.coordinator.alignment.decision.minimum is None  # the first batch: no decision
+    assert h.request_from_subtask(0, NextSplit()).split_id == "fast/0"
+    assert h.request_from_subtask(1, NextSplit()).split_id == "slow/0"
+    # the slow reader reports first: the fast lane has its file in flight and no report
+    assert h.request_from_subtask(1, NextSplit(
+        ("slow/0",), WatermarkReport(read=(("slow", 7000),)))) == NoSplitNow()
+    # the fast reader reports 140 s: the slow lane, lowest at 7 s, goes next
+    assert h.request_from_subtask(0, NextSplit(
+        ("fast/0",), WatermarkReport(read=(("fast", 140_000),)))).split_id == "slow/1"
+    assert h.service.failure is None

@@ -1,0 +1,114 @@
+"""The commit worker: runs a coordinator's commits off its mailbox, in order, until each is done.
+
+Rules:
+  1. Commits run one at a time, in the order they were handed over (the ledger hands them
+     out in epoch order), on the worker's own thread: a commit may block on a remote store
+     and must never hold up the mailbox (the coordinator's events, requests and checkpoints).
+  2. A commit that raises is retried with a growing pause (``retry_delay_s`` doubling up to
+     ``max_retry_delay_s``), each failure logged as a WARNING naming the operator, the epoch
+     and the error; it is never skipped. The next commit waits for it.
+  3. Done is reported back on the mailbox (``run_in_coordinator_thread``), where the ledger
+     forgets the commit; the report of a worker that was stopped is dropped by the fenced
+     context, so a commit is forgotten only by the coordinator that saw it done.
+  4. ``stop`` ends the worker after the commit it runs (a user call is never interrupted);
+     commits not done stay pending in the coordinator's checkpointed state and run again
+     after a restore (the committer must be idempotent per epoch).
+
+Thread model: :meth:`submit` and :meth:`stop` are called on the coordinator's mailbox thread;
+the user's committer runs on the worker thread (``sparkcoord-commit-<operator>``), started on
+the first submit.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from sparkcoord.committer.ledger import Commit
+
+log = logging.getLogger("sparkcoord.committer")
+
+#: The user's commit: called with the epoch and what its batch produced.
+CommitFunction = Callable[[int, Sequence[Any]], None]
+
+
+class CommitWorker:
+    """Runs commits of one coordinator (rules 1-4)."""
+
+    def __init__(self, operator: str, commit: CommitFunction,
+                 done: Callable[[int], None], *, retry_delay_s: float = 0.5,
+                 max_retry_delay_s: float = 30.0) -> None:
+        """``done(epoch)`` is called on the worker thread once a commit returned; the owner
+        posts it to its mailbox (``context.run_in_coordinator_thread``)."""
+        if retry_delay_s <= 0 or max_retry_delay_s < retry_delay_s:
+            raise ValueError(f"commit retry delays must satisfy 0 < retry_delay_s <= "
+                             f"max_retry_delay_s, got {retry_delay_s} and {max_retry_delay_s}")
+        self.operator = operator
+        self._commit = commit
+        self._done = done
+        self._retry_delay_s = retry_delay_s
+        self._max_retry_delay_s = max_retry_delay_s
+        self._queue: deque[Commit] = deque()
+        self._wake = threading.Condition()
+        self._stopped = False
+        self._thread: threading.Thread | None = None
+
+    def submit(self, commits: Sequence[Commit]) -> None:
+        """Run ``commits`` after the ones handed over before (mailbox thread)."""
+        if not commits:
+            return
+        with self._wake:
+            if self._stopped:
+                return  # a stopped coordinator's commits run again after its restore
+            self._queue.extend(commits)
+            self._wake.notify()
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, daemon=True,
+                                                name=f"sparkcoord-commit-{self.operator}")
+                self._thread.start()
+
+    def stop(self) -> None:
+        """End the worker after the commit it runs (mailbox thread, at the coordinator's
+        close). Does not wait for it."""
+        with self._wake:
+            self._stopped = True
+            self._queue.clear()
+            self._wake.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._queue and not self._stopped:
+                    self._wake.wait()
+                if self._stopped:
+                    return
+                commit = self._queue[0]
+            if not self._run_one(commit):
+                return
+            with self._wake:
+                if self._queue and self._queue[0] is commit:
+                    self._queue.popleft()
+            self._done(commit.epoch)
+
+    def _run_one(self, commit: Commit) -> bool:
+        """Run ``commit`` until it returns (rule 2); False if the worker stopped meanwhile."""
+        delay, failures = self._retry_delay_s, 0
+        while True:
+            try:
+                self._commit(commit.epoch, commit.items)
+                if failures:
+                    log.warning("operator %r: the commit of epoch %d succeeded after %d "
+                                "failed attempt(s)", self.operator, commit.epoch, failures)
+                return True
+            except Exception as exc:  # noqa: BLE001 - the user's commit: retried, never lost
+                failures += 1
+                log.warning("operator %r: the commit of epoch %d failed (attempt %d), "
+                            "retrying in %.1f s: %s: %s", self.operator, commit.epoch,
+                            failures, delay, type(exc).__name__, exc)
+            with self._wake:
+                if self._wake.wait_for(lambda: self._stopped, timeout=delay):
+                    return False
+            delay = min(delay * 2, self._max_retry_delay_s)

@@ -1,0 +1,76 @@
+"""The commit worker (sparkcoord/committer/worker.py): commits run in order off the caller's
+thread, a failing one is retried until it returns and holds the next ones back, and a
+stopped worker runs nothing more. Waits on events, never on time."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from sparkcoord.committer import Commit, CommitWorker
+
+
+class Recorder:
+    """A committer that fails its first ``failures[epoch]`` calls for an epoch."""
+
+    def __init__(self, failures: dict[int, int] | None = None) -> None:
+        self.failures = dict(failures or {})
+        self.calls: list[tuple[int, tuple[Any, ...]]] = []
+        self.done: list[int] = []
+        self.all_done = threading.Event()
+        self.expected = 0
+
+    def commit(self, epoch: int, items: Sequence[Any]) -> None:
+        self.calls.append((epoch, tuple(items)))
+        if self.failures.get(epoch, 0) > 0:
+            self.failures[epoch] -= 1
+            raise OSError(f"store unavailable for epoch {epoch}")
+
+    def reported(self, epoch: int) -> None:
+        self.done.append(epoch)
+        if len(self.done) == self.expected:
+            self.all_done.set()
+
+
+def test_commits_run_in_order_and_a_failing_one_is_retried_before_the_next(caplog) -> None:
+    rec = Recorder(failures={1: 2})
+    rec.expected = 3
+    worker = CommitWorker("files", rec.commit, rec.reported, retry_delay_s=0.01,
+                          max_retry_delay_s=0.02)
+    worker.submit([Commit(0, ("a",)), Commit(1, ("b",))])
+    worker.submit([Commit(2, ("c",))])
+    assert rec.all_done.wait(30)
+    assert [e for e, _ in rec.calls] == [0, 1, 1, 1, 2]
+    assert rec.done == [0, 1, 2]
+    warned = [r.getMessage() for r in caplog.records if r.name == "sparkcoord.committer"]
+    assert any("commit of epoch 1 failed (attempt 2)" in m and "store unavailable" in m
+               for m in warned), warned
+    worker.stop()
+
+
+def test_a_stopped_worker_ends_a_retrying_commit_without_reporting_it_done() -> None:
+    rec = Recorder(failures={0: 10**6})
+    failed_once = threading.Event()
+
+    def commit(epoch: int, items: Sequence[Any]) -> None:
+        failed_once.set()
+        rec.commit(epoch, items)
+
+    worker = CommitWorker("files", commit, rec.reported, retry_delay_s=5.0,
+                          max_retry_delay_s=5.0)
+    worker.submit([Commit(0, ("a",))])
+    assert failed_once.wait(30)
+    worker.stop()
+    assert worker._thread is not None
+    worker._thread.join(30)
+    assert not worker._thread.is_alive() and rec.done == []
+    worker.submit([Commit(1, ("b",))])  # after stop: ignored (it runs after the restore)
+    assert [e for e, _ in rec.calls] == [0]
+
+
+def test_retry_delays_must_be_positive_and_ordered() -> None:
+    with pytest.raises(ValueError, match="retry_delay_s"):
+        CommitWorker("files", lambda e, i: None, lambda e: None, retry_delay_s=0)
