@@ -41,6 +41,8 @@ EXECUTED = {
     ("sources.md", 1): "tests/spark/test_docs_on_spark.py",
     ("sources.md", 2): "tests/spark/test_file_source.py",
     ("sources.md", 3): "tests/spark/test_file_source.py",
+    ("committer.md", 0): "tests/spark/test_committer_spark.py",
+    ("committer.md", 1): "tests/spark/test_committer_spark.py",
 }
 SKETCH = "<!-- sketch:"
 

@@ -10,9 +10,12 @@ Rules:
   3. Done is reported back on the mailbox (``run_in_coordinator_thread``), where the ledger
      forgets the commit; the report of a worker that was stopped is dropped by the fenced
      context, so a commit is forgotten only by the coordinator that saw it done.
-  4. ``stop`` ends the worker after the commit it runs (a user call is never interrupted);
-     commits not done stay pending in the coordinator's checkpointed state and run again
-     after a restore (the committer must be idempotent per epoch).
+  4. ``stop`` first lets the queued commits run for up to ``drain_s`` (the end of an
+     ``availableNow`` run: its last batch's commit is handed over as the run ends, and a run
+     that reports done must have made it), then ends the worker after the commit it runs (a
+     user call is never interrupted). Commits not done stay pending in the coordinator's
+     checkpointed state, or in the log of the batch that produced them, and run again after
+     a restore (the committer must be idempotent per epoch).
 
 Thread model: :meth:`submit` and :meth:`stop` are called on the coordinator's mailbox thread;
 the user's committer runs on the worker thread (``sparkcoord-commit-<operator>``), started on
@@ -70,13 +73,20 @@ class CommitWorker:
                                                 name=f"sparkcoord-commit-{self.operator}")
                 self._thread.start()
 
-    def stop(self) -> None:
-        """End the worker after the commit it runs (mailbox thread, at the coordinator's
-        close). Does not wait for it."""
+    def stop(self, drain_s: float = 0.0) -> bool:
+        """End the worker (mailbox thread, at the coordinator's close): wait up to
+        ``drain_s`` for the queued commits to be done, then stop after the commit it runs
+        (not waiting for that one). Whether every queued commit was done."""
         with self._wake:
+            drained = self._wake.wait_for(lambda: not self._queue, timeout=drain_s)
+            if not drained:
+                log.warning("operator %r: %d commit(s) not done when the coordinator closed "
+                            "(epochs %s); they run again after a restart", self.operator,
+                            len(self._queue), [c.epoch for c in self._queue])
             self._stopped = True
             self._queue.clear()
-            self._wake.notify()
+            self._wake.notify_all()
+        return drained
 
     def _run(self) -> None:
         while True:
@@ -88,10 +98,11 @@ class CommitWorker:
                 commit = self._queue[0]
             if not self._run_one(commit):
                 return
+            self._done(commit.epoch)
             with self._wake:
                 if self._queue and self._queue[0] is commit:
                     self._queue.popleft()
-            self._done(commit.epoch)
+                self._wake.notify_all()  # a draining stop waits for the queue to empty
 
     def _run_one(self, commit: Commit) -> bool:
         """Run ``commit`` until it returns (rule 2); False if the worker stopped meanwhile."""

@@ -37,7 +37,10 @@ Rules:
      readers reported finished are what that batch produced: once it commits in Spark, the
      committer is called with the epoch and those splits, off the mailbox, retried until it
      returns, and again after a restore until it was seen done (it must be idempotent per
-     epoch; :mod:`sparkcoord.committer.ledger`). A split is reported finished in the batch
+     epoch; :mod:`sparkcoord.committer.ledger`). ``close`` waits up to ``commit_drain_s``
+     for the commits handed over (an ``availableNow`` run ends right after its last batch
+     committed, and a run that reports done must hold that batch's commit). A split is
+     reported finished in the batch
      that read its last rows or a later one, so a commit never names a split whose rows are
      not committed yet.
 
@@ -144,7 +147,8 @@ class SplitEnumerator(OperatorCoordinator):
                  runner: Callable[[Callable[[], None]], None] = run_on_thread,
                  alignment: AlignmentOptions | None = None,
                  clock: Callable[[], float] = time.time,
-                 committer: CommitFunction | None = None) -> None:
+                 committer: CommitFunction | None = None,
+                 commit_drain_s: float = 60.0) -> None:
         super().__init__(context)
         if discovery_interval_s <= 0:
             raise ValueError(f"discovery_interval_s must be > 0, got {discovery_interval_s}")
@@ -184,6 +188,7 @@ class SplitEnumerator(OperatorCoordinator):
         self._run_listed = False
         #: rule 6: the user's commit, the ledger of the state in force and the worker
         self.committer = committer
+        self.commit_drain_s = commit_drain_s
         self._ledger: CommitLedger | None = None
         self._commits: CommitWorker | None = None
 
@@ -260,7 +265,9 @@ class SplitEnumerator(OperatorCoordinator):
     def close(self) -> None:
         self._closed = True
         if self._commits is not None:
-            self._commits.stop()
+            # the last batch's commit is handed over as an availableNow run ends: a run
+            # that ends by itself makes it first (rule 6)
+            self._commits.stop(drain_s=self.commit_drain_s)
         for timer in (self._timer, self._alignment_timer):
             if timer is not None:
                 timer.cancel()

@@ -16,6 +16,7 @@ import json
 import re
 from typing import TYPE_CHECKING, Any
 
+from sparkcoord.committer import CommitFunction
 from sparkcoord.sources.alignment import OPTION_NAMES, AlignmentOptions
 from sparkcoord.sources.enumerator import SplitEnumerator
 from sparkcoord.sources.files import (
@@ -165,6 +166,7 @@ class FileStream:
         self._schema: Any = None
         self._options: dict[str, str] = {}
         self._storage_options: dict[str, Any] = {}
+        self._committer: CommitFunction | None = None
 
     def format(self, fmt: str) -> FileStream:
         """``parquet``, ``csv`` or ``json`` (JSON lines)."""
@@ -192,6 +194,15 @@ class FileStream:
         self._storage_options.update(options)
         return self
 
+    def committer(self, commit: CommitFunction) -> FileStream:
+        """Call ``commit(epoch, splits)`` once the batch of ``epoch`` committed, with the
+        splits its readers finished (docs/committer.md): on the driver host, in the source's
+        process, on a thread of its own; retried until it returns, and again after a restart
+        until it was seen done, so it must be idempotent per epoch. It is pickled with the
+        source (driver program thread, before ``load``)."""
+        self._committer = commit
+        return self
+
     def load(self, path: str, name: str = "files") -> DataFrame:
         """The streaming DataFrame of the files under ``path``; its coordinated operator (and
         source) is called ``name`` (ask it ``job.request(name, "status")``)."""
@@ -210,7 +221,7 @@ class FileStream:
         enumerator = functools.partial(
             SplitEnumerator, discovery=FileDiscovery(opts), bounded=opts.bounded,
             discovery_interval_s=opts.discovery_interval_s, limit=limit,
-            latest_first=opts.latest_first, alignment=aligned)
+            latest_first=opts.latest_first, alignment=aligned, committer=self._committer)
         # alignment by keyword: wrappers of the reader take (options, schema_json) positionally
         reader = functools.partial(FileReader, opts, json.dumps(struct.jsonValue()),
                                    alignment=aligned)

@@ -74,3 +74,31 @@ def test_a_stopped_worker_ends_a_retrying_commit_without_reporting_it_done() -> 
 def test_retry_delays_must_be_positive_and_ordered() -> None:
     with pytest.raises(ValueError, match="retry_delay_s"):
         CommitWorker("files", lambda e, i: None, lambda e: None, retry_delay_s=0)
+
+
+def test_stop_lets_the_queued_commits_finish_first_as_an_available_now_run_ends() -> None:
+    # the last batch's commit is handed over as the run ends; the close must wait for it
+    release = threading.Event()
+    rec = Recorder()
+    rec.expected = 2
+
+    def slow_commit(epoch: int, items: Sequence[Any]) -> None:
+        assert release.wait(30)
+        rec.commit(epoch, items)
+
+    worker = CommitWorker("files", slow_commit, rec.reported)
+    worker.submit([Commit(4, ("a",)), Commit(5, ("b",))])
+    threading.Timer(0.05, release.set).start()  # the store answers while stop waits
+    assert worker.stop(drain_s=30) is True
+    assert rec.done == [4, 5] and [e for e, _ in rec.calls] == [4, 5]
+
+
+def test_stop_gives_up_draining_a_failing_commit_and_says_which_epochs_wait(caplog) -> None:
+    rec = Recorder(failures={7: 10**6})
+    worker = CommitWorker("files", rec.commit, rec.reported, retry_delay_s=0.01,
+                          max_retry_delay_s=0.01)
+    worker.submit([Commit(7, ("a",))])
+    assert worker.stop(drain_s=0.2) is False
+    assert rec.done == []
+    assert any("not done when the coordinator closed (epochs [7])" in r.getMessage()
+               for r in caplog.records), [r.getMessage() for r in caplog.records]

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sparkcoord.core.restore import RestorePoint
-from sparkcoord.sources import NextSplit, NoSplitNow, Split, SplitEnumerator
+from sparkcoord.sources import NextSplit, Split, SplitEnumerator
 from sparkcoord.testing import CoordinatorHarness
 from tests.sources.test_alignment_wiring import Splits, never
 
@@ -40,7 +40,7 @@ class Published:
 def harness(url: str, published: Published, parallelism: int = 1) -> CoordinatorHarness:
     splits = [Split(f"s{k}") for k in range(4)]
     enumerator = functools.partial(SplitEnumerator, discovery=Splits(splits), runner=never,
-                                   committer=published)
+                                   committer=published, commit_drain_s=0.2)
     return CoordinatorHarness(enumerator, parallelism, name="files", storage_url=url)
 
 
@@ -85,6 +85,7 @@ def test_a_committed_batch_calls_the_committer_with_the_splits_its_readers_finis
     h.run()
     assert len(published.calls) == 1
     h.service.close()
+    h.run()  # the close runs on the mailbox: it stops the commit worker
 
 
 def test_a_commit_not_seen_done_runs_again_after_a_restore(tmp_path) -> None:
@@ -103,12 +104,14 @@ def test_a_commit_not_seen_done_runs_again_after_a_restore(tmp_path) -> None:
     second = h.epoch
     h.commit()
     h.service.close()  # the driver dies; the commit was never seen done
+    h.run()
     again = Published()
     h = harness(url, again)
     h.start(RestorePoint(second, committed=True))
     assert again.wait_call() == (first, ["s0", "s1"])  # the same epoch, the same splits
     assert settled(h) == []
     h.service.close()
+    h.run()  # the close runs on the mailbox: it stops the commit worker
 
 
 def test_a_retry_that_withdraws_a_finished_report_takes_its_split_out_of_the_commit(
@@ -133,3 +136,4 @@ def test_a_retry_that_withdraws_a_finished_report_takes_its_split_out_of_the_com
     assert published.calls == []
     assert status["commits_pending"] == [] and status["pending"] == 3, status
     h.service.close()
+    h.run()  # the close runs on the mailbox: it stops the commit worker
