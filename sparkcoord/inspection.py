@@ -9,8 +9,9 @@ source the report holds:
 * the restore point the next run would compute from Spark's logs (the newest batch in
   ``spark/offsets``, committed iff ``spark/commits`` has it, its epoch from our offset line) and
   the Spark batch -> epoch mapping;
-* every checkpoint record: the coordinators' snapshots (size and first bytes; the value only
-  with ``decode``) and the number of events each subtask receives in the epoch's batch;
+* every checkpoint record: the coordinators' snapshots (size and first bytes; with ``decode``
+  the state itself as JSON-able data, and its ``repr``) and the number of events each subtask
+  receives in the epoch's batch;
 * every inbound log: registrations, events per task attempt, its seal and whether it matches;
 * every subtask's state files, its lineage marker and (with ``decode``) its newest state;
 * the run in ``channel.json`` (never the channel secret) and the cause in
@@ -23,10 +24,12 @@ Rules:
      directories, so the files are read here through :mod:`sparkcoord.runtime.files`).
   2. Nothing is unpickled unless ``decode`` is true: unpickling runs code named in the file.
   3. The report is plain data (dicts, lists, strings, numbers, booleans, None), serialisable
-     with :func:`json.dumps`; bytes appear only as sizes and hex prefixes.
+     with :func:`json.dumps`; bytes appear only as sizes and hex prefixes. A decoded state
+     (``decode``) is plain data too: :func:`plain_value` turns the unpickled object into it.
   4. A log whose last frame is cut short is damage when its batch committed (it has a seal,
      or Spark's commit log has a batch of its epoch) or when Spark's logs are not at hand to
-     tell; it is expected of the running batch's log after a crash (the restore truncates it).
+     tell; it is expected of the running batch's log after a crash (a restore cuts the torn
+     frame off, which no task was ever acknowledged).
 
 Thread model: no state; any thread of any process (the ``sparkcoord inspect`` command calls it
 from its main thread). Inspecting a directory a job is writing shows a moment's view; files
@@ -49,10 +52,13 @@ from sparkcoord.core.inbound import (
     ClientResponseEntry,
     EventEntry,
     EventRunEntry,
+    FinishedEntry,
     LogEntry,
     RegistrationEntry,
     RequestEntry,
     ResponseEntry,
+    kept_at_rerun,
+    operators_with_requests,
 )
 from sparkcoord.core.records import (
     decode_checkpoint,
@@ -61,9 +67,10 @@ from sparkcoord.core.records import (
     decode_state_lineage,
     decode_subtask_state,
 )
+from sparkcoord.core.text import plural
 from sparkcoord.runtime.files import Files, files_for
 
-__all__ = ["NotACheckpoint", "inspect_checkpoint", "render_text"]
+__all__ = ["NotACheckpoint", "inspect_checkpoint", "plain_value", "render_text"]
 
 #: the key of our offsets in Spark's offset log (``sparkcoord.spark.source.MARKER``; not
 #: imported from there: that module imports pyspark)
@@ -90,8 +97,9 @@ def inspect_checkpoint(path: str, decode: bool = False) -> dict[str, Any]:
 
     ``path``: a ``CoordinatedJob``'s checkpoint_dir or one coordinated source's directory (a
     local path or any fsspec URL). ``decode``: unpickle coordinator snapshots and the newest
-    subtask states to show their values (this runs code from the files: only for checkpoints
-    you trust, with the job's classes importable). Raises :class:`NotACheckpoint` when
+    subtask states; each then has ``"value"``, the state as plain data (:func:`plain_value`),
+    and ``"repr"``, its ``repr()`` (this runs code from the files: only for checkpoints you
+    trust, with the job's classes importable). Raises :class:`NotACheckpoint` when
     ``path`` is neither. Damaged files do not raise: they are listed under ``"problems"``.
 
     Called by the ``sparkcoord inspect`` command (its main thread) and by tools and tests (any
@@ -177,16 +185,85 @@ def _epoch_of(name: str, suffix: str) -> int | None:
 
 
 def _payload(data: bytes | None, decode: bool) -> dict[str, Any] | None:
-    """Size and first bytes of a pickled payload; its value (a repr) only with ``decode``."""
+    """Size and first bytes of a pickled payload; with ``decode`` also its value as plain data
+    (:func:`plain_value`) and its ``repr`` (what the text report shows)."""
     if data is None:
         return None
     out: dict[str, Any] = {"size": len(data), "head_hex": data[:_HEAD].hex()}
     if decode:
         try:
-            out["value"] = repr(pickle.loads(data))  # noqa: S301 - asked for with --decode
+            state = pickle.loads(data)  # noqa: S301 - asked for with --decode
         except Exception as exc:  # noqa: BLE001 - a missing class is not damage: show why
             out["decode_error"] = f"cannot unpickle: {type(exc).__name__}: {exc}"
+        else:
+            out["value"] = plain_value(state)
+            out["repr"] = _repr(state)
     return out
+
+
+def _repr(value: Any) -> str:
+    try:
+        return repr(value)
+    except Exception as exc:  # noqa: BLE001 - a user's __repr__
+        return f"<{type(value).__qualname__}: repr() raised {type(exc).__name__}: {exc}>"
+
+
+def plain_value(value: Any) -> Any:
+    """``value`` (an unpickled coordinator snapshot or subtask state) as plain data that
+    :func:`json.dumps` writes and :func:`json.loads` reads back equal (NaN aside): what
+    ``inspect_checkpoint(..., decode=True)`` reports as a state's ``"value"``.
+
+    None, booleans, integers, floats and strings stay as they are; lists and tuples become
+    lists; a dict stays a dict, its keys made strings as JSON makes them (``1`` -> ``"1"``,
+    ``None`` -> ``"null"``; other keys: their ``repr``); a dataclass becomes a dict of its
+    fields, a named tuple a dict of its fields; a set becomes a sorted list (sorted by
+    ``repr`` when its items do not compare); anything else (bytes, enums, other classes, a
+    container that holds itself, an object whose conversion raised) becomes its ``repr``
+    text. Two keys that become the same string (``1`` and ``"1"``) keep the later value.
+
+    Any thread; a pure function (nothing is unpickled here)."""
+    return _plain(value, set())
+
+
+def _plain(value: Any, path: set[int]) -> Any:
+    import dataclasses
+
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if id(value) in path:  # a container that holds itself
+        return _repr(value)
+    path.add(id(value))
+    try:
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return {f.name: _plain(getattr(value, f.name), path)
+                    for f in dataclasses.fields(value)}
+        if isinstance(value, tuple) and hasattr(value, "_fields"):  # a named tuple
+            return {str(name): _plain(item, path)
+                    for name, item in zip(value._fields, value, strict=False)}
+        if isinstance(value, (list, tuple)):
+            return [_plain(item, path) for item in value]
+        if isinstance(value, dict):
+            return {_plain_key(k): _plain(v, path) for k, v in value.items()}
+        if isinstance(value, (set, frozenset)):
+            try:
+                items = sorted(value)
+            except TypeError:
+                items = sorted(value, key=_repr)
+            return [_plain(item, path) for item in items]
+        return _repr(value)
+    except Exception:  # noqa: BLE001 - a user's class (a dataclass field never set, ...)
+        return _repr(value)
+    finally:
+        path.discard(id(value))
+
+
+def _plain_key(key: Any) -> str:
+    """A dict key as JSON writes it (``json.dumps`` turns these keys into strings too)."""
+    if isinstance(key, str):
+        return key
+    if key is None or isinstance(key, (bool, int, float)):
+        return json.dumps(key)
+    return _repr(key)
 
 
 # ------------------------------------------------------------------------- Spark's logs
@@ -262,6 +339,29 @@ class _SparkLog:
         return out
 
 
+def _rerun_action(restore: dict[str, Any]) -> str:
+    """What a restore to the uncommitted epoch of ``restore`` does with its inbound log, as
+    the restore does it (``kept_at_rerun``; docs/decisions.md 36 and 38)."""
+    epoch, batch, kept = restore["epoch"], restore["batch"], restore["kept_at_rerun"]
+    rerun = f"Spark reruns batch {batch}"
+    if kept is None:
+        return (f"the next run restores snapshot {epoch}; inbound log {epoch} is missing or "
+                f"unreadable, so no logged request is kept; {rerun}")
+    if kept["kept_entries"] == 0:
+        return (f"the next run restores snapshot {epoch}, truncates inbound log {epoch} "
+                f"({plural(kept['logged_entries'], 'entry', 'entries')} dropped: no request "
+                f"was answered in it) and {rerun}")
+    what = []
+    if kept["operators"]:
+        what.append(f"every entry of {', '.join(kept['operators'])}, asked requests in it")
+    if kept["client_entries"]:
+        what.append(f"{kept['client_entries']} client request and answer entries")
+    return (f"the next run restores snapshot {epoch}, keeps {kept['kept_entries']} of the "
+            f"{kept['logged_entries']} entries of inbound log {epoch} ({' and '.join(what)}) "
+            f"and hands them to the coordinators again, truncating the rest; {rerun}, whose "
+            f"tasks get the logged answers")
+
+
 def _restore_point(spark: _SparkLog | None, source: str) -> dict[str, Any]:
     if spark is None:
         return {"status": "unknown", "epoch": None, "batch": None, "committed": None,
@@ -283,9 +383,9 @@ def _restore_point(spark: _SparkLog | None, source: str) -> dict[str, Any]:
         return {"status": "committed", "epoch": epoch, "batch": batch, "committed": True,
                 "action": f"the next run restores snapshot {epoch} and replays inbound log "
                           f"{epoch}"}
+    # the action is completed from the inbound log: what the rerun keeps of it
     return {"status": "uncommitted", "epoch": epoch, "batch": batch, "committed": False,
-            "action": f"the next run restores snapshot {epoch}, truncates inbound log {epoch} "
-                      f"and Spark reruns batch {batch}"}
+            "action": f"the next run restores snapshot {epoch} and Spark reruns batch {batch}"}
 
 
 # ------------------------------------------------------------------------------ a source
@@ -302,9 +402,15 @@ def _inspect_source(files: Files, name: str, root: str, spark: _SparkLog | None,
     batches = spark.batches(name) if spark is not None else []
     committed_epochs = {b["epoch"] for b in batches if b["committed"] and b["epoch"] is not None}
     records = _records(files, root, decode, problem)
-    logs = _inbound_logs(files, root, committed_epochs if spark is not None else None, problem)
+    rerun = restore["epoch"] if restore["status"] == "uncommitted" else None
+    logs = _inbound_logs(files, root, committed_epochs if spark is not None else None, rerun,
+                         problem)
     states = _states(files, root, decode, problem)
     point = restore["epoch"]
+    if rerun is not None:
+        restore["kept_at_rerun"] = next((lg.get("kept_at_rerun") for lg in logs
+                                         if lg["epoch"] == rerun), None)
+        restore["action"] = _rerun_action(restore)
     if restore["status"] in ("committed", "uncommitted") and isinstance(point, int):
         if point not in {r["epoch"] for r in records}:
             problem(posixpath.join(root, "records", f"{point}.ckpt"),
@@ -394,8 +500,9 @@ def _records(files: Files, root: str, decode: bool, problem: _Report) -> list[di
 
 # --------------------------------------------------------------------------- inbound logs
 def _inbound_logs(files: Files, root: str, committed_epochs: set[int] | None,
-                  problem: _Report) -> list[dict[str, Any]]:
-    """``committed_epochs``: the epochs whose batch Spark committed; None if not known."""
+                  rerun: int | None, problem: _Report) -> list[dict[str, Any]]:
+    """``committed_epochs``: the epochs whose batch Spark committed; None if not known.
+    ``rerun``: the uncommitted epoch the next run restores (its log tells what it keeps)."""
     directory = posixpath.join(root, "inbound")
     names = set(files.names(directory))
     epochs: set[int] = set()
@@ -405,15 +512,18 @@ def _inbound_logs(files: Files, root: str, committed_epochs: set[int] | None,
             if e is not None:
                 epochs.add(e)
                 break
-    logs = (_inbound_log(files, directory, names, epoch, committed_epochs, problem)
+    logs = (_inbound_log(files, directory, names, epoch, committed_epochs, epoch == rerun,
+                         problem)
             for epoch in sorted(epochs))
     return [log for log in logs if log is not None]
 
 
 def _inbound_log(files: Files, directory: str, names: set[str], epoch: int,
-                 committed_epochs: set[int] | None, problem: _Report) -> dict[str, Any] | None:
+                 committed_epochs: set[int] | None, rerun: bool,
+                 problem: _Report) -> dict[str, Any] | None:
     """The log of ``epoch``; None if it vanished since the listing (pruned) or cannot be read
-    (then a problem says so)."""
+    (then a problem says so). ``rerun``: the next run restores this uncommitted epoch; the
+    log then also says what that restore keeps of it (``kept_at_rerun``)."""
     log_path = posixpath.join(directory, f"{epoch}.log")
     seal_path = posixpath.join(directory, f"{epoch}.sealed")
     seg_dir = posixpath.join(directory, str(epoch))
@@ -473,7 +583,8 @@ def _inbound_log(files: Files, directory: str, names: set[str], epoch: int,
         if torn is not None and committed is False:
             out["torn_tail"] = True
             out["note"] = (f"the last frame is cut short (a crash during an append); the batch "
-                           f"of epoch {epoch} did not commit, so a restore truncates this log")
+                           f"of epoch {epoch} did not commit, so a restore cuts that frame off "
+                           f"(it was never acknowledged)")
             entries.extend(torn)
             continue
         frames_ok = False
@@ -488,6 +599,15 @@ def _inbound_log(files: Files, directory: str, names: set[str], epoch: int,
     out["size"] = length
     out["committed"] = committed
     out.update(_summarise(entries))
+    if rerun and "error" not in out:
+        # as the restore decides it (sparkcoord.core.inbound.kept_at_rerun; the torn last
+        # frame, never acknowledged, is not among the entries)
+        kept = kept_at_rerun(entries)
+        out["kept_at_rerun"] = {
+            "logged_entries": len(entries), "kept_entries": len(kept),
+            "operators": sorted(operators_with_requests(entries)),
+            "client_entries": sum(isinstance(e, (ClientRequestEntry, ClientResponseEntry))
+                                  for e in kept)}
 
     seal: dict[str, Any] = {"present": sealed, "file": seal_path, "matches": None}
     seal_data = _read(files, seal_path, problem) if sealed else None
@@ -525,8 +645,14 @@ def _summarise(entries: list[LogEntry]) -> dict[str, Any]:
     events: dict[TaskAttempt, dict[str, Any]] = {}
     total = 0
     kinds = {"requests": 0, "responses": 0, "client_requests": 0, "client_responses": 0}
+    finishes = []
     for entry in entries:
         a = entry.attempt
+        if isinstance(entry, FinishedEntry):
+            # a task attempt ended its batch having sent this many items (decision 47)
+            finishes.append({"subtask": str(a.subtask), "attempt": a.number, "run": a.run,
+                             "items": entry.seq})
+            continue
         if isinstance(entry, (RequestEntry, ResponseEntry, ClientRequestEntry,
                               ClientResponseEntry)):
             kinds[{RequestEntry: "requests", ResponseEntry: "responses",
@@ -552,7 +678,8 @@ def _summarise(entries: list[LogEntry]) -> dict[str, Any]:
         row["first_seq"] = min(row["first_seq"], first)
         row["last_seq"] = max(row["last_seq"], first + count - 1)
     return {"entries": len(entries), "registrations": registrations,
-            "events": list(events.values()), "event_count": total, **kinds}
+            "events": list(events.values()), "event_count": total, **kinds,
+            "finishes": finishes}
 
 
 # -------------------------------------------------------------------------- subtask state
@@ -728,8 +855,8 @@ def _payload_text(payload: dict[str, Any] | None) -> str:
         return "none"
     text = f"{payload['size']} bytes ({payload['head_hex']}"
     text += "...)" if payload["size"] > _HEAD else ")"
-    if "value" in payload:
-        value = payload["value"]
+    if "repr" in payload:
+        value = payload["repr"]
         if len(value) > _TEXT_VALUE:
             value = f"{value[:_TEXT_VALUE]}... ({len(value)} characters; --json shows all)"
         text += f" = {value}"

@@ -7,14 +7,17 @@ from __future__ import annotations
 import json
 import os
 import pickle
+from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 
+from sparkcoord import OperatorCoordinator
 from sparkcoord.cli import main
 from sparkcoord.core.ids import SubtaskId
-from sparkcoord.inspection import NotACheckpoint, inspect_checkpoint, render_text
+from sparkcoord.inspection import NotACheckpoint, inspect_checkpoint, plain_value, render_text
 from sparkcoord.runtime.subtask_state import SubtaskStateStore
 from sparkcoord.testing import CoordinatorHarness
 from tests.runtime.test_damage_matrix import Keeper
@@ -125,13 +128,13 @@ def test_inspect_lists_records_events_inbound_logs_seals_and_states_and_never_th
         assert expected in text, expected
     assert "['a', 'b', 'c', 'd']" not in text  # not decoded without --decode
 
-    # --decode shows the values
+    # --decode gives the values (and their repr, which the text shows)
     decoded = inspect_checkpoint(url, decode=True)
     [source_d] = decoded["sources"]
     snap = by_epoch(source_d["records"])[2]["coordinators"][0]["snapshot"]
-    assert snap["value"] == repr(["a", "b", "c", "d"])
+    assert snap["value"] == ["a", "b", "c", "d"] and snap["repr"] == repr(["a", "b", "c", "d"])
     newest = {s["subtask"]: s["newest"]["state"] for s in source_d["states"]}
-    assert newest["coordinator[1]"]["value"] == repr([1, 1])
+    assert newest["coordinator[1]"]["value"] == [1, 1]
     decoded_text = render_text(decoded)
     assert "= ['a', 'b', 'c', 'd']" in decoded_text and "= [1, 1]" in decoded_text
 
@@ -246,6 +249,13 @@ def test_the_restore_point_and_batch_mapping_come_from_sparks_logs_and_decide_if
     logs = by_epoch(source["inbound_logs"])
     assert logs[2]["torn_tail"] is True and logs[2]["committed"] is False
     assert logs[1]["committed"] is True
+    # no request was answered in epoch 2: the rerun keeps nothing of its log
+    # (a registration; the torn frame, never acknowledged, is no entry)
+    assert restore["kept_at_rerun"] == {"logged_entries": 1, "kept_entries": 0,
+                                        "operators": [], "client_entries": 0}
+    assert restore["action"] == (
+        "the next run restores snapshot 2, truncates inbound log 2 (1 entry dropped: no "
+        "request was answered in it) and Spark reruns batch 3")
     text = render_text(report)
     assert "restore point  epoch 2, Spark batch 3 uncommitted" in text
     assert "batch     2  epoch     1  same epoch  committed" in text
@@ -301,9 +311,6 @@ def test_inspect_reads_an_object_store_checkpoint_whose_logs_are_segments_and_na
 
 def test_inspect_counts_requests_and_client_requests_and_accepts_client_frames_after_the_seal(
         tmp_path) -> None:
-    from concurrent.futures import Future
-
-    from sparkcoord import OperatorCoordinator
     from sparkcoord.inspection import inspect_checkpoint
     from sparkcoord.testing import CoordinatorHarness
 
@@ -332,3 +339,149 @@ def test_inspect_counts_requests_and_client_requests_and_accepts_client_frames_a
     assert (log["client_requests"], log["client_responses"]) == (1, 1)
     assert log["seal"]["matches"] is True and log["seal"]["bytes_after"] > 0
     assert report["problems"] == []
+
+
+class Asked(OperatorCoordinator):
+    """Answers every request with itself and keeps what it was asked (its snapshot)."""
+
+    def __init__(self, context: Any) -> None:
+        super().__init__(context)
+        self.asked: list[Any] = []
+
+    def reset_to_checkpoint(self, checkpoint_id: int, state: Any) -> None:
+        self.asked = list(state or [])
+
+    def handle_request(self, subtask: int, attempt: int, request: Any) -> Any:
+        self.asked.append(request)
+        return request
+
+    def handle_event_from_operator(self, subtask: int, attempt: int, event: Any) -> None:
+        pass
+
+    def checkpoint_coordinator(self, checkpoint_id: int, result: Future[Any]) -> None:
+        result.set_result(list(self.asked))
+
+
+def test_the_restore_point_of_an_unfinished_batch_with_answered_requests_keeps_its_log_and_replays_it(
+        tmp_path: Path) -> None:
+    from sparkcoord.core.restore import RestorePoint
+
+    job = tmp_path / "job"
+    url = str(job / "coordination" / "src")
+    h = CoordinatorHarness(Asked, 2, storage_url=url)
+    h.start()
+    h.checkpoint()  # epoch 0: its batch runs, asks twice and reports once, never commits
+    assert h.request_from_subtask(0, "q1") == "q1"
+    h.send_from_subtask(1, "report")
+    assert h.request_from_subtask(1, "q2") == "q2"
+    h.service.close()
+    spark_offsets(job / "spark", "src", [0], committed=0)
+
+    [source] = inspect_checkpoint(str(job))["sources"]
+    restore = source["restore_point"]
+    assert (restore["status"], restore["epoch"], restore["batch"]) == ("uncommitted", 0, 0)
+    logged = by_epoch(source["inbound_logs"])[0]
+    kept = restore["kept_at_rerun"]
+    assert kept == logged["kept_at_rerun"]
+    assert kept["operators"] == [NAME] and kept["client_entries"] == 0
+    assert kept["kept_entries"] == kept["logged_entries"] == logged["entries"] > 4
+    assert restore["action"] == (
+        f"the next run restores snapshot 0, keeps {kept['kept_entries']} of the "
+        f"{kept['logged_entries']} entries of inbound log 0 (every entry of {NAME}, asked "
+        f"requests in it) and hands them to the coordinators again, truncating the rest; Spark "
+        f"reruns batch 0, whose tasks get the logged answers")
+    assert "truncates inbound log" not in render_text(inspect_checkpoint(str(job)))
+
+    # what a restore to that point does: the requests are handed to the coordinator again,
+    # and the log keeps what the inspection said
+    again = CoordinatorHarness(Asked, 2, storage_url=url)
+    again.start(RestorePoint(0, committed=False))
+    assert again.coordinator.asked == ["q1", "q2"]  # type: ignore[attr-defined]
+    again.service.close()
+    [after] = inspect_checkpoint(str(job))["sources"]
+    assert by_epoch(after["inbound_logs"])[0]["entries"] == kept["kept_entries"]
+
+
+def test_a_log_with_a_finished_task_is_inspected_and_says_how_many_items_it_sent(
+        tmp_path: Path) -> None:
+    # a task that asked a request ends its batch with a FINISHED entry (decision 47); the
+    # inspection failed on it with an AssertionError (found on a soak checkpoint)
+    job = tmp_path / "job"
+    h = CoordinatorHarness(Asked, 2, storage_url=str(job / "coordination" / "src"))
+    h.start()
+    h.checkpoint()
+    assert h.request_from_subtask(0, "q1") == "q1"
+    h.finish_task(0)
+    h.run()
+    h.service.close()
+    spark_offsets(job / "spark", "src", [0], committed=0)
+    [source] = inspect_checkpoint(str(job))["sources"]
+    [finish] = by_epoch(source["inbound_logs"])[0]["finishes"]
+    assert (finish["subtask"], finish["items"]) == (f"{NAME}[0]", 1), finish
+    assert "no problems found" in render_text(inspect_checkpoint(str(job)))
+
+
+@dataclass(frozen=True)
+class Lane:
+    name: str
+    window: tuple[int, int]
+
+
+class Point(NamedTuple):
+    x: int
+    y: int
+
+
+@dataclass
+class QueueState:
+    lanes: list[Lane]
+    owners: dict[int, str]
+    done: frozenset[str]
+    where: Point
+    blob: bytes
+    nothing: None = None
+
+
+def queue_state() -> QueueState:
+    return QueueState([Lane("a", (0, 10)), Lane("b", (10, 20))], {0: "a", 1: "b"},
+                      frozenset({"y", "x"}), Point(1, 2), b"\x00\x01")
+
+
+class StatefulQueue(OperatorCoordinator):
+    def checkpoint_coordinator(self, checkpoint_id: int, result: Future[Any]) -> None:
+        result.set_result(queue_state())
+
+
+def test_decode_gives_a_coordinators_state_as_plain_data_and_the_text_its_repr(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    url = str(tmp_path / "ckpt")
+    h = CoordinatorHarness(StatefulQueue, 1, storage_url=url)
+    h.start()
+    h.checkpoint()
+    h.commit()
+    h.service.close()
+
+    report = inspect_checkpoint(url, decode=True)
+    [record] = report["sources"][0]["records"]
+    snapshot = record["coordinators"][0]["snapshot"]
+    expected = {"lanes": [{"name": "a", "window": [0, 10]}, {"name": "b", "window": [10, 20]}],
+                "owners": {"0": "a", "1": "b"}, "done": ["x", "y"], "where": {"x": 1, "y": 2},
+                "blob": repr(b"\x00\x01"), "nothing": None}
+    assert snapshot["value"] == expected == plain_value(queue_state())
+    assert snapshot["repr"] == repr(queue_state())
+    # the report stays one JSON document: --json --decode gives the same value
+    assert main(["inspect", url, "--json", "--decode"]) == 0
+    assert json.loads(capsys.readouterr().out) == report
+    # the text shows the repr, as before
+    assert f"= {queue_state()!r}" in render_text(report)
+
+
+def test_plain_value_keeps_json_types_and_names_what_it_cannot_convert() -> None:
+    cyclic: list[Any] = [1]
+    cyclic.append(cyclic)
+    assert plain_value({"a": (1, 2.5, None, True), None: {3}}) == {
+        "a": [1, 2.5, None, True], "null": [3]}
+    assert plain_value({(1, 2): "pair", 1: "one"}) == {"(1, 2)": "pair", "1": "one"}
+    assert plain_value({1, "a"}) == sorted([1, "a"], key=repr)  # items that do not compare
+    assert plain_value(cyclic) == [1, "[1, [...]]"]
+    assert plain_value(Lane) == repr(Lane)  # a class, not an instance

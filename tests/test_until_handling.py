@@ -90,3 +90,40 @@ def test_a_request_from_until_does_not_wait_for_the_restart_its_own_thread_perfo
 def test_a_request_from_another_thread_waits_for_a_run_until_its_timeout(tmp_path) -> None:
     with pytest.raises(RunUnavailable, match=r"no answer within 0.3 s \(no channel.json yet"):
         job_with_source(tmp_path).request("q", "status", timeout_s=0.3)
+
+
+class RunningQuery:
+    """A stand-in for a running StreamingQuery: never ends by itself, counts its stops."""
+
+    id = runId = "q-1"
+    name = None
+    isActive = True
+    recentProgress: list[Any] = []
+    lastProgress = None
+    status = {"message": "Waiting for data to arrive", "isDataAvailable": False,
+              "isTriggerActive": False}
+
+    def __init__(self) -> None:
+        self.stops = 0
+
+    def awaitTermination(self, timeout: float) -> bool:
+        return not self.isActive
+
+    def stop(self) -> None:
+        self.stops += 1
+        self.isActive = False
+
+
+def test_an_error_of_until_stops_the_query_before_it_ends_the_job(tmp_path) -> None:
+    # the handle's thread ended with until()'s error and left the Spark query running
+    query = RunningQuery()
+    writer = SimpleNamespace(option=lambda key, value: SimpleNamespace(start=lambda: query))
+
+    def refused() -> bool:
+        raise RequestRefused("coordinator 'q' refused request 'stauts': unknown request")
+
+    job = CoordinatedJob(FakeSpark(), str(tmp_path))
+    handle = JobHandle(job, writer, NoRestart(), refused, 0.01, None, None)  # type: ignore[arg-type]
+    with pytest.raises(RequestRefused):
+        handle._loop()
+    assert query.stops == 1 and not query.isActive

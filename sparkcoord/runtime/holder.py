@@ -308,6 +308,14 @@ class CoordinatorHolder:
             return
         finally:
             self._busy = None
+        if not (hasattr(self.coordinator, "context") and hasattr(self.coordinator, "_gateways")):
+            # without OperatorCoordinator.__init__ the first callback would fail with an
+            # AttributeError ('_gateways', 'context') that names nothing
+            self._report_failure(self.generation, (
+                f"coordinator {self.name!r} ({type(self.coordinator).__qualname__}) was "
+                f"created without OperatorCoordinator.__init__: its own __init__ must call "
+                f"super().__init__(context) first"))
+            return
         self._callback("reset_to_checkpoint", checkpoint_id, state)
         self._context.starting = True
         try:

@@ -29,6 +29,7 @@ from sparkcoord.spark.source import FORMAT, CoordinatedSource, OperatorSpec, Sou
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming.listener import StreamingQueryProgress
     from pyspark.sql.streaming.readwriter import DataStreamWriter
     from pyspark.sql.types import StructType
 
@@ -43,6 +44,10 @@ _WAIT_FOR_NEXT_RUN = ("ask again", "not been restored", "is closed", "the job fa
 
 #: the JobHandle whose ``until`` runs on this thread, and its query (for ``request``)
 _until_caller = threading.local()
+
+#: progress reports a JobHandle keeps across the job's queries (Spark keeps 100 per query:
+#: ``spark.sql.streaming.numRecentProgressUpdates``)
+PROGRESS_KEPT = 100
 
 
 #: URL schemes Spark's own checkpoint can be written to from the pip package (Hadoop's
@@ -139,7 +144,10 @@ class _JobFailedInRun(Exception):
 
 @dataclass
 class RunReport:
-    """What happened in :meth:`CoordinatedJob.run` (or so far, on a :class:`JobHandle`)."""
+    """What happened in :meth:`CoordinatedJob.run` (or so far, on a :class:`JobHandle`).
+
+    Written by the handle's thread at each poll; read from any thread. ``id``, ``runIds`` and
+    ``recentProgress`` carry Spark's names (``StreamingQuery``'s) across the job's queries."""
 
     #: query restarts after failures
     restarts: int = 0
@@ -147,6 +155,37 @@ class RunReport:
     failures: list[str] = field(default_factory=list)
     #: micro-batches the queries ran (from their progress reports; not capped at Spark's 100)
     batches: int = 0
+    #: Spark's id of the job's query: the same for every restart from the job's checkpoint
+    #: (None until the first query started)
+    id: str | None = None
+    #: Spark's ``runId`` of each query the job started, in order (a restart adds one)
+    runIds: list[str] = field(default_factory=list)
+    #: the newest progress reports (at most 100) of all the job's queries, oldest first, one
+    #: per (runId, batchId); as of the handle's last poll (left out of the repr: long)
+    recentProgress: list[StreamingQueryProgress] = field(default_factory=list, repr=False)
+
+    @property
+    def lastProgress(self) -> StreamingQueryProgress | None:
+        """The newest of :attr:`recentProgress`, None if no query reported progress yet."""
+        return self.recentProgress[-1] if self.recentProgress else None
+
+
+def merge_progress(reports: Sequence[StreamingQueryProgress]) -> list[StreamingQueryProgress]:
+    """``reports`` (oldest first) with one report per (runId, batchId), the newest of each
+    (an idle trigger reports the next batch id again, until that batch runs), at most the
+    newest :data:`PROGRESS_KEPT`. Any thread (a pure function)."""
+    seen: set[tuple[Any, int]] = set()  # (a UUID, a batch id)
+    out: list[StreamingQueryProgress] = []
+    for p in reversed(reports):
+        key = (p.runId, p.batchId)
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(p)
+        if len(out) == PROGRESS_KEPT:
+            break
+    out.reverse()
+    return out
 
 
 class CoordinatedJob:
@@ -202,7 +241,9 @@ class CoordinatedJob:
 
     def source(self, operator: Callable[[], SubtaskOperator], coordinator: CoordinatorProvider,
                parallelism: int, schema: str | StructType, name: str = "coordinated") -> DataFrame:
-        """A streaming DataFrame from one coordinated operator (driver program thread)."""
+        """A streaming DataFrame from one coordinated operator (driver program thread). The
+        operator, and the source, are called ``name`` (default ``"coordinated"``): the name
+        :meth:`request` takes (``job.request(name, "status")``)."""
         return self.sources([OperatorSpec(name, coordinator, operator, parallelism)], schema, name)
 
     def sources(self, operators: Sequence[OperatorSpec], schema: str | StructType,
@@ -446,6 +487,12 @@ class JobHandle:
     it, counts its batches and restarts it; every method here may be called from any thread.
     ``query`` is the current ``StreamingQuery`` (a restart replaces it; None before the first
     start and between a failure and its restart).
+
+    What a ``StreamingQuery`` tells, the handle tells for the whole job, under the same names:
+    ``id`` (the same for every restart), ``runId`` and ``name`` (of the current or last
+    query), ``recentProgress`` and ``lastProgress`` (across restarts) and ``status`` (the
+    current query's, or a dict in the same shape while the job starts, restarts or after it
+    ended).
     """
 
     def __init__(self, job: CoordinatedJob, writer: DataStreamWriter, strategy: RestartStrategy,
@@ -466,6 +513,15 @@ class JobHandle:
         # the count and the newest commit log entry as the current query started
         self._counted_before = 0
         self._committed_before: int | None = None
+        # progress across restarts (decision 55). Under _progress_lock: the current or last
+        # query, its (id, runId, name), the reports of the queries before it (merged) and its
+        # own reports as last polled. _phase: the status message while no query runs.
+        self._progress_lock = threading.Lock()
+        self._last_query: Any = None
+        self._query_info: tuple[str | None, str | None, str | None] = (None, None, None)
+        self._earlier_progress: list[StreamingQueryProgress] = []
+        self._polled_progress: list[StreamingQueryProgress] = []
+        self._phase = "Starting the query"
         self._thread = threading.Thread(target=self._main, name="sparkcoord-job", daemon=True)
 
     # ------------------------------------------------------------------- any thread
@@ -487,6 +543,87 @@ class JobHandle:
     def running(self) -> bool:
         """Whether the job is still running (or restarting)."""
         return self._thread.is_alive()
+
+    @property
+    def id(self) -> str | None:
+        """Spark's id of the job's query: it persists across restarts from the job's checkpoint
+        (every query the job starts has it), as ``StreamingQuery.id``. None until the first
+        query started. Any thread; no call into Spark."""
+        return self._query_info[0]
+
+    @property
+    def runId(self) -> str | None:
+        """Spark's ``runId`` of the current query, or of the last one between a failure and
+        its restart and after the job ended: each start (and restart) gets a new one
+        (``report.runIds`` lists them all). None until the first query started. Any thread;
+        no call into Spark."""
+        return self._query_info[1]
+
+    @property
+    def name(self) -> str | None:
+        """The query's name (``writeStream.queryName(...)``), None if it has none or before the
+        first query started. Any thread; no call into Spark."""
+        return self._query_info[2]
+
+    @property
+    def recentProgress(self) -> list[StreamingQueryProgress]:
+        """The newest progress reports of the job's queries, at most 100, oldest first: those
+        of the queries before a restart, then the current (or last) query's, one per
+        (runId, batchId) (an idle trigger's report of the next batch id gives way to that
+        batch's). The current query is asked now (``StreamingQuery.recentProgress``); if it
+        cannot answer, its reports as the handle last polled them. ``report.recentProgress``
+        holds the same as of the last poll. Any thread (a call into Spark)."""
+        with self._progress_lock:
+            query, earlier, polled = (self._last_query, self._earlier_progress,
+                                      self._polled_progress)
+        current = polled
+        if query is not None:
+            try:
+                current = list(query.recentProgress)
+            except Exception:  # noqa: BLE001 - a stopped session, a lost Connect channel
+                current = polled
+        return merge_progress(earlier + current)
+
+    @property
+    def lastProgress(self) -> StreamingQueryProgress | None:
+        """The newest progress report of the job's queries (of the current query once it
+        reported one, else of an earlier one), None before any; as
+        ``StreamingQuery.lastProgress``. Any thread (a call into Spark)."""
+        with self._progress_lock:
+            query, earlier, polled = (self._last_query, self._earlier_progress,
+                                      self._polled_progress)
+        newest = None
+        if query is not None:
+            try:
+                newest = query.lastProgress
+            except Exception:  # noqa: BLE001 - a stopped session, a lost Connect channel
+                newest = polled[-1] if polled else None
+        if newest is None and earlier:
+            newest = earlier[-1]
+        return newest
+
+    @property
+    def status(self) -> dict[str, Any]:
+        """The current query's status (``StreamingQuery.status``: ``message``,
+        ``isDataAvailable``, ``isTriggerActive``) while the job runs one; otherwise a dict of
+        the same keys whose ``message`` says what the job does: ``Starting the query``,
+        ``Query failed: <cause's first line>``, ``Restarting in <s> s after failure <n>:
+        ...``, ``Restarting the query (restart <n>)``, and once the job ended ``Stopped`` (or
+        ``Stopped: <the error it ended with>``). Any thread (a call into Spark)."""
+        query = self.query
+        if query is not None and self._thread.is_alive():
+            try:
+                return dict(query.status)
+            except Exception:  # noqa: BLE001 - stopped meanwhile: the job's own word below
+                pass
+        if self._thread.is_alive():
+            message = self._phase
+        elif self._error is None:
+            message = "Stopped"
+        else:
+            first = (str(self._error).strip().splitlines() or [""])[0]
+            message = f"Stopped: {type(self._error).__name__}: {first}"
+        return {"message": message, "isDataAvailable": False, "isTriggerActive": False}
 
     def exception(self) -> BaseException | None:
         """The error the job ended with (``JobGaveUp``, ``TimeoutError``, ...), if it ended so."""
@@ -535,8 +672,8 @@ class JobHandle:
             self._last_counted = -1
             self._counted_before = report.batches
             self._committed_before = self._newest_commit()
-            query = self.query = self._writer.option(
-                "checkpointLocation", job.spark_checkpoint).start()
+            query = self._writer.option("checkpointLocation", job.spark_checkpoint).start()
+            self._query_started(query)
             log.info("query %s started on %s%s", query.id, job.spark_checkpoint,
                      f" (restart {report.restarts})" if report.restarts else "")
             try:
@@ -548,12 +685,21 @@ class JobHandle:
                                  report.batches)
                         return  # ended by itself (availableNow, or stopped by Spark)
                     self._count_batches(query)
-                    if self._stop.is_set() or self._until_done(query):
+                    try:
+                        done = self._stop.is_set() or self._until_done(query)
+                    except BaseException:
+                        # until() ends the job with its error: the query must not run on
+                        # after the job ended
+                        query.stop()
+                        self._count_batches(query)
+                        raise
+                    if done:
                         query.stop()
                         self._count_batches(query)
                         return
                     if deadline is not None and time.monotonic() > deadline:
                         query.stop()
+                        self._count_batches(query)
                         raise TimeoutError(f"job not done after {self._timeout_s}s; "
                                            f"failures so far: {report.failures}")
                     cause = job.failure_cause()
@@ -567,11 +713,12 @@ class JobHandle:
                         raise _JobFailedInRun(cause)
             except (StreamingQueryException, _JobFailedInRun) as exc:
                 self._count_batches(query)
-                self.query = None
                 # sparkcoord's cause first: the service's record of a global failure, else
                 # our exception raised in a task (Spark's text follows it), else Spark's text
                 cause = job.failure_cause() or failure_text(str(exc))
                 report.failures.append(cause)
+                self._phase = f"Query failed: {(cause.strip().splitlines() or [''])[0]}"
+                self.query = None
                 if self._on_failure is not None:
                     self._on_failure(cause)
                 delay = self._strategy.next_delay(time.monotonic())
@@ -588,9 +735,13 @@ class JobHandle:
                            and spark_first[0] not in cause else "")) from exc
                 log.warning("query failed, restarting in %.1fs: %s", delay,
                             (cause.strip().splitlines() or [""])[0])
+                self._phase = (f"Restarting in {delay:.1f} s after failure "
+                               f"{len(report.failures)}: "
+                               f"{(cause.strip().splitlines() or [''])[0]}")
                 report.restarts += 1
                 if self._stop.wait(delay):
                     return
+                self._phase = f"Restarting the query (restart {report.restarts})"
 
     def _until_done(self, query: Any) -> bool:
         """Whether ``until()`` says the job is done (handle thread, at each poll).
@@ -629,14 +780,39 @@ class JobHandle:
             return True
         return self.job.failure_cause() is not None
 
+    def _query_started(self, query: Any) -> None:
+        """``query`` was started, the first or a restart (handle thread): it becomes the
+        current query; the reports of the one before join the earlier ones."""
+        info: list[str | None] = []
+        for attribute in ("id", "runId", "name"):
+            try:
+                value = getattr(query, attribute)
+            except Exception:  # noqa: BLE001 - informational (a lost Connect channel)
+                value = None
+            info.append(None if value is None else str(value))
+        with self._progress_lock:
+            self._earlier_progress = merge_progress(self._earlier_progress
+                                                    + self._polled_progress)
+            self._polled_progress = []
+            self._last_query = self.query = query
+            self._query_info = (info[0], info[1], info[2])
+        if info[0] is not None:
+            self.report.id = info[0]
+        if info[1] is not None:
+            self.report.runIds.append(info[1])
+
     def _count_batches(self, query: Any) -> None:
         # Spark keeps the last 100 progress reports; polled every poll_s, none is missed. A
         # report counts if it ran a batch (an idle trigger reports the next batch id with no
         # addBatch); batch ids only grow within a query, so a high-water mark dedups.
         try:
-            progress = query.recentProgress
+            progress = list(query.recentProgress)
         except Exception:  # noqa: BLE001 - progress is informational
             return
+        with self._progress_lock:
+            if query is self._last_query:
+                self._polled_progress = progress
+                self.report.recentProgress = merge_progress(self._earlier_progress + progress)
         for p in progress:
             batch = p.batchId
             if batch > self._last_counted and "addBatch" in (p.durationMs or {}):

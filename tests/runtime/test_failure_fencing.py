@@ -260,3 +260,18 @@ def test_a_seal_that_cannot_be_written_fails_the_job_naming_the_epoch(monkeypatc
     assert h.service.failure is not None
     assert h.service.failure.startswith("cannot write the seal of the inbound log of epoch 0: "
                                         "OSError('disk full')")
+
+
+def test_a_coordinator_whose_init_skips_the_base_init_fails_the_job_saying_so() -> None:
+    from sparkcoord.coordinator import OperatorCoordinator
+    from sparkcoord.testing import CoordinatorHarness
+
+    class Forgetful(OperatorCoordinator):
+        def __init__(self, context: object) -> None:  # no super().__init__(context)
+            self.count = 0
+
+    h = CoordinatorHarness(Forgetful, 1)
+    h.start()
+    assert h.service.failure is not None
+    assert "must call super().__init__(context) first" in h.service.failure
+    assert "Forgetful" in h.service.failure
