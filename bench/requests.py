@@ -7,7 +7,8 @@ requesting at once" needs eight task slots: the shared benchmark session has two
   same run: the raw channel round trip (one event sent and acknowledged, i.e. logged and on
   the mailbox);
 - requests per second per job: P=8 tasks asking back to back, with fsync off (the default)
-  and on, each against the raw channel's event round trips per second from the same tasks;
+  and on, each against the raw channel's event round trips per second from the same tasks
+  (the target, fsync off: at least that rate, a cost ratio <= 1.0);
   every task starts at one start line (a "ready" request the coordinator answers when all P
   asked), so the rate is not diluted by Spark starting tasks up to a second apart;
 - the work queue (``sparkcoord.examples.workqueue``) on a skewed workload: P=4 subtasks pull
@@ -50,11 +51,17 @@ def run(preset: str) -> dict[str, Any]:
         figures.append(figure("requests", f"request round trip P={p}, p99", rt["p99"] * 1e3, "ms",
                               base["p99"] * 1e3, "<= 5 ms" if p == 8 else None, p99_ok))
     for fsync in ("off", "on"):
+        # the target is a ratio against the raw channel's event round trips per second from
+        # the same tasks in the same run (issue 29 item 4): an absolute rate on a shared
+        # 2-core machine swings from 14k to 25k/s between runs. A request costs at most what
+        # an event round trip costs (cost ratio = baseline rate / our rate <= 1.0); the old
+        # absolute target (20k/s) was set when the baseline ran at 20k/s
         rate, base = raw[f"rate_fsync_{fsync}"], raw[f"event_rate_fsync_{fsync}"]
         target = fsync == "off"
         figures.append(figure("requests", f"requests per second per job, P=8, fsync {fsync}",
-                              rate, "requests/s", base, ">= 20k requests/s" if target else None,
-                              rate >= 20_000 if target else None))
+                              rate, "requests/s", base,
+                              "<= 1.0x (at least the raw event round trips/s)" if target
+                              else None, base / rate <= 1.0 if target else None))
     skew = raw["skewed"]
     ratio = skew["dynamic"] / skew["static"]
     figures.append(figure("requests", "skewed work queue batch time, dynamic / static", ratio,
