@@ -26,6 +26,7 @@ from sparkcoord.core.errors import (
     EventTooLarge,
     GatewayNotReady,
     IllegalTransition,
+    MalformedRecord,
     RequestFailed,
     RequestRefused,
     SparkCoordError,
@@ -47,8 +48,9 @@ __version__ = "0.1.0"
 __all__ = [
     "AttemptNoLongerLive", "Cancellable", "CheckpointIdRegression", "CoordinatorContext",
     "CoordinatorProvider", "CorruptRecord", "EventCodec", "EventEncodingError", "EventTooLarge",
-    "ExponentialBackoff", "FailureRate", "FixedDelay", "GatewayNotReady", "IllegalTransition", "NoRestart",
-    "OperatorCoordinator", "RequestFailed", "RequestRefused", "RestartStrategy", "SparkCoordError", "SubtaskGateway",
+    "ExponentialBackoff", "FailureRate", "FixedDelay", "GatewayNotReady", "IllegalTransition",
+    "MalformedRecord", "NoRestart", "OperatorCoordinator", "RequestFailed", "RequestRefused",
+    "RestartStrategy", "SparkCoordError", "SubtaskGateway",
     "UnknownRecordVersion", "UnknownSubtask", "Withdrawn", "WithdrawnNotHandled", "WrongThread",
     "__version__",
 ]

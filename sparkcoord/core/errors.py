@@ -102,3 +102,17 @@ class RunUnavailable(RequestFailed):
     ``until`` on the job's own thread, a restart was due: that thread performs it, so the
     request does not wait for it). The job runner takes it from ``until`` as "not done yet"
     while a restart is due or the query has not run a batch yet (docs/decisions.md 51)."""
+
+
+class MalformedRecord(SparkCoordError):
+    """A record of a CSV or JSON-lines file that does not parse or does not fit the schema,
+    raised by the file source's reader in a Spark task in mode ``FAILFAST`` (or in mode
+    ``PERMISSIVE`` when a column that cannot be null would have to hold null). The message
+    names the file, the line (1-based), the byte offset of the record and the parser's reason;
+    ``path``, ``line`` and ``offset`` hold the same."""
+
+    def __init__(self, message: str, *, path: str = "", line: int = 0, offset: int = 0) -> None:
+        super().__init__(message)
+        self.path = path
+        self.line = line
+        self.offset = offset

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from sparkcoord.sources.alignment import AlignmentDecision, AlignmentOptions, WatermarkReport
 from sparkcoord.sources.enumerator import EnumeratorState, SplitDiscovery, SplitEnumerator
-from sparkcoord.sources.files import FileChangedError, FileSplit
+from sparkcoord.sources.files import FileChangedError, FileReadError, FileSplit
 from sparkcoord.sources.reader import ReaderState, SplitReader
 from sparkcoord.sources.splits import NextSplit, NoSplitNow, ReadLimit, Split
 from sparkcoord.sources.stream import FileStream
 
 __all__ = ["AlignmentDecision", "AlignmentOptions", "EnumeratorState", "FileChangedError",
-           "FileSplit", "FileStream", "NextSplit", "NoSplitNow", "ReadLimit", "ReaderState",
+           "FileReadError", "FileSplit", "FileStream", "NextSplit", "NoSplitNow", "ReadLimit", "ReaderState",
            "Split", "SplitDiscovery", "SplitEnumerator", "SplitReader", "WatermarkReport"]

@@ -31,6 +31,11 @@ Rules:
   5. ``maxFilesPerDiscovery`` caps what one cycle of a continuous source takes; the rest is
      taken by the next cycles (and logged). A bounded source lists once, so it has no cap:
      its one listing takes every file present (DESIGN 2c, docs/decisions.md 49).
+  6. Reading: CSV and JSON lines go through :class:`~sparkcoord.sources.parsing.RecordParser`
+     with the source's ``mode`` (a malformed record becomes a row of nulls, is dropped, or is
+     a :class:`MalformedRecord` naming the file, line and byte offset). Every other failure to
+     read a split is a :class:`FileReadError` naming the file and the row group or byte range.
+     A zero-byte file has no split (it gives no rows, as in Spark).
 """
 
 from __future__ import annotations
@@ -45,8 +50,10 @@ from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
+from sparkcoord.core.errors import MalformedRecord, SparkCoordError
 from sparkcoord.sources.alignment import AlignmentOptions
 from sparkcoord.sources.enumerator import SplitDiscovery
+from sparkcoord.sources.parsing import Parsed, RecordParser
 from sparkcoord.sources.reader import SplitReader
 from sparkcoord.sources.splits import Split
 
@@ -288,6 +295,10 @@ class FileSourceOptions:
     header: bool = False
     sep: str = ","
     batch_rows: int = 1 << 16
+    #: CSV and JSON: what a malformed record becomes (sparkcoord.sources.parsing, rule 4)
+    mode: str = "PERMISSIVE"
+    #: CSV and JSON: the column that holds a malformed record's text, if the schema has it
+    corrupt_column: str = "_corrupt_record"
 
 
 class FileDiscovery(SplitDiscovery):
@@ -424,10 +435,29 @@ def lane_of(path: str) -> str:
 
 
 # ----------------------------------------------------------------------------- reading
-def read_line_range(f: Any, start: int, end: int, file_size: int, chunk: int = 1 << 20) -> bytes:
-    """The lines whose first byte lies in ``[start, end)`` of open file ``f`` (rule 1)."""
+class FileReadError(SparkCoordError):
+    """A split could not be read: the file is gone, its store failed, a parquet row group is
+    damaged or lacks a column, ... Raised by :class:`FileReader` in a Spark task; the message
+    names the file (as :func:`display_path` writes it), what was read (a row group, a byte
+    range) and the original exception, which is also the ``__cause__`` (Spark's task failure
+    text drops a cause, so the message repeats it)."""
+
+
+def display_path(url: str, path: str) -> str:
+    """``path`` (as fsspec gives it, without a scheme) written as the user wrote the source's
+    ``url``: with its scheme (``s3://bucket/key``), a local path as it is. Only the scheme of
+    ``url`` is taken, so credentials in a URL never reach a message."""
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    return path if scheme in ("", "file", "local") else f"{scheme}://{path}"
+
+
+def line_range(f: Any, start: int, end: int, file_size: int,
+               chunk: int = 1 << 20) -> tuple[int, bytes]:
+    """The lines whose first byte lies in ``[start, end)`` of open file ``f`` (rule 1), and
+    the offset in the file of the first of them."""
     if start >= end:
-        return b""
+        return start, b""
+    first = 0
     if start == 0:
         f.seek(0)
         data = f.read(end)
@@ -436,8 +466,9 @@ def read_line_range(f: Any, start: int, end: int, file_size: int, chunk: int = 1
         data = f.read(end - start + 1)
         cut = data.find(b"\n")
         if cut == -1 or start + cut >= end:
-            return b""  # no line starts in the range
+            return start, b""  # no line starts in the range
         data = data[cut + 1:]
+        first = start + cut
     if end < file_size and not data.endswith(b"\n"):
         parts = [data]
         f.seek(end)
@@ -451,11 +482,37 @@ def read_line_range(f: Any, start: int, end: int, file_size: int, chunk: int = 1
                 break
             parts.append(more)
         data = b"".join(parts)
-    return bytes(data)
+    return first, bytes(data)
+
+
+def read_line_range(f: Any, start: int, end: int, file_size: int, chunk: int = 1 << 20) -> bytes:
+    """The lines whose first byte lies in ``[start, end)`` of open file ``f`` (rule 1)."""
+    return line_range(f, start, end, file_size, chunk)[1]
+
+
+def lines_before(f: Any, offset: int, chunk: int = 1 << 20) -> int:
+    """How many lines of open file ``f`` end before byte ``offset``: a line number is this
+    plus the line's index in its split. Reads the file up to ``offset``, so only a reader that
+    has a malformed record to name calls it."""
+    f.seek(0)
+    count, left = 0, offset
+    while left > 0:
+        block = f.read(min(chunk, left))
+        if not block:
+            break
+        count += block.count(b"\n")
+        left -= len(block)
+    return count
 
 
 class FileReader(SplitReader):
-    """Reads :class:`FileSplit` objects into record batches of the source's schema."""
+    """Reads :class:`FileSplit` objects into record batches of the source's schema.
+
+    CSV and JSON lines go through a :class:`~sparkcoord.sources.parsing.RecordParser` with the
+    source's ``mode`` (malformed records: a row of nulls, dropped, or :class:`MalformedRecord`;
+    one warning per split that had any). Every other failure to read a split is a
+    :class:`FileReadError` naming the file.
+    """
 
     def __init__(self, options: FileSourceOptions, schema_json: str,
                  alignment: AlignmentOptions | None = None) -> None:
@@ -464,6 +521,7 @@ class FileReader(SplitReader):
         # keyed by lane, the file's directory (decision 43)
         self.alignment = alignment
         self._arrow_schema: Any = None
+        self._parser: RecordParser | None = None
 
     @property
     def arrow_schema(self) -> Any:
@@ -475,10 +533,31 @@ class FileReader(SplitReader):
             self._arrow_schema = to_arrow_schema(struct, timezone="UTC")
         return self._arrow_schema
 
+    @property
+    def parser(self) -> RecordParser:
+        """The CSV or JSON parser of this reader (made once; task thread). A bad
+        corrupt-record column is a ``ValueError`` (the driver checked it already)."""
+        if self._parser is None:
+            o = self.options
+            self._parser = RecordParser(o.format, self.arrow_schema, mode=o.mode,
+                                        corrupt_column=o.corrupt_column, sep=o.sep)
+        return self._parser
+
     def read_split(self, split: Split, position: Any) -> Iterator[tuple[Any, Any]]:
         assert isinstance(split, FileSplit)
+        try:
+            yield from self._read_file(split, int(position or 0))
+        except (SparkCoordError, FileChangedError):
+            raise  # named already
+        except Exception as exc:
+            where = display_path(self.options.url, split.path)
+            what = (f"row group {split.row_group}" if split.row_group is not None
+                    else f"bytes [{split.start}, {split.end})")
+            raise FileReadError(f"cannot read {where} ({what}): {type(exc).__name__}: "
+                                f"{exc}") from exc
+
+    def _read_file(self, split: FileSplit, skip: int) -> Iterator[tuple[Any, Any]]:
         fs, _ = filesystem(self.options.url, self.options.storage_options)
-        skip = int(position or 0)
         emitted = 0
         with fs.open(split.path, "rb") as f:
             size = getattr(f, "size", None)
@@ -501,32 +580,52 @@ class FileReader(SplitReader):
 
     def _batches(self, f: Any, split: FileSplit) -> Iterator[Any]:
         o = self.options
-        schema = self.arrow_schema
         if o.format == "parquet":
             import pyarrow.parquet as pq
 
             pf = pq.ParquetFile(f)
             yield from pf.iter_batches(batch_size=o.batch_rows, row_groups=[split.row_group],
-                                       columns=schema.names)
+                                       columns=self.arrow_schema.names)
             return
-        data = read_line_range(f, split.start, split.end, split.file_size)
+        first, data = line_range(f, split.start, split.end, split.file_size)
         if not data:
             return
-        if o.format == "json":
-            import pyarrow.json as pj
+        # the header is the file's first line, so only the split at byte 0 has it
+        parsed = self.parser.parse(data, header=o.header and split.start == 0)
+        if parsed.malformed:
+            self._malformed(f, split, first, parsed)
+        yield from parsed.table.to_batches(max_chunksize=o.batch_rows)
 
-            table = pj.read_json(io.BytesIO(data), parse_options=pj.ParseOptions(
-                explicit_schema=schema, unexpected_field_behavior="ignore"))
+    def _malformed(self, f: Any, split: FileSplit, first: int, parsed: Parsed) -> None:
+        """Name the split's malformed records: raise for the first one when parsing stopped
+        there, else one warning for the split (not one per record)."""
+        bad = parsed.first
+        assert bad is not None
+        path = display_path(self.options.url, split.path)
+        line = (lines_before(f, first) if first else 0) + bad.line + 1
+        offset = first + bad.offset
+        where = f"{path} line {line} (byte offset {offset})"
+        mode, column = self.parser.mode, self.parser.corrupt_column
+        if parsed.table is None:
+            if mode == "FAILFAST":
+                hint = "mode FAILFAST; mode PERMISSIVE or DROPMALFORMED reads past it"
+            else:
+                hint = (f"mode PERMISSIVE cannot read it as a row of nulls: column "
+                        f"{self.parser.not_null!r} is NOT NULL in the schema; make it "
+                        f"nullable, or use mode DROPMALFORMED")
+            raise MalformedRecord(f"malformed record in {where}: {bad.reason}; the record: "
+                                  f"{bad.excerpt()!r} ({hint})",
+                                  path=path, line=line, offset=offset)
+        if mode == "DROPMALFORMED":
+            became = "dropped (mode DROPMALFORMED)"
+        elif column is not None:
+            became = f"read as rows of nulls with their text in column {column!r}"
         else:
-            import pyarrow.csv as pc
-
-            skip = 1 if (o.header and split.start == 0) else 0
-            table = pc.read_csv(
-                io.BytesIO(data),
-                read_options=pc.ReadOptions(column_names=schema.names, skip_rows=skip),
-                parse_options=pc.ParseOptions(delimiter=o.sep),
-                convert_options=pc.ConvertOptions(column_types=schema))
-        yield from table.to_batches(max_chunksize=o.batch_rows)
+            became = "read as rows of nulls (mode PERMISSIVE; the schema has no " \
+                     f"{self.options.corrupt_column!r} column for their text)"
+        log.warning("%d malformed record(s) in %s bytes [%d, %d), %s; the first at line %d "
+                    "(byte offset %d): %s", parsed.malformed, path, split.start, split.end,
+                    became, line, offset, bad.reason)
 
     def _conform(self, batch: Any) -> Any:
         """The batch with exactly the source's Arrow schema (column order, types, nullability),
@@ -556,13 +655,21 @@ def infer_schema(options: FileSourceOptions) -> Any:
             return pq.read_schema(f)
     with fs.open(path, "rb") as f:
         data = read_line_range(f, 0, min(first[0].size, 1 << 20), first[0].size)
-    if options.format == "json":
-        import pyarrow.json as pj
+    try:
+        if options.format == "json":
+            import pyarrow.json as pj
 
-        return pj.read_json(io.BytesIO(data)).schema
-    import pyarrow.csv as pc
+            # a line "null" would crash pyarrow (parsing.py rule 6); it is no record anyway
+            lines = [line for line in data.splitlines(keepends=True)
+                     if not line.lstrip().startswith(b"null")]
+            return pj.read_json(io.BytesIO(b"".join(lines))).schema
+        import pyarrow.csv as pc
 
-    read = (pc.ReadOptions() if options.header
-            else pc.ReadOptions(autogenerate_column_names=True))
-    return pc.read_csv(io.BytesIO(data), read_options=read,
-                       parse_options=pc.ParseOptions(delimiter=options.sep)).schema
+        read = (pc.ReadOptions() if options.header
+                else pc.ReadOptions(autogenerate_column_names=True))
+        return pc.read_csv(io.BytesIO(data), read_options=read,
+                           parse_options=pc.ParseOptions(delimiter=options.sep)).schema
+    except Exception as exc:  # noqa: BLE001 - pyarrow's errors name no file
+        raise ValueError(f"cannot infer the schema of {options.url!r} from its first file "
+                         f"{path}: {type(exc).__name__}: {exc}; give the schema with "
+                         f".schema(...)") from exc

@@ -27,6 +27,7 @@ from sparkcoord.sources.files import (
     FileSourceOptions,
     infer_schema,
 )
+from sparkcoord.sources.parsing import MODES, corrupt_column_problem
 from sparkcoord.sources.splits import ReadLimit
 from sparkcoord.spark.session import resolve_location
 from sparkcoord.spark.source import OperatorSpec
@@ -85,6 +86,32 @@ def parse_seconds(name: str, value: str) -> float:
     return float(match[1]) * scale
 
 
+def parse_mode(name: str, value: str) -> str:
+    """Spark's reader mode, in any case (Spark takes an unknown one for PERMISSIVE with a
+    warning; here it is an error naming the option)."""
+    mode = str(value).strip().upper()
+    if mode not in MODES:
+        raise ValueError(f"option {name!r}: use one of {', '.join(MODES)} (any case), got "
+                         f"{value!r}")
+    return mode
+
+
+def parse_column_name(name: str, value: str) -> str:
+    text = str(value)
+    if not text.strip():
+        raise ValueError(f"option {name!r}: expected a column name, got {value!r}")
+    return text
+
+
+def parse_separator(name: str, value: str) -> str:
+    """CSV's delimiter: one character (pyarrow reads no longer one), or ``\\t`` for a tab."""
+    text = "\t" if str(value) == "\\t" else str(value)
+    if len(text) != 1:
+        raise ValueError(f"option {name!r}: expected one character (or \\t for a tab), got "
+                         f"{value!r}")
+    return text
+
+
 OPTIONS: dict[str, tuple[str, Any]] = {
     "pathglobfilter": ("glob", lambda n, v: str(v)),
     "recursivefilelookup": ("recursive", parse_bool),
@@ -101,10 +128,14 @@ OPTIONS: dict[str, tuple[str, Any]] = {
     "maxfileage": ("max_file_age_s", parse_seconds),
     "parallelism": ("parallelism", parse_int),
     "header": ("header", parse_bool),
-    "sep": ("sep", lambda n, v: str(v)),
-    "delimiter": ("sep", lambda n, v: str(v)),
+    "sep": ("sep", parse_separator),
+    "delimiter": ("sep", parse_separator),
     "batchrows": ("batch_rows", parse_int),
+    "mode": ("mode", parse_mode),
+    "columnnameofcorruptrecord": ("corrupt_column", parse_column_name),
 }
+#: options of the text formats only (a parquet file has no records to be malformed)
+TEXT_OPTIONS = ("mode", "columnnameofcorruptrecord")
 
 
 def parse_options(url: str, fmt: str, options: dict[str, str],
@@ -121,6 +152,9 @@ def parse_options(url: str, fmt: str, options: dict[str, str],
         if known is None:
             raise ValueError(f"unknown file source option {name!r}; known options: "
                              f"{', '.join(sorted([*OPTIONS, *OPTION_NAMES]))}")
+        if fmt == "parquet" and name.lower() in TEXT_OPTIONS:
+            raise ValueError(f"option {name!r} applies to csv and json; a parquet file that "
+                             f"cannot be read fails its reader, naming the file and row group")
         fields[known[0]] = known[1](name, value)
     parsed = FileSourceOptions(url=url, format=fmt, storage_options=dict(storage_options or {}),
                                **fields)
@@ -128,6 +162,21 @@ def parse_options(url: str, fmt: str, options: dict[str, str],
         raise ValueError(f"option 'discoveryMode': use one of {', '.join(DISCOVERY_MODES)}, got "
                          f"{parsed.discovery_mode!r}")
     return parsed
+
+
+def check_record_options(opts: FileSourceOptions, struct: Any) -> None:
+    """The corrupt-record column of a CSV or JSON source (option ``columnNameOfCorruptRecord``,
+    default ``_corrupt_record``), if the rows' ``StructType`` has it, is a nullable string and
+    not the only column (Spark's rule). Driver program thread, when the source is built: an
+    error here rather than in every task."""
+    if opts.format not in ("csv", "json"):
+        return
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    problem = corrupt_column_problem(to_arrow_schema(struct, timezone="UTC"),
+                                     opts.corrupt_column)
+    if problem is not None:
+        raise ValueError(problem)
 
 
 def alignment_options(options: dict[str, str], struct: Any,
@@ -216,6 +265,7 @@ class FileStream:
         url = resolve_location(self.job.spark, path, "file source path")
         opts = parse_options(url, self._format, self._options, self._storage_options)
         struct = self._struct(opts)
+        check_record_options(opts, struct)
         aligned = alignment_options(self._options, struct, name)
         limit = ReadLimit(opts.max_files_per_trigger, opts.max_bytes_per_trigger)
         enumerator = functools.partial(
