@@ -36,6 +36,11 @@ Rules:
      a :class:`MalformedRecord` naming the file, line and byte offset). Every other failure to
      read a split is a :class:`FileReadError` naming the file and the row group or byte range.
      A zero-byte file has no split (it gives no rows, as in Spark).
+  7. With ``includeMetadata`` the rows carry Spark's file metadata as a last column
+     ``_metadata`` (:func:`metadata_field`): the file's URL (as Spark writes it, without
+     credentials), name, size and modification time as discovered, the split's byte range
+     (a parquet row group: the bytes of its column chunks) and the row group (null for text).
+     Every row of a split has the same value; it is outside what the files are parsed with.
 """
 
 from __future__ import annotations
@@ -299,6 +304,8 @@ class FileSourceOptions:
     mode: str = "PERMISSIVE"
     #: CSV and JSON: the column that holds a malformed record's text, if the schema has it
     corrupt_column: str = "_corrupt_record"
+    #: rule 7: the rows end with Spark's file metadata column ``_metadata``
+    include_metadata: bool = False
 
 
 class FileDiscovery(SplitDiscovery):
@@ -434,6 +441,99 @@ def lane_of(path: str) -> str:
     return path.rsplit("/", 1)[0] if "/" in path else ""
 
 
+# ----------------------------------------------------------------------------- metadata
+#: the column of rule 7, under Spark's name for its hidden file metadata column
+METADATA_COLUMN = "_metadata"
+#: what :func:`file_url` leaves unencoded in a path: what java.net.URI leaves in one (Spark's
+#: ``file_path`` is a Hadoop ``Path`` URI), so the same file gives Spark's text
+_URI_SAFE = "/!$&'()*+,;=:@-._~"
+
+
+def metadata_field() -> Any:
+    """The ``StructField`` of rule 7: Spark's ``_metadata`` fields, names, types and
+    nullability (``file_path``, ``file_name``, ``file_size``, ``file_block_start``,
+    ``file_block_length``, ``file_modification_time``), then ``row_group`` (an int, null for
+    CSV and JSON). Called by :class:`~sparkcoord.sources.stream.FileStream` (driver program
+    thread) and by the reader (task thread)."""
+    from pyspark.sql.types import (
+        IntegerType,
+        LongType,
+        StringType,
+        StructField,
+        StructType,
+        TimestampType,
+    )
+
+    return StructField(METADATA_COLUMN, StructType([
+        StructField("file_path", StringType(), False),
+        StructField("file_name", StringType(), False),
+        StructField("file_size", LongType(), False),
+        StructField("file_block_start", LongType(), False),
+        StructField("file_block_length", LongType(), False),
+        StructField("file_modification_time", TimestampType(), False),
+        StructField("row_group", IntegerType(), True),
+    ]), False)
+
+
+def file_url(url: str, path: str) -> str:
+    """Spark's ``file_path`` of a file: ``path`` (as fsspec lists it under the source's
+    ``url``) as a percent-encoded URL: ``file:/data/a%20b.json`` for a local file (Spark's
+    form, one slash), ``s3://bucket/key`` with the scheme the user wrote (``s3a`` stays
+    ``s3a``). A filesystem whose paths drop the host (sftp, ftp) gets it back from ``url``.
+    Never any ``user:password@``: it is stripped wherever it came from. Reader (task thread),
+    once per split."""
+    from urllib.parse import quote, urlsplit, urlunsplit
+
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    if scheme in ("", "file", "local"):
+        return "file:" + quote(path, safe=_URI_SAFE)
+    if "://" in path:  # a filesystem whose paths are URLs (http): as it is
+        full = path
+    elif path.startswith("/"):
+        parts = urlsplit(url)
+        host = (parts.hostname or "") + (f":{parts.port}" if parts.port else "")
+        full = f"{scheme}://{host}{quote(path, safe=_URI_SAFE)}"
+    else:  # object stores: the bucket is the path's first part
+        full = f"{scheme}://{quote(path, safe=_URI_SAFE)}"
+    parts = urlsplit(full)
+    if "@" in parts.netloc:
+        full = urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
+    return full
+
+
+def row_group_bytes(row_group: Any) -> tuple[int, int]:
+    """Where a parquet row group (``pyarrow`` ``RowGroupMetaData``) lies in its file: the
+    offset of its first page and its length up to the end of its last column chunk. Reader
+    (task thread), from the footer it read to read the row group."""
+    first, last = None, 0
+    for i in range(row_group.num_columns):
+        chunk = row_group.column(i)
+        start = chunk.data_page_offset
+        if chunk.has_dictionary_page and chunk.dictionary_page_offset:
+            start = min(start, chunk.dictionary_page_offset)
+        first = start if first is None else min(first, start)
+        last = max(last, start + chunk.total_compressed_size)
+    return (0, 0) if first is None else (first, last - first)
+
+
+class SplitMetadata:
+    """The ``_metadata`` column of one split's record batches (rule 7): one struct value,
+    repeated to each batch's length (a C++ fill; the last length is kept, as most batches of a
+    split have ``batchRows`` rows). Made by the reader in its task thread, once per split."""
+
+    def __init__(self, arrow_type: Any, value: dict[str, Any]) -> None:
+        import pyarrow as pa
+
+        self._pa = pa
+        self.scalar = pa.scalar(value, type=arrow_type)
+        self._last: Any = None
+
+    def column(self, rows: int) -> Any:
+        if self._last is None or len(self._last) != rows:
+            self._last = self._pa.repeat(self.scalar, rows)
+        return self._last
+
+
 # ----------------------------------------------------------------------------- reading
 class FileReadError(SparkCoordError):
     """A split could not be read: the file is gone, its store failed, a parquet row group is
@@ -512,6 +612,10 @@ class FileReader(SplitReader):
     source's ``mode`` (malformed records: a row of nulls, dropped, or :class:`MalformedRecord`;
     one warning per split that had any). Every other failure to read a split is a
     :class:`FileReadError` naming the file.
+
+    ``schema_json`` is the rows' ``StructType`` as JSON; with ``options.include_metadata``
+    (rule 7) the reader adds the ``_metadata`` column to each batch (at its place in
+    ``schema_json``, or last if a wrapper gave the schema without it).
     """
 
     def __init__(self, options: FileSourceOptions, schema_json: str,
@@ -521,17 +625,32 @@ class FileReader(SplitReader):
         # keyed by lane, the file's directory (decision 43)
         self.alignment = alignment
         self._arrow_schema: Any = None
+        self._data_schema: Any = None
         self._parser: RecordParser | None = None
 
     @property
     def arrow_schema(self) -> Any:
+        """The Arrow schema of the record batches :meth:`read_split` yields (task thread)."""
         if self._arrow_schema is None:
             from pyspark.sql.pandas.types import to_arrow_schema
             from pyspark.sql.types import StructType
 
             struct = StructType.fromJson(json.loads(self.schema_json))
+            if self.options.include_metadata and METADATA_COLUMN not in struct.fieldNames():
+                struct = StructType([*struct.fields, metadata_field()])
             self._arrow_schema = to_arrow_schema(struct, timezone="UTC")
         return self._arrow_schema
+
+    @property
+    def data_schema(self) -> Any:
+        """What is read from the files: :attr:`arrow_schema` without the ``_metadata``
+        column of rule 7 (the same schema without ``includeMetadata``)."""
+        if self._data_schema is None:
+            schema = self.arrow_schema
+            index = schema.get_field_index(METADATA_COLUMN)
+            self._data_schema = (schema.remove(index)
+                                 if self.options.include_metadata and index >= 0 else schema)
+        return self._data_schema
 
     @property
     def parser(self) -> RecordParser:
@@ -539,7 +658,7 @@ class FileReader(SplitReader):
         corrupt-record column is a ``ValueError`` (the driver checked it already)."""
         if self._parser is None:
             o = self.options
-            self._parser = RecordParser(o.format, self.arrow_schema, mode=o.mode,
+            self._parser = RecordParser(o.format, self.data_schema, mode=o.mode,
                                         corrupt_column=o.corrupt_column, sep=o.sep)
         return self._parser
 
@@ -567,7 +686,15 @@ class FileReader(SplitReader):
                 raise FileChangedError(
                     f"file {split.path} changed after it was discovered: it had "
                     f"{split.file_size} bytes, now {size} (split {split.split_id})")
-            for batch in self._batches(f, split):
+            if self.options.format == "parquet":
+                import pyarrow.parquet as pq
+
+                source: Any = pq.ParquetFile(f)  # the footer, read once for both uses
+            else:
+                source = f
+            metadata = (self._split_metadata(split, source)
+                        if self.options.include_metadata else None)
+            for batch in self._batches(source, split):
                 n = batch.num_rows
                 if emitted + n <= skip:
                     emitted += n
@@ -576,17 +703,21 @@ class FileReader(SplitReader):
                     batch = batch.slice(skip - emitted)
                     emitted = skip
                 emitted += batch.num_rows
-                yield self._conform(batch), emitted
+                out = self._conform(batch)
+                if metadata is not None:
+                    out = self._with_metadata(out, metadata)
+                yield out, emitted
 
-    def _batches(self, f: Any, split: FileSplit) -> Iterator[Any]:
+    def _batches(self, source: Any, split: FileSplit) -> Iterator[Any]:
+        """The split's rows from ``source``: a ``pyarrow.parquet.ParquetFile`` for parquet,
+        else the open file."""
         o = self.options
         if o.format == "parquet":
-            import pyarrow.parquet as pq
-
-            pf = pq.ParquetFile(f)
-            yield from pf.iter_batches(batch_size=o.batch_rows, row_groups=[split.row_group],
-                                       columns=self.arrow_schema.names)
+            yield from source.iter_batches(batch_size=o.batch_rows,
+                                           row_groups=[split.row_group],
+                                           columns=self.data_schema.names)
             return
+        f = source
         first, data = line_range(f, split.start, split.end, split.file_size)
         if not data:
             return
@@ -627,10 +758,41 @@ class FileReader(SplitReader):
                     "(byte offset %d): %s", parsed.malformed, path, split.start, split.end,
                     became, line, offset, bad.reason)
 
-    def _conform(self, batch: Any) -> Any:
-        """The batch with exactly the source's Arrow schema (column order, types, nullability),
-        which Spark requires of a record batch."""
+    def _split_metadata(self, split: FileSplit, source: Any) -> SplitMetadata:
+        """Rule 7's value for ``split``; ``source`` is the parquet footer (``ParquetFile``) or
+        the open text file."""
+        if split.row_group is not None:
+            start, length = row_group_bytes(source.metadata.row_group(split.row_group))
+        else:
+            start, length = split.start, split.end - split.start
+        arrow_type = self.arrow_schema.field(METADATA_COLUMN).type
+        return SplitMetadata(arrow_type, {
+            "file_path": file_url(self.options.url, split.path),
+            "file_name": split.path.rstrip("/").rsplit("/", 1)[-1],
+            "file_size": split.file_size,
+            "file_block_start": start,
+            "file_block_length": length,
+            # as discovery recorded it (and the reader checked the size against), in
+            # microseconds: Spark's timestamp precision
+            "file_modification_time": round(split.mtime * 1_000_000),
+            "row_group": split.row_group,
+        })
+
+    def _with_metadata(self, batch: Any, metadata: SplitMetadata) -> Any:
+        """``batch`` (of :attr:`data_schema`) with the ``_metadata`` column at its place."""
+        import pyarrow as pa
+
         schema = self.arrow_schema
+        column = metadata.column(batch.num_rows)
+        columns = [column if f.name == METADATA_COLUMN else batch.column(f.name)
+                   for f in schema]
+        return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+    def _conform(self, batch: Any) -> Any:
+        """The batch with exactly the data's Arrow schema (column order, types, nullability),
+        which Spark requires of a record batch; the ``_metadata`` column (rule 7) is added
+        after."""
+        schema = self.data_schema
         if batch.schema.equals(schema):
             return batch
         import pyarrow as pa

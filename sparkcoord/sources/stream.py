@@ -22,10 +22,12 @@ from sparkcoord.sources.enumerator import SplitEnumerator
 from sparkcoord.sources.files import (
     DISCOVERY_MODES,
     FORMATS,
+    METADATA_COLUMN,
     FileDiscovery,
     FileReader,
     FileSourceOptions,
     infer_schema,
+    metadata_field,
 )
 from sparkcoord.sources.parsing import MODES, corrupt_column_problem
 from sparkcoord.sources.splits import ReadLimit
@@ -133,6 +135,7 @@ OPTIONS: dict[str, tuple[str, Any]] = {
     "batchrows": ("batch_rows", parse_int),
     "mode": ("mode", parse_mode),
     "columnnameofcorruptrecord": ("corrupt_column", parse_column_name),
+    "includemetadata": ("include_metadata", parse_bool),
 }
 #: options of the text formats only (a parquet file has no records to be malformed)
 TEXT_OPTIONS = ("mode", "columnnameofcorruptrecord")
@@ -167,10 +170,14 @@ def parse_options(url: str, fmt: str, options: dict[str, str],
 def check_record_options(opts: FileSourceOptions, struct: Any) -> None:
     """The corrupt-record column of a CSV or JSON source (option ``columnNameOfCorruptRecord``,
     default ``_corrupt_record``), if the rows' ``StructType`` has it, is a nullable string and
-    not the only column (Spark's rule). Driver program thread, when the source is built: an
-    error here rather than in every task."""
+    not the only column (Spark's rule). ``struct``: the columns read from the files (without
+    ``_metadata``). Driver program thread, when the source is built: an error here rather
+    than in every task."""
     if opts.format not in ("csv", "json"):
         return
+    if opts.include_metadata and opts.corrupt_column == METADATA_COLUMN:
+        raise ValueError(f"option 'columnNameOfCorruptRecord' cannot be {METADATA_COLUMN!r} "
+                         f"with 'includeMetadata': that column holds the file metadata")
     from pyspark.sql.pandas.types import to_arrow_schema
 
     problem = corrupt_column_problem(to_arrow_schema(struct, timezone="UTC"),
@@ -194,6 +201,9 @@ def alignment_options(options: dict[str, str], struct: Any,
         raise ValueError("option 'eventTimeColumn' is needed with 'maxDrift': a file source "
                          "aligns splits by the greatest value of that column it has read")
     fields = {f.name: f for f in struct.fields}
+    if column in fields and fields[column] == metadata_field():  # includeMetadata's column
+        raise ValueError(f"option 'eventTimeColumn': {column!r} is the file metadata column "
+                         f"(a struct); align by an event time column of the records")
     if column not in fields:
         raise ValueError(f"option 'eventTimeColumn': {column!r} is not a column of the source "
                          f"({', '.join(fields)})")
@@ -264,8 +274,9 @@ class FileStream:
         ``job.sources([...])``, or to wrap its enumerator or reader."""
         url = resolve_location(self.job.spark, path, "file source path")
         opts = parse_options(url, self._format, self._options, self._storage_options)
-        struct = self._struct(opts)
-        check_record_options(opts, struct)
+        data = self._data_struct(opts)
+        struct = self._struct(opts, data)
+        check_record_options(opts, data)
         aligned = alignment_options(self._options, struct, name)
         limit = ReadLimit(opts.max_files_per_trigger, opts.max_bytes_per_trigger)
         enumerator = functools.partial(
@@ -277,7 +288,29 @@ class FileStream:
                                    alignment=aligned)
         return OperatorSpec(name, enumerator, reader, opts.parallelism), struct
 
-    def _struct(self, opts: FileSourceOptions) -> Any:
+    def _struct(self, opts: FileSourceOptions, data: Any = None) -> Any:
+        """The rows' ``StructType``, as the source reports it to Spark: the columns of the
+        files (``data``, :meth:`_data_struct` if not given), then with ``includeMetadata`` the
+        ``_metadata`` column (files.py rule 7). A schema (given or inferred) that already has
+        a ``_metadata`` column is an error then: Spark's hidden column can step aside for a
+        data column, this one cannot. Driver program thread, when the source is built."""
+        from pyspark.sql.types import StructType
+
+        if data is None:
+            data = self._data_struct(opts)
+        if not opts.include_metadata:
+            return data
+        if METADATA_COLUMN in data.fieldNames():
+            given = ("the schema given" if self._schema is not None
+                     else "the schema inferred from the first file")
+            raise ValueError(f"option 'includeMetadata' adds a column {METADATA_COLUMN!r}, but "
+                             f"{given} has one already; rename that column, or leave "
+                             f"'includeMetadata' off")
+        return StructType([*data.fields, metadata_field()])
+
+    def _data_struct(self, opts: FileSourceOptions) -> Any:
+        """The columns read from the files: the schema given, or inferred from the first
+        file."""
         from pyspark.sql.types import StructType
 
         if isinstance(self._schema, StructType):
