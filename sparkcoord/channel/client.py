@@ -37,6 +37,13 @@ Rules:
      outlasts the service's first-frame deadline (10 s by default; server rules 4 to 6).
      Except when nothing listens at the address (a refused connect: the run ended): that
      fails after ``max_retries`` alone (about 1.3 s).
+  4. A task closes its connection cleanly when it ends (:meth:`close`, also after its
+     operator raised): a half close, then what the service still writes is read until the
+     service closes its side (at most ``CLOSE_WAIT_S``). A socket closed with replies unread
+     in it ends with a TCP reset, which the server cannot tell from a task whose process went
+     away (server rule 3; replies can trail the answer a task last read: an answer given on
+     the server's I/O loop goes out before the acknowledgements of the same read). A
+     connection that broke, or that the service refused, is closed at once (decision 56).
 
 Thread model: one client per task, used from the task's thread only.
 """
@@ -204,7 +211,7 @@ class ChannelClient:
         try:
             self._connected().sendall(frame)
         except OSError:
-            self.close()
+            self._drop()
         failures = 0
         first_failure = 0.0
         shortened = False
@@ -226,7 +233,7 @@ class ChannelClient:
                     continue  # the deadline decides; the connection stays
                 except (OSError, FrameError) as exc:
                     failures += 1
-                    self.close()
+                    self._drop()
                     if failures == 1:
                         first_failure = time.monotonic()
                     if self._give_up(failures, first_failure, exc):
@@ -241,7 +248,7 @@ class ChannelClient:
                     if message.seq != seq:
                         continue  # a stale answer of an earlier connection
                     if message.status is ResponseStatus.FAILED and message.hold_ms > 0:
-                        self.close()  # the job failed: nothing more to say on this channel
+                        self._drop()  # the job failed: nothing more to say on this channel
                         raise refused(f"{self.attempt}: the coordination service refused "
                                       f"request {seq}", message.payload.decode(errors="replace"),
                                       message.hold_ms)
@@ -282,7 +289,30 @@ class ChannelClient:
 
         self._with_retries(once)
 
+    #: How long :meth:`close` waits for the service to close its side of the connection.
+    CLOSE_WAIT_S = 1.0
+
     def close(self) -> None:
+        """Close the connection cleanly (rule 4). Task thread, at the task's end."""
+        sock = self._sock
+        if sock is None:
+            return
+        self._sock = None
+        self._reader = None
+        try:
+            sock.shutdown(socket.SHUT_WR)  # the service reads the end, and closes its side
+            sock.settimeout(self.CLOSE_WAIT_S)
+            deadline = time.monotonic() + self.CLOSE_WAIT_S
+            while sock.recv(1 << 16) and time.monotonic() < deadline:
+                pass  # replies still on their way: read, so that none is left unread
+        except OSError:
+            pass  # broken, reset, or no close within the wait: nothing to do but close
+        finally:
+            sock.close()
+
+    # -------------------------------------------------------------------------- internals
+    def _drop(self) -> None:
+        """Close at once: the connection broke, or the service refused (rule 4)."""
         if self._sock is not None:
             try:
                 self._sock.close()
@@ -290,7 +320,6 @@ class ChannelClient:
                 self._sock = None
                 self._reader = None
 
-    # -------------------------------------------------------------------------- internals
     def _write_pending(self) -> None:
         pending = self._pending
         if not pending:
@@ -306,7 +335,7 @@ class ChannelClient:
         try:
             self._connected().sendall(frame)
         except OSError:
-            self.close()
+            self._drop()
             self._with_retries(self._resend_all)  # reconnect, register, re-send every unacked
 
     def _poll_replies(self) -> None:
@@ -347,7 +376,7 @@ class ChannelClient:
                 return
             except (OSError, FrameError) as exc:
                 failures += 1
-                self.close()
+                self._drop()
                 if failures == 1:
                     first_failure = time.monotonic()
                 if self._give_up(failures, first_failure, exc):
@@ -423,7 +452,7 @@ class ChannelClient:
             what = ("registration" if reply.request is FrameType.REGISTER
                     else "the end of its batch" if reply.request is FrameType.FINISHED
                     else f"event {reply.seq}")
-            self.close()
+            self._drop()
             raise refused(f"{self.attempt}: the coordination service refused {what}",
                           reply.reason, reply.hold_ms)
         self.execution_attempt = reply.execution_attempt

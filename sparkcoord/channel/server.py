@@ -6,7 +6,16 @@ Rules:
      each frame is authenticated before its body is parsed; the handler's decisions are
      written back as replies, in request order.
   3. A malformed, oversized or unauthenticated frame, or a connection closed mid-frame, drops
-     that connection only; the server and the other connections carry on.
+     that connection only; the server and the other connections carry on. The end of a
+     connection: a close between frames is a normal end, without a line (a task closes
+     cleanly after its batch, client rule 4; so does the socket of a process that dies with
+     no reply unread in it). A reset between frames (a process that went away with replies
+     unread: a task cancelled by a query stop, killed, or failed) is a DEBUG line naming the
+     task, since it is no fault of the channel: Spark's log says what happened to the task,
+     and the service logs a failed task's retry at INFO. A connection that authenticated and
+     ends in the middle of a frame (its task stopped while writing) is an INFO line; an
+     unauthenticated one that does is dropped with a WARNING, as any frame that is not ours
+     (decision 56).
   4. A connection must complete its first authenticated frame within ``first_frame_timeout_s``
      of being accepted (a total deadline, not per read: a client trickling bytes is dropped
      too); after that it may stay idle for as long as it likes (a task between events).
@@ -493,7 +502,7 @@ class ChannelServer:
                 self._selector.register(sock, selectors.EVENT_READ, conn)
             except OSError as exc:  # gone before it was served
                 self._connections[sock] = conn
-                self._dropped(conn, exc, abruptly=True)
+                self._ended_unclosed(conn, repr(exc))
                 continue
             self._connections[sock] = self._waiting_first[sock] = conn
 
@@ -532,15 +541,21 @@ class ChannelServer:
         try:
             reader = conn.reader
             if not reader.receive():
-                if reader.buffered:
+                if not reader.buffered:
+                    self._end(conn)  # closed between frames: normal end (rule 3)
+                elif conn.authenticated:
+                    self._ended_unclosed(conn, "closed")  # its task stopped mid-write
+                else:
                     raise FrameError(f"connection closed {reader.buffered} bytes into a frame")
-                self._end(conn)  # closed between frames: normal end
                 return
             batch: list[Message] = []
             while (frame := reader.next_frame()) is not None:
                 message = authenticate_and_parse(*frame, self.secret)
                 if not conn.authenticated and not self._authenticated_first(conn):
                     return  # the cap is full: closed unanswered (rule 6)
+                if isinstance(message, (Register, Finished)):  # whom it serves (rule 3)
+                    conn.attempt = message.attempt
+                    conn.finished = isinstance(message, Finished)
                 if self.fault is not None:  # test hook: one message at a time
                     if self._inject(message, conn.sock, conn.writer):
                         self._end(conn)
@@ -553,7 +568,10 @@ class ChannelServer:
                 conn.writer.send(self._answer(self._dispatch_batch(batch, conn.writer)))
                 self.frames_served += len(batch)
         except (ConnectionResetError, BrokenPipeError) as exc:
-            self._dropped(conn, exc, abruptly=True)
+            if conn.authenticated or not conn.reader.buffered:
+                self._ended_unclosed(conn, repr(exc))
+            else:
+                self._dropped(conn, exc)  # a partial unauthenticated frame: not ours (rule 3)
         except (FrameError, OSError) as exc:
             self._dropped(conn, exc)
 
@@ -572,16 +590,35 @@ class ChannelServer:
         self._refused(conn.peer, time.monotonic())
         return False
 
-    def _dropped(self, conn: _Connection, exc: BaseException, abruptly: bool = False) -> None:
+    def _dropped(self, conn: _Connection, exc: BaseException) -> None:
         with self._lock:
             self.dropped_connections += 1
-        if abruptly:
-            # the task's process went away mid-connection: a failed or killed task, which the
-            # service learns of from its retry; expected, so not a warning (one line per task)
-            log.info("channel connection from %s ended abruptly (its task failed or was "
-                     "killed): %s", conn.peer, exc)
+        log.warning("dropped channel connection from %s: %s", conn.peer, exc)
+        self._end(conn)
+
+    def _ended_unclosed(self, conn: _Connection, how: str) -> None:
+        # Rule 3: the peer went away without a clean close (a reset, or a close in the middle
+        # of a frame). A task closes cleanly after its batch (client rule 4), so this is a
+        # task whose process ended mid-connection: cancelled (a query stop), killed, or
+        # failed. Not a warning: Spark's log says which, and the service logs a failed
+        # task's retry; one line per connection.
+        with self._lock:
+            self.dropped_connections += 1
+        attempt = conn.attempt
+        who = (f"the task of {attempt.subtask} in epoch {attempt.epoch} (Spark attempt "
+               f"{attempt.number})" if attempt is not None
+               else "a task or client of the job" if conn.authenticated
+               else "an unauthenticated peer")
+        partial = conn.reader.buffered
+        if partial and conn.authenticated:
+            log.info("channel connection of %s from %s ended %d bytes into a frame (%s): its "
+                     "task stopped while writing it (cancelled, killed or failed: Spark's log "
+                     "says which)", who, conn.peer, partial, how)
         else:
-            log.warning("dropped channel connection from %s: %s", conn.peer, exc)
+            log.debug("channel connection of %s from %s ended without a clean close (%s)%s: "
+                      "its process went away (a task cancelled, killed or failed: Spark's log "
+                      "says which)", who, conn.peer, how,
+                      ", after its task said it finished" if conn.finished else "")
         self._end(conn)
 
     def _end(self, conn: _Connection) -> None:
@@ -727,13 +764,16 @@ def _no_hold() -> int:
 class _Connection:
     """One admitted connection, as the I/O loop keeps it."""
 
-    __slots__ = ("sock", "reader", "writer", "deadline", "peer", "authenticated")
+    __slots__ = ("sock", "reader", "writer", "deadline", "peer", "authenticated", "attempt",
+                 "finished")
 
     def __init__(self, sock: socket.socket, reader: FrameReader, writer: _Writer,
                  deadline: float) -> None:
         self.sock, self.reader, self.writer, self.deadline = sock, reader, writer, deadline
         self.peer: object = "?"
         self.authenticated = False  # sent an authenticated frame: counted by the cap (rule 6)
+        self.attempt: TaskAttempt | None = None  # the task attempt it serves (its REGISTER)
+        self.finished = False  # its last frame of note was FINISHED (the task's end, rule 1b)
 
 
 class _Throttle:

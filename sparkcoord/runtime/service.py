@@ -246,9 +246,7 @@ class CoordinationService:
                 self._holders[spec.name] = holder
                 snapshot = record.snapshots.get(spec.name) if record is not None else None
                 holder.start(epoch, snapshot, replay[spec.name])
-        log.info("run %s restored %s: %s, %d inbound entries handed to the coordinators again",
-                 self.run_id, point, "a fresh start" if epoch == NO_EPOCH else
-                 f"snapshot of epoch {epoch}", sum(len(r) for r in replay.values()))
+        log.info("%s", restore_line(self.run_id, point, items))
         if point.replays_inbound_log:
             self.batch_committed(epoch)
 
@@ -263,10 +261,10 @@ class CoordinationService:
         kept = kept_at_rerun(logged)
         self.storage.start_inbound_log(epoch, b"".join(encode_log_entry(e) for e in kept))
         self._gate.epoch_resumed(epoch, kept)
-        if kept:
-            log.info("epoch %d runs again with %d logged entries of %s kept: its tasks get "
-                     "the logged answers", epoch, len(kept),
-                     ", ".join(sorted({e.attempt.subtask.operator for e in kept})))
+        if kept:  # the restore's INFO line counts the items these entries hold
+            log.debug("epoch %d runs again: %d entries of its inbound log kept (items, "
+                      "registrations, answers, finishes) of %s", epoch, len(kept),
+                      ", ".join(sorted({e.attempt.subtask.operator for e in kept})))
         return self._gate.surviving_items()
 
     def _replayed(self, item: ReplayedItem, execution_attempt: int) -> ReplayedEvent:
@@ -441,6 +439,14 @@ class CoordinationService:
             if decision.verdict is Verdict.ACCEPT:
                 if decision.replaced is not None and not decision.adopted:
                     self._subtask_failed(attempt, decision)
+                elif (decision.replaced is not None and decision.replaced.run != attempt.run
+                      and attempt.number == 0):
+                    # not a retry: the batch of a restored, uncommitted epoch runs again, and
+                    # its first task takes over what the earlier run's task sent (gate rule 5)
+                    log.info("epoch %d runs again after a restart: task of %s (Spark attempt "
+                             "%d) continues the %d items its task of the earlier run sent, "
+                             "answered from the log", attempt.epoch, attempt.subtask,
+                             attempt.number, decision.history_length)
                 elif decision.replaced is not None:
                     log.info("task of %s in epoch %d was retried (Spark attempt %d): it continues "
                              "the failed attempt's history (its requests were answered)",
@@ -951,3 +957,38 @@ class CoordinationService:
                                     "latestOffset/partitions call restores it")
         return self._tracker, self._gate
 
+
+def restore_line(run_id: str, point: RestorePoint, items: Sequence[ReplayedItem]) -> str:
+    """The one INFO line of a restore: from where the run starts, and what the numbers are
+    that the coordinators get again (``items``: the logged events, requests and withdrawals
+    handed to them, in log order) and why (issue 25)."""
+    epoch = point.epoch
+    if epoch == NO_EPOCH:
+        return f"run {run_id} starts fresh: Spark's log holds no epoch of this source yet"
+    operators = sorted({i.attempt.subtask.operator for i in items})
+    to = (f"coordinator{'s' if len(operators) > 1 else ''} {', '.join(operators)}"
+          if operators else "the coordinators")
+    if point.committed:
+        handed = (f"what was sent to {to} in it handed again ({_counted(items)})" if items
+                  else "nothing was sent to them in it")
+        return (f"run {run_id} restored epoch {epoch}, whose batch committed: coordinators "
+                f"reset to its snapshot, {handed}, then told it committed")
+    line = (f"run {run_id} restored epoch {epoch}, logged but not committed: its batch runs "
+            f"again from the snapshot of epoch {epoch}")
+    if not items:
+        return line
+    them = "it" if len(operators) == 1 else "them"
+    return (f"{line}. Answers were given out in it, so what was sent to {to} before the "
+            f"restart is kept ({_counted(items)}): handed to {them} again, and the batch's "
+            f"tasks continue from it, answered from the log")
+
+
+def _counted(items: Sequence[ReplayedItem]) -> str:
+    """``items`` by kind: ``"1 request"``, ``"7 items: 5 requests, 2 events"``."""
+    kinds = {"request": 0, "event": 0, "client request": 0, "withdrawal": 0}
+    for item in items:
+        kind = ("withdrawal" if item.withdrawn is not None else "client request" if item.client
+                else "request" if item.is_request else "event")
+        kinds[kind] += 1
+    parts = [f"{n} {kind}{'s' if n != 1 else ''}" for kind, n in kinds.items() if n]
+    return parts[0] if len(parts) == 1 else f"{len(items)} items: {', '.join(parts)}"

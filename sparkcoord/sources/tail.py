@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 
@@ -20,7 +22,6 @@ def run_tail(path: str, fmt: str, out: str, checkpoint: str, *, schema: str | No
     """Tail ``path`` into parquet files under ``out`` (caller's thread). Returns the rows read,
     the restarts, and the source's last status. Starts a local[2,4] session unless given one."""
     from rich.console import Console
-    from rich.live import Live
 
     from sparkcoord.sources.stream import FileStream
     from sparkcoord.spark.job import CoordinatedJob
@@ -52,7 +53,7 @@ def run_tail(path: str, fmt: str, out: str, checkpoint: str, *, schema: str | No
         handle = job.start(writer)
         status: dict[str, Any] = {}
         rows = 0
-        with Live(console=console, refresh_per_second=4, transient=False) as live:
+        with progress_line(console) as live:
             while not handle.await_termination(0.25):
                 if stop.is_set():
                     handle.stop()
@@ -75,6 +76,22 @@ def run_tail(path: str, fmt: str, out: str, checkpoint: str, *, schema: str | No
         if own:
             signal.signal(signal.SIGINT, previous)
             spark.stop()
+
+
+@contextmanager
+def progress_line(console: Any) -> Iterator[Any]:
+    """A live progress line on ``console`` (rich's ``Live``), ended by a newline whatever
+    ``console`` writes to. On a terminal rich ends it itself; elsewhere (a pipe, a file, a
+    ``StringIO``) rich prints the last state once, at the end, without a newline, so the
+    next line written (the command's summary) would run into it."""
+    from rich.live import Live
+
+    try:
+        with Live(console=console, refresh_per_second=4, transient=False) as live:
+            yield live
+    finally:  # after Live printed its last state, also when the run raised
+        if not console.is_terminal:
+            console.line()
 
 
 def _line(path: str, out: str, rows: int, status: dict[str, Any], restarts: int) -> str:
