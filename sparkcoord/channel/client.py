@@ -43,7 +43,7 @@ Rules:
      in it ends with a TCP reset, which the server cannot tell from a task whose process went
      away (server rule 3; replies can trail the answer a task last read: an answer given on
      the server's I/O loop goes out before the acknowledgements of the same read). A
-     connection that broke, or that the service refused, is closed at once (decision 56).
+     connection that broke, or that the service refused, is closed at once (decision 59).
 
 Thread model: one client per task, used from the task's thread only.
 """

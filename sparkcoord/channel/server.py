@@ -15,7 +15,7 @@ Rules:
      and the service logs a failed task's retry at INFO. A connection that authenticated and
      ends in the middle of a frame (its task stopped while writing) is an INFO line; an
      unauthenticated one that does is dropped with a WARNING, as any frame that is not ours
-     (decision 56).
+     (decision 59).
   4. A connection must complete its first authenticated frame within ``first_frame_timeout_s``
      of being accepted (a total deadline, not per read: a client trickling bytes is dropped
      too); after that it may stay idle for as long as it likes (a task between events).

@@ -1,5 +1,5 @@
 """How a task's channel connection ends, and what the server says of it (issue 25 item 6,
-decision 56): a task closes cleanly, also with replies still unread, so the server has
+decision 59): a task closes cleanly, also with replies still unread, so the server has
 nothing to say; a task whose process went away is a DEBUG line naming it; one that stopped in
 the middle of a frame an INFO line; a partial frame that is not ours stays a WARNING.
 

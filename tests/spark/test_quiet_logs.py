@@ -5,7 +5,7 @@ where the stderr of Spark's source runner, and so the channel server's lines, ar
 runs a healthy bounded ``availableNow`` query of the file source at ``log_level="INFO"``
 (2 readers asking for splits inside the batch, 3 batches). Before issue 25, such a log could
 hold "channel connection ... ended abruptly (its task failed or was killed)" for a task that
-closed its connection with a reply still unread (decision 56), and a restore line naming
+closed its connection with a reply still unread (decision 59), and a restore line naming
 "RestorePoint(epoch=-1, committed=True)".
 
     python tests/spark/test_quiet_logs.py <work dir>    # prints one JSON line
