@@ -35,6 +35,7 @@ from sparkcoord.core.errors import (
     WithdrawnNotHandled,
     WrongThread,
 )
+from sparkcoord.core.stored import StoredOnce
 from sparkcoord.runtime.restart import (
     ExponentialBackoff,
     FailureRate,
@@ -50,7 +51,7 @@ __all__ = [
     "CoordinatorProvider", "CorruptRecord", "EventCodec", "EventEncodingError", "EventTooLarge",
     "ExponentialBackoff", "FailureRate", "FixedDelay", "GatewayNotReady", "IllegalTransition",
     "MalformedRecord", "NoRestart", "OperatorCoordinator", "RequestFailed", "RequestRefused",
-    "RestartStrategy", "SparkCoordError", "SubtaskGateway",
+    "RestartStrategy", "SparkCoordError", "StoredOnce", "SubtaskGateway",
     "UnknownRecordVersion", "UnknownSubtask", "Withdrawn", "WithdrawnNotHandled", "WrongThread",
     "__version__",
 ]

@@ -39,7 +39,6 @@ that change under the reader may be reported as problems.
 from __future__ import annotations
 
 import json
-import pickle
 import posixpath
 import zlib
 from collections.abc import Callable
@@ -67,6 +66,7 @@ from sparkcoord.core.records import (
     decode_state_lineage,
     decode_subtask_state,
 )
+from sparkcoord.core.stored import StoredOnce, load_snapshot, snapshot_parts
 from sparkcoord.core.text import plural
 from sparkcoord.runtime.files import Files, files_for
 
@@ -184,15 +184,25 @@ def _epoch_of(name: str, suffix: str) -> int | None:
     return int(stem) if stem.lstrip("-").isdigit() else None
 
 
-def _payload(data: bytes | None, decode: bool) -> dict[str, Any] | None:
-    """Size and first bytes of a pickled payload; with ``decode`` also its value as plain data
+def _payload(data: bytes | None, decode: bool,
+             read_part: Callable[[str], StoredOnce[Any]] | None = None,
+             ) -> dict[str, Any] | None:
+    """Size and first bytes of a pickled payload, and the stored-once parts a snapshot refers
+    to (``parts``: their names, core/stored.py); with ``decode`` also its value as plain data
     (:func:`plain_value`) and its ``repr`` (what the text report shows)."""
     if data is None:
         return None
     out: dict[str, Any] = {"size": len(data), "head_hex": data[:_HEAD].hex()}
+    try:
+        parts = snapshot_parts(data)
+    except CorruptRecord as exc:
+        out["decode_error"] = str(exc)
+        return out
+    if parts:
+        out["parts"] = parts
     if decode:
         try:
-            state = pickle.loads(data)  # noqa: S301 - asked for with --decode
+            state = load_snapshot(data, read_part)  # noqa: S301 - asked for with --decode
         except Exception as exc:  # noqa: BLE001 - a missing class is not damage: show why
             out["decode_error"] = f"cannot unpickle: {type(exc).__name__}: {exc}"
         else:
@@ -230,6 +240,8 @@ def _plain(value: Any, path: set[int]) -> Any:
 
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
+    if isinstance(value, StoredOnce):  # a stored-once part stands for its value
+        return _plain(value.value, path)
     if id(value) in path:  # a container that holds itself
         return _repr(value)
     path.add(id(value))
@@ -470,6 +482,13 @@ def _failure(files: Files, root: str, problem: _Report) -> dict[str, Any] | None
 
 def _records(files: Files, root: str, decode: bool, problem: _Report) -> list[dict[str, Any]]:
     directory = posixpath.join(root, "records")
+
+    def read_part(name: str) -> StoredOnce[Any]:
+        path = posixpath.join(root, "parts", name)
+        try:
+            return StoredOnce.read_back(name, files.read(path))
+        except FileNotFoundError:
+            raise CorruptRecord(f"state part {name} not found at {path}") from None
     out = []
     for epoch, name in sorted((e, n) for n in files.names(directory)
                               if (e := _epoch_of(n, ".ckpt")) is not None):
@@ -488,7 +507,8 @@ def _records(files: Files, root: str, decode: bool, problem: _Report) -> list[di
         if record.epoch != epoch:
             entry["error"] = f"{path}: holds epoch {record.epoch}, expected {epoch}"
             problem(path, entry["error"])
-        entry["coordinators"] = [{"name": coordinator, "snapshot": _payload(snap, decode)}
+        entry["coordinators"] = [{"name": coordinator,
+                                  "snapshot": _payload(snap, decode, read_part)}
                                  for coordinator, snap in record.snapshots.items()
                                  if not coordinator.startswith("\x00")]  # runtime entries
         entry["events"] = [{"subtask": str(sid), "operator": sid.operator, "index": sid.index,

@@ -57,6 +57,7 @@ from sparkcoord.core.errors import (
     SparkCoordError,
     WrongThread,
 )
+from sparkcoord.core.stored import StoredOnce, dump_snapshot, load_snapshot
 from sparkcoord.core.valve import OutboundValve
 from sparkcoord.runtime.clock import Clock
 from sparkcoord.runtime.futures import SendFuture
@@ -73,7 +74,8 @@ class HolderListener(Protocol):
     """What a holder reports to the coordination service (on the holder's mailbox thread)."""
 
     def coordinator_completed(self, name: str, checkpoint_id: int, snapshot: bytes | None,
-                              events: list[list[bytes]]) -> None: ...
+                              events: list[list[bytes]],
+                              parts: dict[str, StoredOnce[Any]] | None = None) -> None: ...
 
     def coordinator_declined(self, name: str, checkpoint_id: int, reason: str) -> None: ...
 
@@ -107,9 +109,12 @@ class CoordinatorHolder:
     def __init__(self, name: str, provider: CoordinatorProvider, parallelism: int,
                  mailbox: Mailbox, clock: Clock, codec: EventCodec,
                  listener: HolderListener, last_checkpoint: int,
-                 stall_warning_s: float = 10.0, available_now: bool = False) -> None:
+                 stall_warning_s: float = 10.0, available_now: bool = False,
+                 read_part: Callable[[str], StoredOnce[Any]] | None = None) -> None:
         self.name = name
         self.available_now = available_now
+        #: reads a state part its snapshots refer to (storage's ``read_part``; core/stored.py)
+        self._read_part = read_part
         self.provider = provider
         self.parallelism = parallelism
         self.mailbox = mailbox
@@ -300,7 +305,8 @@ class CoordinatorHolder:
         self._busy = "its constructor (and the unpickling of its snapshot)"
         try:
             self.coordinator = self.provider(self._context)
-            state = pickle.loads(snapshot) if snapshot is not None else None
+            state = (load_snapshot(snapshot, self._read_part, f"the snapshot of {self.name!r}")
+                     if snapshot is not None else None)
         except Exception as exc:  # noqa: BLE001 - a user's constructor, a user's state class
             self._report_failure(self.generation, f"creating coordinator {self.name!r} (or "
                                                   f"unpickling its snapshot) raised "
@@ -432,6 +438,7 @@ class CoordinatorHolder:
         # Runs in whichever thread completed the future: this is the boundary instant, so the
         # snapshot is pickled here and the boundary is placed in the mailbox order right now.
         snapshot: bytes | None = None
+        parts: dict[str, StoredOnce[Any]] = {}
         reason = ""
         if fut.cancelled():
             reason = "the checkpoint future was cancelled"
@@ -441,7 +448,7 @@ class CoordinatorHolder:
             value = fut.result()
             if value is not None:
                 try:
-                    snapshot = pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+                    snapshot, parts = dump_snapshot(value)
                 except Exception as exc:  # noqa: BLE001 - pickle raises many types
                     reason = f"the checkpoint state of type {type(value).__qualname__} cannot be pickled: {exc}"
 
@@ -457,7 +464,8 @@ class CoordinatorHolder:
                 return
             if self.valve.boundary_reached(checkpoint_id):
                 cut = self.valve.cut(checkpoint_id)
-                self.listener.coordinator_completed(self.name, checkpoint_id, snapshot, cut)
+                self.listener.coordinator_completed(self.name, checkpoint_id, snapshot, cut,
+                                                    parts)
         self._run_or_submit(boundary)
 
     def _run_or_submit(self, action: Callable[[], None]) -> None:

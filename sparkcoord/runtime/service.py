@@ -61,6 +61,7 @@ from sparkcoord.core.inbound import (
 )
 from sparkcoord.core.records import CheckpointRecord, encode_log_entry
 from sparkcoord.core.restore import RestorePoint, RestorePointDetector
+from sparkcoord.core.stored import StoredOnce, snapshot_parts
 from sparkcoord.runtime.clock import Clock, SystemClock
 from sparkcoord.runtime.config import ServiceConfig as ServiceConfig  # re-exported: its old home
 from sparkcoord.runtime.futures import SendFuture
@@ -101,6 +102,8 @@ class PreparedCheckpoint:
     checkpoint_id: int
     snapshots: dict[str, bytes | None]
     events: dict[SubtaskId, list[bytes]] = field(default_factory=dict)
+    #: the state parts the snapshots refer to, by name (core/stored.py)
+    parts: dict[str, StoredOnce[Any]] = field(default_factory=dict)
 
     def event_count(self) -> int:
         return sum(len(v) for v in self.events.values())
@@ -141,6 +144,8 @@ class CoordinationService:
         self._record: CheckpointRecord | None = None
         self._prepared: Future[PreparedCheckpoint] | None = None
         self._prepared_events: dict[str, list[list[bytes]]] = {}
+        self._prepared_parts: dict[str, dict[str, StoredOnce[Any]]] = {}
+        self._restored_parts: list[StoredOnce[Any]] = []
         self._timeout: Cancellable | None = None
         self._waiting: Cancellable | None = None  # the pending checkpoint's stall warning
         self._failing = False
@@ -202,6 +207,12 @@ class CoordinationService:
             # error naming it (and the same error comes back at every restart: it needs a person)
             try:
                 record = self.storage.read_record(epoch) if epoch != NO_EPOCH else None
+                # the state parts its snapshots refer to, checked now (and held: the holders
+                # load the snapshots on their mailbox threads)
+                self._restored_parts = [
+                    self.storage.read_part(name)
+                    for snapshot in (record.snapshots.values() if record is not None else ())
+                    for name in snapshot_parts(snapshot, f"the record of epoch {epoch}")]
                 if point.replays_inbound_log:
                     logged = self.storage.read_inbound_log(epoch, remember=True)
                 elif epoch != NO_EPOCH:
@@ -242,7 +253,7 @@ class CoordinationService:
                     spec.name, spec.provider, spec.parallelism, self._mailbox_factory(spec.name),
                     self.clock, self.codec, self, last_checkpoint=epoch,
                     stall_warning_s=self.config.stall_warning_s,
-                    available_now=self.available_now)
+                    available_now=self.available_now, read_part=self.storage.read_part)
                 self._holders[spec.name] = holder
                 snapshot = record.snapshots.get(spec.name) if record is not None else None
                 holder.start(epoch, snapshot, replay[spec.name])
@@ -367,6 +378,7 @@ class CoordinationService:
             future: Future[PreparedCheckpoint] = Future()
             self._prepared = future
             self._prepared_events = {}
+            self._prepared_parts = {}
             self._timeout = self.clock.call_later(
                 self.config.checkpoint_timeout_s, lambda: self._timed_out(checkpoint_id))
             if self.config.stall_warning_s > 0:
@@ -391,7 +403,7 @@ class CoordinationService:
             snapshots[CLIENTS_KEY] = pickle.dumps(clients, protocol=pickle.HIGHEST_PROTOCOL)
         record = CheckpointRecord(epoch, snapshots, prepared.events)
         started = time.perf_counter()
-        self.storage.write_record(record)
+        self.storage.write_record(record, prepared.parts)
         self.storage.start_inbound_log(epoch)
         log.info("sealed epoch %d: %d events for subtasks, written in %.1f ms", epoch,
                  prepared.event_count(), (time.perf_counter() - started) * 1e3)
@@ -800,13 +812,15 @@ class CoordinationService:
 
     # --------------------------------------------------------------- holder listener side
     def coordinator_completed(self, name: str, checkpoint_id: int, snapshot: bytes | None,
-                              events: list[list[bytes]]) -> None:
+                              events: list[list[bytes]],
+                              parts: dict[str, StoredOnce[Any]] | None = None) -> None:
         """A coordinator's boundary (its mailbox thread)."""
         with self._lock:
             tracker = self._tracker
             if tracker is None or tracker.pending != checkpoint_id:
                 return
             self._prepared_events[name] = events
+            self._prepared_parts[name] = parts or {}
             if not tracker.coordinator_completed(name, checkpoint_id, snapshot):
                 return
             self._cancel_checkpoint_timers()
@@ -815,6 +829,8 @@ class CoordinationService:
                 for index, payloads in enumerate(per_subtask):
                     if payloads:
                         prepared.events[SubtaskId(op, index)] = payloads
+            for held in self._prepared_parts.values():
+                prepared.parts.update(held)
             future = self._prepared
         if future is not None:
             future.set_result(prepared)

@@ -3,6 +3,7 @@
 Layout under the job's checkpoint URL (local path by default; any fsspec URL for clusters):
 
     records/<epoch>.ckpt                       checkpoint record of an epoch
+    parts/<sha-256>                            a stored-once part of a coordinator's state
     inbound/<epoch>.log                        inbound log of the batch of an epoch (local fs)
     inbound/<epoch>/begin, <n>.seg             the same as segments (stores without append)
     inbound/<epoch>.sealed                     the log's length and CRC-32 when its batch committed
@@ -17,14 +18,17 @@ Rules:
      process loses nothing acknowledged); ``fsync=True`` also survives a machine crash.
   3. Retention: at ``notify complete(N)`` records older than the newest ``retain`` are pruned,
      never N itself; inbound logs older than N are pruned. Pruning deletes by name, so its cost
-     does not grow with the number of past epochs.
+     does not grow with the number of past epochs. A state part (core/stored.py) is written
+     before the first record that refers to it, at most once per run, and deleted once no
+     record present refers to it; the first pruning of a run also deletes parts no record
+     refers to (left by a run that died between writing a part and its record).
   4. Everything a restore reads is verified, and a file of an epoch that must exist is an error
      when missing (docs/decisions.md 33): the record of the restore point; the inbound log of a
      committed batch (created empty when its epoch was sealed, so it exists whenever Spark
      logged the epoch), which must consist of complete, intact frames (all of them were
      acknowledged before the batch could commit) and match its seal, written when the
      service learnt that the batch committed (a crash before that leaves no seal: then the
-     frames alone are checked).
+     frames alone are checked). A state part is checked against its name (its SHA-256).
 
 Thread model: one writer per job (the coordination service); records and state may be read
 from any thread or process. Inbound appends happen inside the service's critical section.
@@ -35,6 +39,8 @@ from __future__ import annotations
 import json
 import os
 import posixpath
+import threading
+import weakref
 import zlib
 from collections.abc import Sequence
 from typing import Any
@@ -54,6 +60,7 @@ from sparkcoord.core.records import (
     encode_checkpoint,
     encode_log_seal,
 )
+from sparkcoord.core.stored import StoredOnce, snapshot_parts
 from sparkcoord.runtime.files import Files, FsspecFiles, LocalFiles
 from sparkcoord.runtime.subtask_state import SubtaskStateStore
 
@@ -86,6 +93,14 @@ class CheckpointStorage:
         # until their batch commits and the seal is written
         self._log_sums: dict[int, tuple[int, int]] = {}
         self._pruned_below: int | None = None
+        # rule 3's state parts: the parts each record present refers to (None until the first
+        # pruning of this run reads the records), the parts present, and the parts alive in
+        # this process (a coordinator reset to a record gets the objects it already holds)
+        self._parts_lock = threading.Lock()
+        self._record_parts: dict[int, frozenset[str]] | None = None
+        self._parts_present: set[str] = set()
+        self._parts_alive: weakref.WeakValueDictionary[str, StoredOnce[Any]] = (
+            weakref.WeakValueDictionary())
         self.states = SubtaskStateStore(self.files, self.root, retain=retain, fsync=fsync)
         fs.makedirs(self._path("records"), exist_ok=True)
         fs.makedirs(self._path("inbound"), exist_ok=True)
@@ -104,10 +119,51 @@ class CheckpointStorage:
     def record_path(self, epoch: int) -> str:
         return self._path("records", f"{epoch}.ckpt")
 
-    def write_record(self, record: CheckpointRecord) -> None:
-        """Write ``record`` atomically, replacing any garbage record of the same epoch."""
-        self.files.write_atomic(self.record_path(record.epoch), encode_checkpoint(record),
-                                fsync=self.fsync)
+    def write_record(self, record: CheckpointRecord,
+                     parts: dict[str, StoredOnce[Any]] | None = None) -> None:
+        """Write ``record`` atomically, replacing any garbage record of the same epoch, after
+        the state parts its snapshots refer to (``parts``; rule 3: each written once)."""
+        names = frozenset(n for snapshot in record.snapshots.values()
+                          for n in snapshot_parts(snapshot))
+        with self._parts_lock:
+            for name in sorted(names):
+                part = (parts or {}).get(name)
+                if name in self._parts_present:
+                    continue
+                if part is None:
+                    raise ValueError(f"the record of epoch {record.epoch} refers to state part "
+                                     f"{name}, which was not handed over to be written")
+                self.files.write_atomic(self.part_path(name), part.data, fsync=self.fsync)
+                self._parts_present.add(name)
+                self._parts_alive[name] = part
+            self.files.write_atomic(self.record_path(record.epoch), encode_checkpoint(record),
+                                    fsync=self.fsync)
+            if self._record_parts is not None:
+                self._record_parts[record.epoch] = names
+
+    def part_path(self, name: str) -> str:
+        return self._path("parts", name)
+
+    def read_part(self, name: str) -> StoredOnce[Any]:
+        """The state part ``name``, checked (rule 4). Called while a coordinator's snapshot is
+        loaded (its mailbox thread) or by ``inspect``; the object alive in this process when
+        there is one (parts are immutable)."""
+        part = self._parts_alive.get(name)
+        if part is not None:
+            return part
+        path = self.part_path(name)
+        try:
+            data = self.files.read(path)
+        except FileNotFoundError:
+            raise RecordNotFound(f"state part {name} not found at {path}") from None
+        try:
+            part = StoredOnce.read_back(name, data)
+        except CorruptRecord as exc:
+            raise CorruptRecord(f"{path}: {exc}") from None
+        with self._parts_lock:
+            self._parts_present.add(name)
+            self._parts_alive[name] = part
+        return part
 
     def read_record(self, epoch: int) -> CheckpointRecord:
         path = self.record_path(epoch)
@@ -373,6 +429,32 @@ class CheckpointStorage:
             for epoch in range(start, keep_from - 1):
                 self.states.remove(sid, epoch)
         self._pruned_below = max(start, keep_from)
+        self._prune_parts(keep_from)
+
+    def _prune_parts(self, keep_from: int) -> None:
+        # Rule 3, under the lock that writes parts with their record: a part written for a
+        # record not yet written is never seen here without that record.
+        with self._parts_lock:
+            if self._record_parts is None:
+                # once per run: what the records present refer to, and the parts present
+                self._record_parts = {}
+                for epoch in self.record_epochs():
+                    try:
+                        record = self.read_record(epoch)
+                    except CorruptRecord:
+                        continue  # garbage no restore reads: it refers to nothing we keep
+                    self._record_parts[epoch] = frozenset(
+                        n for snapshot in record.snapshots.values()
+                        for n in snapshot_parts(snapshot))
+                self._parts_present |= {n for n in self.files.names(self._path("parts"))
+                                        if not n.startswith(".")}
+            for epoch in [e for e in self._record_parts if e < keep_from]:
+                del self._record_parts[epoch]
+            live: set[str] = set().union(*self._record_parts.values())
+            for name in self._parts_present - live:
+                self.files.remove(self.part_path(name))
+                self._parts_alive.pop(name, None)
+            self._parts_present &= live
 
     def record_epochs(self) -> list[int]:
         """The epochs that have a record, ascending (one listing; tools and tests, any thread)."""

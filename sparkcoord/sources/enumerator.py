@@ -73,6 +73,7 @@ from sparkcoord.sources.alignment import (
     WatermarkAlignment,
     WatermarkReport,
 )
+from sparkcoord.sources.backlog import Backlog, BacklogState, Chunk, chunked
 from sparkcoord.sources.splits import BatchBudget, NextSplit, NoSplitNow, ReadLimit, Split
 
 log = logging.getLogger("sparkcoord.sources")
@@ -103,8 +104,9 @@ class SplitDiscovery(abc.ABC):
 class EnumeratorState:
     """The enumerator's checkpointed state."""
 
-    #: splits discovered and not yet handed out, in hand-out order
-    pending: list[Split] = field(default_factory=list)
+    #: splits discovered and not yet handed out, in hand-out order, as chunks written once
+    #: (sources/backlog.py; a list of splits in snapshots taken before backlogs had chunks)
+    pending: BacklogState | list[Split] = field(default_factory=BacklogState)
     #: split id -> subtask that got it, until that reader reports it finished
     in_flight: dict[str, int] = field(default_factory=dict)
     discovery: Any = None
@@ -164,10 +166,11 @@ class SplitEnumerator(OperatorCoordinator):
         self.alignment: WatermarkAlignment | None = None
         self._alignment_timer: Cancellable | None = None
         self.state = EnumeratorState()
-        self._pending: deque[Split] = deque()
+        self._pending = Backlog(lanes=alignment is not None)
         self._budget = BatchBudget(self.limit)
-        # discovery results not yet applied (rule 2), and the state to discover from next
-        self._ready: list[Split] = []
+        # discovery results not yet applied (rule 2; chunked on the discovery thread), and the
+        # state to discover from next
+        self._ready: list[list[Chunk]] = []
         self._ready_state: Any = None
         self._ready_count = 0
         self._discovering = False
@@ -212,7 +215,7 @@ class SplitEnumerator(OperatorCoordinator):
             if getattr(state, "in_flight_splits", None) is None:
                 state.in_flight_splits = {}  # checkpointed before the committer was given
             self._ledger = CommitLedger(getattr(state, "commits", None))
-        self._pending = deque(state.pending)
+        self._pending = Backlog.restored(state.pending, lanes=self.alignment_options is not None)
         self._budget = BatchBudget(self.limit)
         # conservative: a restore point may be a batch that has not committed (a re-run)
         self._committed = checkpoint_id - 1
@@ -255,7 +258,7 @@ class SplitEnumerator(OperatorCoordinator):
             except Exception as exc:
                 raise RuntimeError(f"enumerator {self.context.operator_id!r}: discovery failed: "
                                    f"{type(exc).__name__}: {exc}") from exc
-            self._discovered(found, after, time.perf_counter() - started)
+            self._discovered(found, self._chunked(found), after, time.perf_counter() - started)
         else:
             self._discover_now()
         if not self._lists_once:
@@ -291,18 +294,24 @@ class SplitEnumerator(OperatorCoordinator):
                 error = exc
                 post(lambda: self._discovery_failed(error))
                 return
+            chunks = self._chunked(found)  # pickled and hashed here, off the mailbox
             took = time.perf_counter() - started
-            post(lambda: self._discovered(found, after, took))
+            post(lambda: self._discovered(found, chunks, after, took))
 
         self._runner(work)
 
-    def _discovered(self, found: list[Split], after: Any, took_s: float = 0.0) -> None:
+    def _chunked(self, found: list[Split]) -> list[Chunk]:
+        # a discovery lists new splits oldest first; newest first, they go to the front
+        return chunked(found[::-1] if self.latest_first else found)
+
+    def _discovered(self, found: list[Split], chunks: list[Chunk], after: Any,
+                    took_s: float = 0.0) -> None:
         """A discovery cycle's result (mailbox thread): held until the next boundary."""
         self._discovering = False
         self._discovery_times.append(took_s)
         if self._closed:
             return
-        self._ready.extend(found)
+        self._ready.append(chunks)
         self._ready_state = after
         self._ready_count += 1
         if found or (self._lists_once and not self._run_listed):
@@ -324,13 +333,14 @@ class SplitEnumerator(OperatorCoordinator):
     def checkpoint_coordinator(self, checkpoint_id: int, result: Future[Any]) -> None:
         if self._ready_count:
             # rule 2: discoveries join the state at the boundary, inside the snapshot
-            self._apply(self._ready)
+            for chunks in self._ready:
+                self._apply(chunks)
             self.state.discovery = self._ready_state
             if self.bounded:
                 self.state.discovered_once = True
             self._run_listed = True
             self._ready, self._ready_state, self._ready_count = [], None, 0
-        self.state.pending = list(self._pending)
+        self.state.pending = self._pending.snapshot()
         if self._ledger is not None:
             self.state.commits = self._ledger.checkpoint_taken(checkpoint_id)
         self._budget = BatchBudget(self.limit)
@@ -353,7 +363,7 @@ class SplitEnumerator(OperatorCoordinator):
         will come in this run), finished and forgotten.
         A split-keyed entry is never here: it is forgotten when its reader finishes it."""
         assert self.alignment is not None
-        busy = {split.alignment_key for split in self._pending}
+        busy = self._pending.lanes()
         busy.update(self.state.in_flight_keys.values())
         quiet = tuple(sorted(key for key in self.alignment.state.splits if key not in busy))
         if not quiet:
@@ -377,12 +387,11 @@ class SplitEnumerator(OperatorCoordinator):
         if due is not None and self._now_ms() >= due:
             self.context.request_batch()
 
-    def _apply(self, found: list[Split]) -> None:
+    def _apply(self, chunks: list[Chunk]) -> None:
         if self.latest_first:
-            # newest first: the discovery lists new splits oldest first
-            self._pending.extendleft(found)
+            self._pending.prepend_chunks(chunks)  # newest first (see _chunked)
         else:
-            self._pending.extend(found)
+            self._pending.append(chunks)
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         self._committed = max(self._committed, checkpoint_id)
@@ -412,19 +421,19 @@ class SplitEnumerator(OperatorCoordinator):
                 self.state.in_flight_keys.pop(split_id, None)
         if not self._pending:
             return self._no_split(subtask, done=self._all_handed_out())
-        index = self._next_readable()
-        if index is None:
+        handle = self._next_readable()
+        if handle is None:
             # every pending split's lane is paused, or has its one split in flight (rule 4).
             # A bounded source asks for the next batch at once (rule 5): the lane holding the
             # minimum is then read, or done (and forgotten at the boundary), so the next
             # decision moves on. A continuous source's timer asks again every update interval
             # (a slow live directory may have nothing yet).
             return self._no_split(subtask)
-        split = self._pending[index]
+        split = handle[1]
         if not self._budget.admits(split):
             self.context.request_batch()  # the limit stopped this batch; the rest go next
             return NoSplitNow()
-        del self._pending[index]
+        self._pending.take(handle[0])
         self._budget.took(split)
         self.state.in_flight[split.split_id] = subtask
         if self.state.in_flight_splits is not None and self._ledger is not None:
@@ -444,8 +453,8 @@ class SplitEnumerator(OperatorCoordinator):
             self.context.request_batch()
         return NoSplitNow(done=done)
 
-    def _next_readable(self) -> int | None:
-        """The index of the pending split a reader starts next (mailbox thread). Without
+    def _next_readable(self) -> tuple[Any, Split] | None:
+        """The handle and split of the pending split a reader starts next (mailbox thread). Without
         alignment the first. With alignment, among the lanes whose reported watermark the
         decision in force allows (a split of a lane past the allowed maximum would only wait
         in the reader that took it, and a reader would take the lane's next split, and the
@@ -465,7 +474,7 @@ class SplitEnumerator(OperatorCoordinator):
         deterministic function of the snapshot and of the logged reports, so a replay
         answers the same."""
         if self.alignment is None:
-            return 0
+            return self._pending.first()
         decision = self.alignment.decision
         entries = self.alignment.state.splits
         in_flight: dict[str, int] = {}
@@ -473,8 +482,10 @@ class SplitEnumerator(OperatorCoordinator):
             in_flight[key] = in_flight.get(key, 0) + 1
         undecided = decision.minimum is None
         best: tuple[int, int, int, int] | None = None
+        chosen: tuple[Any, Split] | None = None
         seen: set[str] = set()
-        for index, split in enumerate(self._pending):
+        lanes = len(self._pending.lanes())
+        for index, (handle, split) in enumerate(self._pending):
             key = split.alignment_key
             if key in seen:
                 continue  # a lane's first pending split stands for the lane
@@ -489,10 +500,12 @@ class SplitEnumerator(OperatorCoordinator):
                 continue
             rank = (0 if watermark is None else 1, watermark or 0, in_flight.get(key, 0), index)
             if best is None or rank < best:
-                best = rank
+                best, chosen = rank, (handle, split)
                 if rank[:3] == (0, 0, 0):
                     break  # a lane nobody reads and nothing reported: none comes before it
-        return None if best is None else best[3]
+            if len(seen) == lanes:
+                break  # every lane's first split was ranked
+        return chosen
 
     def _held_before_a_decision(self, key: str, watermark: int | None,
                                 in_flight: dict[str, int]) -> bool:
@@ -508,7 +521,7 @@ class SplitEnumerator(OperatorCoordinator):
         one batch and a watermark delay of ``maxDrift`` plus one file dropped rows of the
         slow lane as late."""
         assert self.alignment is not None
-        lanes = {split.alignment_key for split in self._pending}
+        lanes = self._pending.lanes()
         lanes.update(self.state.in_flight_keys.values())
         if len(lanes) < 2:
             return False
@@ -567,7 +580,7 @@ class SplitEnumerator(OperatorCoordinator):
                     self.state.in_flight_splits[split_id] = split
                 self.state.finished -= 1
                 again += 1
-        self._pending.extendleft(back)  # back is last-out first: extendleft restores the order
+        self._pending.prepend(back[::-1])  # back is last-out first: reversed, the hand-out order
         if back or again:
             log.info("enumerator %s: subtask %d's retry withdrew %d answer(s) and %d finished "
                      "report(s); the splits go out again", self.context.operator_id, subtask,

@@ -20,6 +20,7 @@ from sparkcoord.sources import (
     SplitDiscovery,
     SplitEnumerator,
 )
+from sparkcoord.sources.backlog import Backlog
 from sparkcoord.testing import CoordinatorHarness
 
 
@@ -215,7 +216,8 @@ def test_the_checkpointed_state_holds_pending_and_in_flight_splits() -> None:
 
     state = pickle.loads(record.snapshots["files"])
     assert isinstance(state, EnumeratorState)
-    assert [s.split_id for s in state.pending] == ["b"] and state.in_flight == {"a": 1}
+    pending = Backlog.restored(state.pending)  # sources/backlog.py: chunks, then positions
+    assert [s.split_id for _, s in pending] == ["b"] and state.in_flight == {"a": 1}
 
 
 def test_a_split_handed_out_then_withdrawn_goes_out_again_first_and_is_read_exactly_once(
@@ -237,7 +239,7 @@ def test_a_split_handed_out_then_withdrawn_goes_out_again_first_and_is_read_exac
         Withdrawn(NextSplit(("a",)), is_request=True, answered=True, answer=b),
         Withdrawn(NextSplit(("b",)), is_request=True, answered=True, answer=c)])
     state = h.coordinator.state
-    assert [s.split_id for s in h.coordinator._pending] == ["b", "c", "d"]
+    assert [s.split_id for _, s in h.coordinator._pending] == ["b", "c", "d"]
     assert state.in_flight == {"a": 0} and (state.handed_out, state.finished) == (1, 0)
     assert h.service.wants_batch()
     got: dict[str, list[int]] = {"a": [0]}
@@ -291,4 +293,4 @@ def test_withdrawn_watermark_reports_are_kept_and_other_events_ignored() -> None
     # a watermark only moves forward and only the greatest is kept: the report stays
     assert h.coordinator.alignment.state.splits["x"].watermark == 5000
     assert h.coordinator.state.in_flight == {"a": 0}
-    assert [s.split_id for s in h.coordinator._pending] == ["b"]
+    assert [s.split_id for _, s in h.coordinator._pending] == ["b"]
