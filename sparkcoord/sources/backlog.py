@@ -17,6 +17,11 @@ Rules:
   3. A chunk of fewer than ``STORED_SPLITS`` splits (a few splits given back by a task retry,
      a small discovery) is kept inline in the snapshot: a part of its own would cost a file.
   4. A chunk whose splits were all taken is dropped.
+  5. Small chunks do not pile up at the end (a continuous source discovering a few files per
+     cycle while the readers are behind): appended splits join an inline chunk at the end,
+     and ``MERGED_CHUNKS`` small stored chunks at the end that nothing was taken from are
+     merged into one. So a snapshot holds at most one inline chunk at the end and fewer than
+     ``MERGED_CHUNKS`` small ones, and a split is rewritten a few times at most.
 
 Thread model: a backlog belongs to the enumerator's mailbox thread. :func:`chunked` is a pure
 function that may run on the discovery thread (it pickles and hashes the new chunks there, so
@@ -37,6 +42,8 @@ from sparkcoord.sources.splits import Split
 CHUNK_SPLITS = 4096
 #: chunks of fewer splits are kept inline in the snapshot (rule 3)
 STORED_SPLITS = 64
+#: this many small chunks at the end are merged into one (rule 5)
+MERGED_CHUNKS = 8
 
 Chunk = StoredOnce[tuple[Split, ...]] | tuple[Split, ...]
 
@@ -137,6 +144,30 @@ class Backlog:
         """Add ``chunks`` after every split present (rule 2; mailbox thread)."""
         for chunk in chunks:
             self._add(_Segment(chunk), front=False)
+            self._merge_end()
+
+    def _merge_end(self) -> None:
+        # rule 5, on the small chunks at the end that nothing was taken from: an inline one
+        # is merged with the one before it, and MERGED_CHUNKS stored ones into one
+        while True:
+            end = 0
+            for seg in reversed(self._segments):
+                if seg.skip or seg.taken or len(seg.splits) >= CHUNK_SPLITS:
+                    break
+                end += 1
+            if end < 2:
+                return
+            tail = self._segments[-end:]
+            if not (isinstance(tail[-1].chunk, StoredOnce)
+                    and isinstance(tail[-2].chunk, StoredOnce)):
+                merge = tail[-2:]
+            elif end >= MERGED_CHUNKS:
+                merge = tail
+            else:
+                return
+            del self._segments[-len(merge):]
+            for chunk in chunked([split for seg in merge for split in seg.splits]):
+                self._segments.append(_Segment(chunk))  # the same splits: the counts stay
 
     def prepend(self, splits: Sequence[Split]) -> None:
         """Add ``splits`` before every split present, in the order given (rule 2; mailbox

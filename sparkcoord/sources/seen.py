@@ -7,8 +7,11 @@ as immutable *chunks* of at most ``CHUNK_FILES`` entries, each a stored-once par
 enumerator's state (core/stored.py), plus a small inline tail of the newest entries.
 
 Rules:
-  1. New entries go to the tail; a tail of ``CHUNK_FILES`` entries becomes a chunk (pickled
-     and hashed on the discovery thread, written once by the next trigger).
+  1. New entries go to the tail; a tail of ``TAIL_FILES`` entries becomes a chunk (pickled
+     and hashed on the discovery thread, written once by the next trigger), and
+     ``MERGED_CHUNKS`` chunks of fewer than ``CHUNK_FILES`` entries at the end are merged into
+     one: a snapshot holds at most ``TAIL_FILES`` entries inline and a few small chunks, and
+     an entry is rewritten a few times at most.
   2. A chunk never changes. Forgetting entries older than a floor drops a chunk whose newest
      entry is older; a chunk of which more than half is older is rewritten without them; a
      chunk with fewer older entries is kept whole, so an entry may be remembered past the
@@ -31,6 +34,10 @@ from sparkcoord.core.stored import StoredOnce
 
 #: entries per chunk (rule 1)
 CHUNK_FILES = 4096
+#: entries of the inline tail (rule 1)
+TAIL_FILES = 256
+#: this many small chunks at the end are merged into one (rule 1)
+MERGED_CHUNKS = 8
 
 Entry = tuple[int, float]  # size, modification time
 
@@ -91,15 +98,30 @@ class SeenFiles:
         """Remember ``path`` (discovery thread; rule 1)."""
         self._tail[path] = entry  # over an entry of a chunk: the newer value wins
         self._index[path] = entry
-        if len(self._tail) >= CHUNK_FILES:
+        if len(self._tail) >= TAIL_FILES:
             self._freeze()
 
     def _freeze(self) -> None:
-        chunk = StoredOnce(self._tail)
+        self._add_chunk(self._tail)
+        self._tail = {}
+        small = 0
+        for chunk in reversed(self._chunks):
+            if len(chunk.value) >= CHUNK_FILES:
+                break
+            small += 1
+        if small >= MERGED_CHUNKS:
+            merged: dict[str, Entry] = {}
+            for chunk in self._chunks[-small:]:
+                self._ages.pop(id(chunk))
+                merged.update(chunk.value)
+            del self._chunks[-small:]
+            self._add_chunk(merged)
+
+    def _add_chunk(self, entries: dict[str, Entry]) -> None:
+        chunk = StoredOnce(entries)
         chunk.digest  # noqa: B018 - pickled and hashed here, on the discovery thread
         self._chunks.append(chunk)
-        self._ages[id(chunk)] = _ages_of(self._tail)
-        self._tail = {}
+        self._ages[id(chunk)] = _ages_of(entries)
 
     def forget_older(self, floor: float) -> None:
         """Forget entries modified before ``floor`` (discovery thread; rule 2)."""

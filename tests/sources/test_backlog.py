@@ -17,7 +17,7 @@ from sparkcoord.core.restore import RestorePoint
 from sparkcoord.core.stored import dump_snapshot, load_snapshot
 from sparkcoord.sources import NextSplit, NoSplitNow, SplitDiscovery, SplitEnumerator
 from sparkcoord.sources.backlog import CHUNK_SPLITS, Backlog, chunked
-from sparkcoord.sources.seen import CHUNK_FILES, SeenFiles
+from sparkcoord.sources.seen import CHUNK_FILES, MERGED_CHUNKS, TAIL_FILES, SeenFiles
 from sparkcoord.sources.splits import Split
 from sparkcoord.testing import CoordinatorHarness
 
@@ -105,16 +105,36 @@ def test_seen_files_remember_and_forget_as_a_dict_and_pickle_as_chunks() -> None
     seen, model = SeenFiles(), {}
     for i in range(3 * CHUNK_FILES + 10):
         seen[f"f{i}"] = model[f"f{i}"] = (i, float(i))
-    assert seen.chunk_count == 3 and len(seen) == len(model)
+    assert 2 <= seen.chunk_count < 3 + MERGED_CHUNKS and len(seen) == len(model)
+    assert len(seen.__getstate__()["tail"]) < TAIL_FILES  # the rest is in chunks, by name
     copy = pickle.loads(pickle.dumps(seen))
-    assert dict((p, copy.get(p)) for p in copy) == model
-    floor = CHUNK_FILES * 1.5  # the second chunk is half old: kept whole; the first dropped
+    assert {p: copy.get(p) for p in copy} == model
+    first = seen._chunks[0].value  # the oldest chunk: dropped once all of it is older
+    floor = max(m for _, m in first.values()) + 1
     seen.forget_older(floor)
-    assert "f0" not in seen and "f5000" in seen and f"f{CHUNK_FILES + 1}" in seen
+    assert not any(p in seen for p in first)
+    assert all(p in seen for p, (_, m) in model.items() if m >= floor)  # never before the floor
+    second = seen._chunks[0].value  # more than half of it older: rewritten without them
+    ordered = sorted(m for _, m in second.values())
+    floor = ordered[len(ordered) * 3 // 4]
+    seen.forget_older(floor)
+    assert all((p in seen) == (m >= floor) for p, (_, m) in second.items())
     assert all(p in seen for p, (_, m) in model.items() if m >= floor)
-    seen.forget_older(CHUNK_FILES * 1.9)  # more than half of the second chunk old: rewritten
-    assert f"f{CHUNK_FILES + 1}" not in seen
-    assert all(p in seen for p, (_, m) in model.items() if m >= CHUNK_FILES * 1.9)
+
+
+def test_many_small_discoveries_leave_a_small_snapshot() -> None:
+    # rule 5 of backlog.py and rule 1 of seen.py: a continuous source that finds a few files
+    # per cycle while its readers are behind must not write them all with every trigger
+    backlog, seen = Backlog(), SeenFiles()
+    for cycle in range(2_000):
+        found = splits(f"c{cycle}-", 10)
+        backlog.append(chunked(found))
+        for s in found:
+            seen[s.split_id] = (10, float(cycle))
+    assert len(backlog) == 20_000 and len(seen) == 20_000
+    snapshot, _ = dump_snapshot((backlog.snapshot(), seen))
+    assert len(snapshot) < 10_000, len(snapshot)  # as lists: about 1.5 MB
+    assert [s.split_id for _, s in backlog][:3] == ["c0-0", "c0-1", "c0-2"]
 
 
 class Listing(SplitDiscovery):
