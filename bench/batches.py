@@ -84,12 +84,8 @@ def _worker_footprint(tmp: str) -> dict[str, dict[str, float]]:
 
     from sparkcoord.examples.plain import PlainReader
     from sparkcoord.examples.steady import SCHEMA, SteadyCoordinator, SteadyOperator
-    from sparkcoord.spark.source import (
-        CoordinatedPartition,
-        CoordinatedStreamReader,
-        OperatorSpec,
-        SourceSpec,
-    )
+    from sparkcoord.spark.source import CoordinatedStreamReader
+    from sparkcoord.spark.spec import CoordinatedPartition, OperatorSpec, SourceSpec
 
     plain = PlainReader(8, 125, carry=True)
     spec = SourceSpec("steady", f"{tmp}/footprint", [OperatorSpec("steady", SteadyCoordinator,

@@ -51,7 +51,8 @@ def drive(reader: Any, epochs: int, samples: list[tuple[int, float]]) -> float:
 def run(preset: str) -> dict[str, Any]:
     from sparkcoord.examples.plain import PlainReader
     from sparkcoord.examples.steady import SCHEMA, SteadyCoordinator, SteadyOperator
-    from sparkcoord.spark.source import CoordinatedStreamReader, OperatorSpec, SourceSpec
+    from sparkcoord.spark.source import CoordinatedStreamReader
+    from sparkcoord.spark.spec import OperatorSpec, SourceSpec
 
     epochs = 2_000 if preset == "quick" else 10_000
     parallelism, events = 4, 40

@@ -26,7 +26,7 @@ from rich.table import Table
 from sparkcoord.examples.numbers import SCHEMA, NumberCollector, NumbersCoordinator
 from sparkcoord.runtime.restart import FixedDelay
 from sparkcoord.spark.job import CoordinatedJob
-from sparkcoord.spark.source import OperatorSpec
+from sparkcoord.spark.spec import OperatorSpec
 
 PARALLELISM = 2
 

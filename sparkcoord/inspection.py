@@ -72,7 +72,7 @@ from sparkcoord.runtime.files import Files, files_for
 
 __all__ = ["NotACheckpoint", "inspect_checkpoint", "plain_value", "render_text"]
 
-#: the key of our offsets in Spark's offset log (``sparkcoord.spark.source.MARKER``; not
+#: the key of our offsets in Spark's offset log (``sparkcoord.spark.spec.MARKER``; not
 #: imported from there: that module imports pyspark)
 _MARKER = "sparkcoord"
 #: bytes of a payload shown as hex

@@ -13,7 +13,7 @@ from sparkcoord.examples.numbers import NumbersCoordinator
 from sparkcoord.runtime.config import ServiceConfig
 from sparkcoord.runtime.service import JobFailed
 from sparkcoord.spark.driver import DriverSide
-from sparkcoord.spark.source import OperatorSpec, SourceSpec
+from sparkcoord.spark.spec import OperatorSpec, SourceSpec
 from tests.channel.test_cancel_wait import Parks, parked_request_when_failing
 
 NO_EPOCH = -1

@@ -27,12 +27,8 @@ def test_a_subtask_task_runs_without_importing_fsspec_or_the_drivers_modules(tmp
     from pyspark import cloudpickle
 
     from sparkcoord.examples.steady import SCHEMA, SteadyCoordinator, SteadyOperator
-    from sparkcoord.spark.source import (
-        CoordinatedPartition,
-        CoordinatedStreamReader,
-        OperatorSpec,
-        SourceSpec,
-    )
+    from sparkcoord.spark.source import CoordinatedStreamReader
+    from sparkcoord.spark.spec import CoordinatedPartition, OperatorSpec, SourceSpec
 
     spec = SourceSpec("steady", str(tmp_path / "coordination"),
                       [OperatorSpec("steady", SteadyCoordinator, SteadyOperator, 2)], SCHEMA)

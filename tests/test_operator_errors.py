@@ -119,7 +119,7 @@ class RefusedMidBatch(OpensBadly):
 def run_real_subtask(operator, tmp_path) -> list:
     """Rows of ``operator`` run by the real ``run_subtask`` (no Spark, no connection: a first
     attempt registers lazily, and these operators send nothing)."""
-    from sparkcoord.spark.source import CoordinatedPartition, OperatorSpec, SourceSpec
+    from sparkcoord.spark.spec import CoordinatedPartition, OperatorSpec, SourceSpec
     from sparkcoord.spark.subtask import run_subtask
 
     spec = SourceSpec("orders", str(tmp_path / "coordination"),

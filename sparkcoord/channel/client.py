@@ -61,6 +61,7 @@ from sparkcoord.channel.frames import (
     Fetch,
     Finished,
     FrameError,
+    FrameReader,
     FrameType,
     Register,
     Replies,
@@ -71,7 +72,6 @@ from sparkcoord.channel.frames import (
     authenticate_and_parse,
     encode,
 )
-from sparkcoord.channel.server import FrameReader
 from sparkcoord.core.errors import RequestFailed, SparkCoordError
 from sparkcoord.core.ids import TaskAttempt
 

@@ -8,13 +8,17 @@ Rules:
      unpickled before it is authenticated.
   3. Any violation raises :class:`FrameError`; the connection that sent it is dropped.
 
-Thread model: none (pure functions and a small incremental decoder per connection).
+Thread model: none for the pure functions; a :class:`FrameReader` (the decoder that reads
+whole frames from a socket, for the server's I/O loop and for a client) belongs to the one
+thread that serves or uses its socket.
 """
 
 from __future__ import annotations
 
 import enum
 import hmac
+import select
+import socket
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -418,3 +422,111 @@ def _parse_attempt(body: memoryview) -> tuple[TaskAttempt, int]:
             _ATTEMPT_CACHE.clear()  # bounded: attempts of old epochs are not needed again
         _ATTEMPT_CACHE[key] = attempt
     return attempt, end
+
+
+class FrameReader:
+    """Reads whole frames from a socket through a buffer (one ``recv`` for many frames).
+
+    Blocking use (the client): :meth:`read_frame`. Event-driven use (the server's I/O loop,
+    once the socket is readable): :meth:`receive`, then :meth:`next_frame` until None.
+
+    Thread model: owned by the one thread that serves (or, in the client, uses) the socket.
+    """
+
+    _CHUNK = 1 << 16
+
+    def __init__(self, sock: socket.socket, max_body: int) -> None:
+        self.sock = sock
+        self.max_body = max_body
+        self._buf = bytearray()
+        self._pos = 0
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet returned as a frame."""
+        return len(self._buf) - self._pos
+
+    def receive(self) -> bool:
+        """One ``recv`` (the socket is readable: it does not block); False on end of stream."""
+        self._compact()
+        chunk = self.sock.recv(self._CHUNK)
+        if not chunk:
+            return False
+        self._buf += chunk
+        return True
+
+    def next_frame(self) -> tuple[bytes, bytes, bytes] | None:
+        """The next complete buffered frame as (header, mac, body), unauthenticated, or None
+        if it is not all here yet. A bad header raises :class:`FrameError` as soon as header
+        and MAC are here (an oversized frame is refused before its body is waited for)."""
+        head = HEADER.size + MAC_SIZE
+        start = self._pos
+        if len(self._buf) - start < head:
+            return None
+        _, length = check_header(bytes(self._buf[start:start + HEADER.size]), self.max_body)
+        if len(self._buf) - start < head + length:
+            return None
+        return self._take(start, length)
+
+    def _compact(self) -> None:
+        if self._pos and self._pos >= len(self._buf) // 2:
+            del self._buf[:self._pos]  # now and then, not per frame
+            self._pos = 0
+
+    def _take(self, start: int, length: int) -> tuple[bytes, bytes, bytes]:
+        head = HEADER.size + MAC_SIZE
+        header = bytes(self._buf[start:start + HEADER.size])
+        mac = bytes(self._buf[start + HEADER.size:start + head])
+        body = bytes(self._buf[start + head:start + head + length])
+        self._pos = start + head + length
+        return header, mac, body
+
+    def frame_ready(self) -> bool:
+        """Whether a complete frame is already buffered (no socket read needed)."""
+        available = len(self._buf) - self._pos
+        head = HEADER.size + MAC_SIZE
+        if available < head:
+            return False
+        # the length field only; read_frame checks the whole header before using it
+        length = int.from_bytes(self._buf[self._pos + HEADER.size - 4:self._pos + HEADER.size], "big")
+        return available >= head + length
+
+    def read_frame(self) -> tuple[bytes, bytes, bytes] | None:
+        """The next frame as (header, mac, body), unauthenticated; None on a clean close
+        between frames. Blocks on the socket until the frame is complete."""
+        head = HEADER.size + MAC_SIZE
+        if not self._fill(head):
+            return None
+        start = self._pos
+        header = bytes(self._buf[start:start + HEADER.size])
+        _, length = check_header(header, self.max_body)  # before reading a huge body
+        if not self._fill(head + length):
+            raise FrameError("connection closed in the middle of a frame")
+        return self._take(self._pos, length)
+
+    def poll(self) -> bool:
+        """Buffer whatever the socket already has, without blocking; whether anything came.
+
+        Raises ``OSError`` when the peer closed the connection.
+        """
+        readable, _, _ = select.select([self.sock], [], [], 0)
+        if not readable:
+            return False
+        chunk = self.sock.recv(self._CHUNK)
+        if not chunk:
+            raise OSError("the peer closed the connection")
+        self._buf += chunk
+        return True
+
+    def _fill(self, need: int) -> bool:
+        """Make ``need`` bytes available from the read position; False on EOF before any."""
+        self._compact()
+        while len(self._buf) - self._pos < need:
+            chunk = self.sock.recv(max(self._CHUNK, need))
+            if not chunk:
+                if len(self._buf) == self._pos:
+                    return False
+                raise FrameError(f"connection closed {len(self._buf) - self._pos} bytes into "
+                                 f"a {need}-byte read")
+            self._buf += chunk
+        return True

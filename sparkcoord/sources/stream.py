@@ -32,7 +32,7 @@ from sparkcoord.sources.files import (
 from sparkcoord.sources.parsing import MODES, corrupt_column_problem
 from sparkcoord.sources.splits import ReadLimit
 from sparkcoord.spark.session import resolve_location
-from sparkcoord.spark.source import OperatorSpec
+from sparkcoord.spark.spec import OperatorSpec
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame

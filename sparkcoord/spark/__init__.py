@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from sparkcoord.spark.job import CoordinatedJob, JobGaveUp, JobHandle, RunReport
     from sparkcoord.spark.operator import SubtaskContext, SubtaskOperator
-    from sparkcoord.spark.source import OperatorSpec
+    from sparkcoord.spark.spec import OperatorSpec
 
 _HOMES = {"CoordinatedJob": "job", "JobGaveUp": "job", "JobHandle": "job", "RunReport": "job",
-          "SubtaskContext": "operator", "SubtaskOperator": "operator", "OperatorSpec": "source"}
+          "SubtaskContext": "operator", "SubtaskOperator": "operator", "OperatorSpec": "spec"}
 
 __all__ = ["CoordinatedJob", "JobGaveUp", "JobHandle", "OperatorSpec", "RunReport", "SubtaskContext",
            "SubtaskOperator"]

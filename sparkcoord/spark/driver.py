@@ -43,7 +43,7 @@ from sparkcoord.runtime.service import (
 )
 from sparkcoord.runtime.storage import CheckpointStorage
 from sparkcoord.spark.faults import kill_point
-from sparkcoord.spark.source import SourceSpec
+from sparkcoord.spark.spec import SourceSpec
 
 log = logging.getLogger(__name__)
 

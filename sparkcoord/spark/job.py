@@ -25,7 +25,8 @@ from sparkcoord.runtime.logs import check_level, install_log_handler
 from sparkcoord.runtime.restart import FixedDelay, RestartStrategy
 from sparkcoord.spark.operator import SubtaskOperator
 from sparkcoord.spark.session import resolve_location, session_setting
-from sparkcoord.spark.source import FORMAT, CoordinatedSource, OperatorSpec, SourceSpec
+from sparkcoord.spark.source import CoordinatedSource
+from sparkcoord.spark.spec import FORMAT, OperatorSpec, SourceSpec
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -29,7 +29,7 @@ from sparkcoord.core.errors import SparkCoordError
 from sparkcoord.core.ids import SubtaskId, TaskAttempt
 from sparkcoord.runtime.files import files_for
 from sparkcoord.spark.operator import SubtaskContext, SubtaskOperator
-from sparkcoord.spark.source import MARKER, SourceSpec
+from sparkcoord.spark.spec import MARKER, SourceSpec
 from sparkcoord.spark.subtask import request_function, state_store, task_boundary, user_code
 
 

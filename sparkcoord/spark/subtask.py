@@ -32,7 +32,7 @@ from sparkcoord.core.ids import SubtaskId, TaskAttempt
 from sparkcoord.runtime.subtask_state import SubtaskStateStore
 from sparkcoord.spark.faults import kill_point
 from sparkcoord.spark.operator import SubtaskContext, SubtaskOperator
-from sparkcoord.spark.source import CoordinatedPartition, SourceSpec
+from sparkcoord.spark.spec import CoordinatedPartition, SourceSpec
 
 
 def spark_attempt_number() -> int:

@@ -17,12 +17,13 @@ from sparkcoord.channel.frames import (
     Event,
     Events,
     FrameError,
+    FrameReader,
     Register,
     authenticate_and_parse,
     check_header,
     encode,
 )
-from sparkcoord.channel.server import ChannelServer, FrameReader
+from sparkcoord.channel.server import ChannelServer
 from sparkcoord.core.ids import SubtaskId, TaskAttempt
 from sparkcoord.core.inbound import EventRunEntry, surviving_events
 from sparkcoord.testing import CoordinatorHarness
