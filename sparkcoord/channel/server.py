@@ -444,7 +444,7 @@ class ChannelServer:
                 if isinstance(message, (Register, Finished)):  # whom it serves (rule 3)
                     conn.attempt = message.attempt
                     conn.finished = isinstance(message, Finished)
-                if self.fault is not None:  # test hook: one message at a time
+                if self.fault is not None:  # test hook (channel/faults.py): off, one check
                     if self._inject(message, conn.sock, conn.writer):
                         self._end(conn)
                         return

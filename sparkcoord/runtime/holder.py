@@ -693,8 +693,3 @@ class _Context(CoordinatorContext):
     def is_coordinator_thread(self) -> bool:
         return self.holder.mailbox.in_mailbox_thread()
 
-    def check_coordinator_thread(self, what: str) -> None:
-        """Raise :class:`WrongThread` unless called on the mailbox thread."""
-        if not self.is_coordinator_thread():
-            raise WrongThread(f"{what} must run on the mailbox thread of coordinator "
-                              f"{self.holder.name!r}")

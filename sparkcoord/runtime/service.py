@@ -63,7 +63,7 @@ from sparkcoord.core.records import CheckpointRecord, encode_log_entry
 from sparkcoord.core.restore import RestorePoint, RestorePointDetector
 from sparkcoord.core.stored import StoredOnce, snapshot_parts
 from sparkcoord.runtime.clock import Clock, SystemClock
-from sparkcoord.runtime.config import ServiceConfig as ServiceConfig  # re-exported: its old home
+from sparkcoord.runtime.config import ServiceConfig
 from sparkcoord.runtime.futures import SendFuture
 from sparkcoord.runtime.holder import Answered, CoordinatorHolder, ReplayedEvent
 from sparkcoord.runtime.mailbox import Mailbox, ThreadMailbox

@@ -20,6 +20,9 @@ import os
 import signal
 
 _PLAN = os.environ.get("SPARKCOORD_TEST_KILL")
+#: whether a kill is planned in this process: hot paths (a task's request) test this constant
+#: before calling :func:`kill_point`, so that a switch that is off costs them nothing
+KILLS_PLANNED = _PLAN is not None
 POINTS = ("sealing", "sealed", "mid-batch", "answered", "sink-committed")
 
 

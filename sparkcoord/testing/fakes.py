@@ -24,13 +24,9 @@ from sparkcoord.core.ids import SubtaskId, TaskAttempt
 from sparkcoord.core.inbound import InboundDecision, Verdict
 from sparkcoord.core.restore import FRESH, RestorePoint
 from sparkcoord.runtime.clock import Clock
+from sparkcoord.runtime.config import ServiceConfig
 from sparkcoord.runtime.mailbox import Action, Mailbox
-from sparkcoord.runtime.service import (
-    CoordinationService,
-    CoordinatorSpec,
-    PreparedCheckpoint,
-    ServiceConfig,
-)
+from sparkcoord.runtime.service import CoordinationService, CoordinatorSpec, PreparedCheckpoint
 from sparkcoord.runtime.storage import CheckpointStorage
 
 _get_ident = threading.get_ident

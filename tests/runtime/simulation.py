@@ -35,12 +35,12 @@ import fsspec
 from sparkcoord.coordinator import CoordinatorContext, OperatorCoordinator
 from sparkcoord.core.ids import NO_EPOCH, SubtaskId, TaskAttempt
 from sparkcoord.core.inbound import FinishedEntry, RequestEntry, RunDecision, Verdict
+from sparkcoord.runtime.config import ServiceConfig
 from sparkcoord.runtime.service import (
     CheckpointDeclined,
     CoordinationService,
     CoordinatorSpec,
     JobFailed,
-    ServiceConfig,
 )
 from sparkcoord.runtime.storage import CheckpointStorage
 from sparkcoord.testing import ManualClock, ManualMailboxes

@@ -20,8 +20,9 @@ from sparkcoord import (
     WrongThread,
 )
 from sparkcoord.core.errors import CheckpointIdRegression
+from sparkcoord.runtime.config import ServiceConfig
 from sparkcoord.runtime.holder import CoordinatorFenced
-from sparkcoord.runtime.service import CheckpointDeclined, JobFailed, ServiceConfig
+from sparkcoord.runtime.service import CheckpointDeclined, JobFailed
 from sparkcoord.runtime.storage import RecordNotFound
 from sparkcoord.testing import CoordinatorHarness, RecordingGateway
 

@@ -14,7 +14,8 @@ from sparkcoord import OperatorCoordinator
 from sparkcoord.core.ids import SubtaskId, TaskAttempt
 from sparkcoord.core.inbound import Verdict
 from sparkcoord.core.restore import RestorePoint
-from sparkcoord.runtime.service import CoordinationService, CoordinatorSpec, ServiceConfig
+from sparkcoord.runtime.config import ServiceConfig
+from sparkcoord.runtime.service import CoordinationService, CoordinatorSpec
 from sparkcoord.runtime.storage import CheckpointStorage
 from sparkcoord.testing import ManualClock, ManualMailboxes
 

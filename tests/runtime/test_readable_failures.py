@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from sparkcoord import EventEncodingError, EventTooLarge, GatewayNotReady, OperatorCoordinator
-from sparkcoord.runtime.service import ServiceConfig
+from sparkcoord.runtime.config import ServiceConfig
 from sparkcoord.testing import CoordinatorHarness
 
 

@@ -10,7 +10,7 @@ import os
 import pytest
 
 from sparkcoord.examples.numbers import SCHEMA, NumberCollector, NumbersCoordinator
-from sparkcoord.runtime.service import ServiceConfig
+from sparkcoord.runtime.config import ServiceConfig
 from sparkcoord.spark import CoordinatedJob
 from tests.spark.helpers import (
     checkpointed_reports,
