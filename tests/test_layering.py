@@ -13,22 +13,29 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "sparkcoord"
 ALLOWED_INTERNAL = {
     "core": set(),
     "coordinator": {"core"},
+    "operator": {"core"},
     "runtime": {"core", "coordinator"},
     "testing": {"core", "coordinator", "runtime"},
     "channel": {"core"},
-    "spark": {"core", "coordinator", "runtime", "channel"},
+    "spark": {"core", "coordinator", "operator", "runtime", "channel"},
     "committer": {"core"},
-    "sources": {"core", "coordinator", "runtime", "channel", "spark", "committer"},
+    "sources": {"core", "coordinator", "operator", "runtime", "channel", "spark", "committer"},
+    "inspection": {"core", "runtime", "spark"},
 }
+#: the split framework of sources/ (what any source is built on): it knows no file source and
+#: no Spark (a source reaches Spark through the adapter, in its own builder module)
+SOURCE_FRAMEWORK = ("splits", "reader", "enumerator", "alignment", "backlog", "values")
+FILE_SOURCE = ("files", "stream", "parsing", "seen", "tail")
 FORBIDDEN_IN_CORE = {"pyspark", "socket", "threading", "asyncio", "time", "concurrent",
                      "os", "fsspec", "selectors", "subprocess", "multiprocessing", "signal",
                      "pathlib", "io", "random", "datetime", "_thread", "queue", "logging"}
 
 
-def imported_modules(path: pathlib.Path) -> set[str]:
+def imported_modules(path: pathlib.Path, nested: bool = True) -> set[str]:
+    """Every module ``path`` imports, at its top or inside a function (``nested``)."""
     tree = ast.parse(path.read_text(), filename=str(path))
     names: set[str] = set()
-    for node in ast.walk(tree):
+    for node in ast.walk(tree) if nested else tree.body:
         if isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -70,3 +77,14 @@ def test_the_checker_sees_imports_in_a_module() -> None:
     # guard against a checker that silently finds nothing
     assert "sparkcoord.core.errors" in imported_modules(PACKAGE / "core" / "valve.py")
     assert "pickle" in imported_modules(PACKAGE / "core" / "codec.py")
+
+
+@pytest.mark.parametrize("name", SOURCE_FRAMEWORK)
+def test_the_split_framework_imports_no_file_source_and_no_spark(name: str) -> None:
+    path = PACKAGE / "sources" / f"{name}.py"
+    for module in imported_modules(path, nested=True):
+        parts = module.split(".")
+        assert parts[0] != "pyspark", f"sources/{name}.py imports {module}"
+        assert parts[:2] != ["sparkcoord", "spark"], f"sources/{name}.py imports {module}"
+        assert not (parts[:2] == ["sparkcoord", "sources"] and len(parts) > 2
+                    and parts[2] in FILE_SOURCE), f"sources/{name}.py imports {module}"

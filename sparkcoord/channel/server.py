@@ -474,8 +474,8 @@ class ChannelServer:
         if admitted:
             self._waiting_first.pop(conn.sock, None)
             return True
+        self._refused(conn.peer, time.monotonic())  # counted before the peer sees the close
         self._end(conn)
-        self._refused(conn.peer, time.monotonic())
         return False
 
     def _dropped(self, conn: _Connection, exc: BaseException) -> None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparkcoord.coordinator import CoordinatorContext, OperatorCoordinator
-from sparkcoord.spark.operator import SubtaskContext, SubtaskOperator
+from sparkcoord.operator import SubtaskContext, SubtaskOperator
 from sparkcoord.spark.recipient import RecipientOperator
 
 SCHEMA = "operator string, subtask int, value int, position int, epoch int"

@@ -12,7 +12,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from sparkcoord.coordinator import CoordinatorContext, OperatorCoordinator
-from sparkcoord.spark.operator import SubtaskOperator
+from sparkcoord.operator import SubtaskOperator
 
 SCHEMA = "operator string, subtask int, value int, position int, epoch int"
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from sparkcoord.coordinator import CoordinatorContext, OperatorCoordinator
 from sparkcoord.examples.numbers import _once
-from sparkcoord.spark.operator import SubtaskContext, SubtaskOperator
+from sparkcoord.operator import SubtaskContext, SubtaskOperator
 
 SCHEMA = "item int, subtask int, epoch int"
 

@@ -144,9 +144,7 @@ class AlignmentOptions:
 
 
 def _milliseconds(name: str, value: str, *, positive: bool = False) -> int:
-    # imported here: stream.py builds DataFrames (it imports pyspark), and this module must load
-    # without it in a reader; the parser runs in the driver program, where pyspark is present
-    from sparkcoord.sources.stream import parse_seconds
+    from sparkcoord.sources.values import parse_seconds  # the module's top imports nothing
 
     millis = round(parse_seconds(name, value) * 1000)
     if positive and millis <= 0:

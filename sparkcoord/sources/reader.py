@@ -31,6 +31,7 @@ from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from sparkcoord.operator import SubtaskContext, SubtaskOperator
 from sparkcoord.sources.alignment import (
     NO_DECISION,
     AlignmentDecision,
@@ -38,7 +39,6 @@ from sparkcoord.sources.alignment import (
     SplitWatermarks,
 )
 from sparkcoord.sources.splits import NextSplit, NoSplitNow, Split
-from sparkcoord.spark.operator import SubtaskContext, SubtaskOperator
 
 # what reading one split in a batch came to
 _FINISHED, _KEPT, _STOPPED = "finished", "kept", "stopped"

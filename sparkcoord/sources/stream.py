@@ -31,6 +31,7 @@ from sparkcoord.sources.files import (
 )
 from sparkcoord.sources.parsing import MODES, corrupt_column_problem
 from sparkcoord.sources.splits import ReadLimit
+from sparkcoord.sources.values import parse_seconds
 from sparkcoord.spark.session import resolve_location
 from sparkcoord.spark.spec import OperatorSpec
 
@@ -41,9 +42,6 @@ if TYPE_CHECKING:
 
 #: option name (lower case) -> (field of FileSourceOptions, parser)
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)b?\s*$", re.IGNORECASE)
-_DURATION = re.compile(
-    r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|sec|secs|seconds?|m|min|minutes?|h|hours?|d|days?|w|weeks?)?\s*$",
-    re.IGNORECASE)
 
 
 def parse_bool(name: str, value: str) -> bool:
@@ -74,18 +72,6 @@ def parse_bytes(name: str, value: str) -> int:
     if number < 1:
         raise ValueError(f"option {name!r}: must be at least 1 byte, got {value!r}")
     return number
-
-
-def parse_seconds(name: str, value: str) -> float:
-    match = _DURATION.match(str(value))
-    if not match:
-        raise ValueError(f"option {name!r}: expected a duration like 500ms, 10s, 5 minutes or 7d, "
-                         f"got {value!r}")
-    unit = (match[2] or "s").lower()
-    scale = 0.001 if unit == "ms" else 60.0 if unit.startswith("m") else (
-        3600.0 if unit.startswith("h") else 86400.0 if unit.startswith("d") else (
-            604800.0 if unit.startswith("w") else 1.0))
-    return float(match[1]) * scale
 
 
 def parse_mode(name: str, value: str) -> str:

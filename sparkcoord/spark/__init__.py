@@ -13,12 +13,15 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from sparkcoord.operator import SubtaskContext, SubtaskOperator
     from sparkcoord.spark.job import CoordinatedJob, JobGaveUp, JobHandle, RunReport
-    from sparkcoord.spark.operator import SubtaskContext, SubtaskOperator
     from sparkcoord.spark.spec import OperatorSpec
 
-_HOMES = {"CoordinatedJob": "job", "JobGaveUp": "job", "JobHandle": "job", "RunReport": "job",
-          "SubtaskContext": "operator", "SubtaskOperator": "operator", "OperatorSpec": "spec"}
+#: name -> the module that holds it
+_HOMES = {"CoordinatedJob": "sparkcoord.spark.job", "JobGaveUp": "sparkcoord.spark.job",
+          "JobHandle": "sparkcoord.spark.job", "RunReport": "sparkcoord.spark.job",
+          "SubtaskContext": "sparkcoord.operator", "SubtaskOperator": "sparkcoord.operator",
+          "OperatorSpec": "sparkcoord.spark.spec"}
 
 __all__ = ["CoordinatedJob", "JobGaveUp", "JobHandle", "OperatorSpec", "RunReport", "SubtaskContext",
            "SubtaskOperator"]
@@ -28,6 +31,6 @@ def __getattr__(name: str) -> Any:
     home = _HOMES.get(name)
     if home is None:
         raise AttributeError(f"module 'sparkcoord.spark' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"sparkcoord.spark.{home}"), name)
+    value = getattr(importlib.import_module(home), name)
     globals()[name] = value
     return value

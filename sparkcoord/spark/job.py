@@ -20,10 +20,10 @@ from sparkcoord.coordinator import CoordinatorProvider
 from sparkcoord.core.codec import EventCodec
 from sparkcoord.core.errors import SparkCoordError
 from sparkcoord.core.text import plural
+from sparkcoord.operator import SubtaskOperator
 from sparkcoord.runtime.config import ServiceConfig
 from sparkcoord.runtime.logs import check_level, install_log_handler
 from sparkcoord.runtime.restart import FixedDelay, RestartStrategy
-from sparkcoord.spark.operator import SubtaskOperator
 from sparkcoord.spark.session import resolve_location, session_setting
 from sparkcoord.spark.source import CoordinatedSource
 from sparkcoord.spark.spec import FORMAT, OperatorSpec, SourceSpec

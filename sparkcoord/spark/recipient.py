@@ -27,8 +27,8 @@ from sparkcoord.channel.client import ChannelClient
 from sparkcoord.core.codec import EventCodec
 from sparkcoord.core.errors import SparkCoordError
 from sparkcoord.core.ids import SubtaskId, TaskAttempt
+from sparkcoord.operator import SubtaskContext, SubtaskOperator
 from sparkcoord.runtime.files import files_for
-from sparkcoord.spark.operator import SubtaskContext, SubtaskOperator
 from sparkcoord.spark.spec import MARKER, SourceSpec
 from sparkcoord.spark.subtask import request_function, state_store, task_boundary, user_code
 

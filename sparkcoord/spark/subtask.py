@@ -29,9 +29,9 @@ from sparkcoord.core.errors import (
     SparkCoordError,
 )
 from sparkcoord.core.ids import SubtaskId, TaskAttempt
+from sparkcoord.operator import SubtaskContext, SubtaskOperator
 from sparkcoord.runtime.subtask_state import SubtaskStateStore
 from sparkcoord.spark.faults import KILLS_PLANNED, kill_point
-from sparkcoord.spark.operator import SubtaskContext, SubtaskOperator
 from sparkcoord.spark.spec import CoordinatedPartition, SourceSpec
 
 

@@ -19,6 +19,7 @@ import pytest
 
 from sparkcoord.core.ids import SubtaskId
 from sparkcoord.core.restore import RestorePoint
+from sparkcoord.operator import SubtaskContext
 from sparkcoord.sources import (
     NextSplit,
     ReadLimit,
@@ -29,7 +30,6 @@ from sparkcoord.sources import (
 )
 from sparkcoord.sources.alignment import AlignmentDecision, AlignmentOptions, WatermarkReport
 from sparkcoord.sources.stream import alignment_options, parse_options
-from sparkcoord.spark.operator import SubtaskContext
 from sparkcoord.testing import CoordinatorHarness
 
 ROWS_PER_RECORD_BATCH = 2

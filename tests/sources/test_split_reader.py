@@ -10,8 +10,8 @@ import pyarrow as pa
 import pytest
 
 from sparkcoord.core.control import BatchRequested
+from sparkcoord.operator import SubtaskContext
 from sparkcoord.sources import NextSplit, NoSplitNow, ReaderState, Split, SplitReader
-from sparkcoord.spark.operator import SubtaskContext
 
 
 class Numbers(SplitReader):

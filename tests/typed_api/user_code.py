@@ -19,9 +19,9 @@ from sparkcoord import (
     RequestRefused,
     SubtaskGateway,
 )
+from sparkcoord.operator import SubtaskContext
 from sparkcoord.sources import FileStream
 from sparkcoord.spark import CoordinatedJob, JobHandle, RunReport, SubtaskOperator
-from sparkcoord.spark.operator import SubtaskContext
 from sparkcoord.testing import CoordinatorHarness
 
 
