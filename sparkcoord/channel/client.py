@@ -2,29 +2,29 @@
 
 Rules:
   1. Register the task attempt first; then send events numbered 0, 1, ... (no gaps).
-  2. Up to ``window`` events may be unacknowledged; :meth:`flush` waits for every
-     acknowledgement. The task must not finish its batch before ``flush`` returns.
-  2a. Coalescing (like Nagle's algorithm): an event sent while none is in flight goes out at
-     once; events sent while others are in flight wait in a burst buffer, which goes out as
-     one EVENTS frame when the in-flight ones are acknowledged, when it holds ``batch_max``
-     events or ``batch_max_bytes``, when the window is full, or at :meth:`flush`. So a lone
-     event costs one round trip, and a burst costs about one frame per round trip.
-  1b. A registration's reply tells the length of the history the attempt continues (a retry,
-     or the rerun of a batch after a restore, adopts the logged history once requests were
-     answered). An attempt that asked a request or continues a history says at its end how
-     many items it sent (:meth:`finish`): the service logs it and withdraws the rest of a
-     longer history (docs/decisions.md 47).
-  1a. A first attempt may register lazily (:meth:`register_with_first_event`): the REGISTER
+  2. A first attempt may register lazily (:meth:`register_with_first_event`): the REGISTER
      frame then travels just before its first event frame, on the same connection, so the
      server still handles it first; a task that sends nothing never connects. A retried
      attempt registers eagerly, so that the service resets the coordinator before anything
      else even if the retry sends nothing.
-  2b. A request (:meth:`request`) is the next item of the same sequence: the burst buffer goes
+  3. A registration's reply tells the length of the history the attempt continues (a retry,
+     or the rerun of a batch after a restore, adopts the logged history once requests were
+     answered). An attempt that asked a request or continues a history says at its end how
+     many items it sent (:meth:`finish`): the service logs it and withdraws the rest of a
+     longer history (docs/decisions.md 47).
+  4. Up to ``window`` events may be unacknowledged; :meth:`flush` waits for every
+     acknowledgement. The task must not finish its batch before ``flush`` returns.
+  5. Coalescing (like Nagle's algorithm): an event sent while none is in flight goes out at
+     once; events sent while others are in flight wait in a burst buffer, which goes out as
+     one EVENTS frame when the in-flight ones are acknowledged, when it holds ``batch_max``
+     events or ``batch_max_bytes``, when the window is full, or at :meth:`flush`. So a lone
+     event costs one round trip, and a burst costs about one frame per round trip.
+  6. A request (:meth:`request`) is the next item of the same sequence: the burst buffer goes
      out before it, and the call blocks until its RESPONSE arrives (the answer was logged
      before it was sent) or ``timeout_s`` passes. After a reconnect it is sent again with
      the same number, after the unacknowledged events; the service answers a repeated
      request from its log.
-  3. A REJECT fails the task with the service's reason (one line, no traceback of ours: the
+  7. A REJECT fails the task with the service's reason (one line, no traceback of ours: the
      task did nothing wrong). A REJECT or FAILED response because the job failed carries a
      hold: the task waits that long before it fails, so that the job runner, which stops the
      query on a job failure, cancels it first (Spark logs a cancelled task as one line, and
@@ -37,7 +37,7 @@ Rules:
      outlasts the service's first-frame deadline (10 s by default; server rules 4 to 6).
      Except when nothing listens at the address (a refused connect: the run ended): that
      fails after ``max_retries`` alone (about 1.3 s).
-  4. A task closes its connection cleanly when it ends (:meth:`close`, also after its
+  8. A task closes its connection cleanly when it ends (:meth:`close`, also after its
      operator raised): a half close, then what the service still writes is read until the
      service closes its side (at most ``CLOSE_WAIT_S``). A socket closed with replies unread
      in it ends with a TCP reset, which the server cannot tell from a task whose process went
@@ -84,7 +84,7 @@ class ChannelRejected(SparkCoordError):
 
 def refused(what: str, reason: str, hold_ms: int) -> ChannelRejected:
     """The error for a refusal of ``what`` (task thread), after waiting ``hold_ms`` for the
-    job runner to cancel this task (rule 3): a job failure's cause may span lines (a
+    job runner to cancel this task (rule 7): a job failure's cause may span lines (a
     coordinator's traceback, which the job runner reports whole); the task's error keeps the
     first."""
     if hold_ms > 0:
@@ -157,7 +157,7 @@ class ChannelClient:
         return self.execution_attempt
 
     def register_with_first_event(self) -> None:
-        """Register lazily: the REGISTER frame goes out with the first event (rule 1a)."""
+        """Register lazily: the REGISTER frame goes out with the first event (rule 2)."""
         self._register_pending = True
 
     def registered_attempt(self) -> int:
@@ -171,7 +171,7 @@ class ChannelClient:
     def send(self, payload: bytes) -> int:
         """Send one encoded event; returns its sequence number. May block on the window.
 
-        Task thread. The event is on the wire now, or in the burst buffer (rule 2a).
+        Task thread. The event is on the wire now, or in the burst buffer (rule 5).
         """
         seq = self.next_seq
         self.next_seq += 1
@@ -196,7 +196,7 @@ class ChannelClient:
         Returns the RESPONSE: ANSWER (the pickled answer), REFUSED (the coordinator's reason)
         or FAILED (the service's reason: the job failed, the run ended, ...). Raises
         :class:`~sparkcoord.core.errors.RequestFailed` after ``timeout_s`` without an answer,
-        and :class:`ChannelUnavailable` when the service cannot be reached (rule 3).
+        and :class:`ChannelUnavailable` when the service cannot be reached (rule 7).
         """
         self._write_pending()  # events sent before the request go first, in order
         self._asked = True
@@ -204,7 +204,7 @@ class ChannelClient:
         self.next_seq += 1
         self._request = (seq, payload)
         frame = self._frames.encode_request(seq, payload)
-        if self._register_pending:  # rule 1a: the registration precedes the first item
+        if self._register_pending:  # rule 2: the registration precedes the first item
             frame = encode(Register(self.attempt), self.secret) + frame
             self._register_pending = False
         deadline = time.monotonic() + timeout_s
@@ -275,7 +275,7 @@ class ChannelClient:
 
     def finish(self) -> None:
         """The task's batch is done: wait for every acknowledgement (:meth:`flush`), then, if
-        this attempt asked a request or continues a history (rule 1b), say how many items it
+        this attempt asked a request or continues a history (rule 3), say how many items it
         sent and wait until the service logged it (and withdrew the rest of a longer
         history). Task thread, at the end of the batch, before the task's state is stored."""
         self.flush()
@@ -293,7 +293,7 @@ class ChannelClient:
     CLOSE_WAIT_S = 1.0
 
     def close(self) -> None:
-        """Close the connection cleanly (rule 4). Task thread, at the task's end."""
+        """Close the connection cleanly (rule 8). Task thread, at the task's end."""
         sock = self._sock
         if sock is None:
             return
@@ -312,7 +312,7 @@ class ChannelClient:
 
     # -------------------------------------------------------------------------- internals
     def _drop(self) -> None:
-        """Close at once: the connection broke, or the service refused (rule 4)."""
+        """Close at once: the connection broke, or the service refused (rule 8)."""
         if self._sock is not None:
             try:
                 self._sock.close()
@@ -329,7 +329,7 @@ class ChannelClient:
                  else self._frames.encode_many(first, pending))
         self._pending = []
         self._pending_bytes = 0
-        if self._register_pending:  # rule 1a: the registration precedes the first event
+        if self._register_pending:  # rule 2: the registration precedes the first event
             frame = encode(Register(self.attempt), self.secret) + frame
             self._register_pending = False
         try:
@@ -347,7 +347,7 @@ class ChannelClient:
                 while self._unacked and reader.frame_ready():
                     self._read_replies()
         except (OSError, FrameError):
-            pass  # the next blocking read meets the same problem and retries (rule 3)
+            pass  # the next blocking read meets the same problem and retries (rule 7)
 
     def _connected(self) -> socket.socket:
         if self._sock is None:
@@ -358,7 +358,7 @@ class ChannelClient:
         return self._sock
 
     def _give_up(self, failures: int, first_failure: float, exc: BaseException) -> bool:
-        """Whether a failing channel has been retried enough (rule 3)."""
+        """Whether a failing channel has been retried enough (rule 7)."""
         if failures <= self.max_retries:
             return False
         return (isinstance(exc, ConnectionRefusedError)  # nothing listens: the run ended

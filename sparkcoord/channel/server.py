@@ -8,7 +8,7 @@ Rules:
   3. A malformed, oversized or unauthenticated frame, or a connection closed mid-frame, drops
      that connection only; the server and the other connections carry on. The end of a
      connection: a close between frames is a normal end, without a line (a task closes
-     cleanly after its batch, client rule 4; so does the socket of a process that dies with
+     cleanly after its batch, client rule 8; so does the socket of a process that dies with
      no reply unread in it). A reset between frames (a process that went away with replies
      unread: a task cancelled by a query stop, killed, or failed) is a DEBUG line naming the
      task, since it is no fault of the channel: Spark's log says what happened to the task,
@@ -486,7 +486,7 @@ class ChannelServer:
 
     def _ended_unclosed(self, conn: _Connection, how: str) -> None:
         # Rule 3: the peer went away without a clean close (a reset, or a close in the middle
-        # of a frame). A task closes cleanly after its batch (client rule 4), so this is a
+        # of a frame). A task closes cleanly after its batch (client rule 8), so this is a
         # task whose process ended mid-connection: cancelled (a query stop), killed, or
         # failed. Not a warning: Spark's log says which, and the service logs a failed
         # task's retry; one line per connection.
@@ -661,7 +661,7 @@ class _Connection:
         self.peer: object = "?"
         self.authenticated = False  # sent an authenticated frame: counted by the cap (rule 6)
         self.attempt: TaskAttempt | None = None  # the task attempt it serves (its REGISTER)
-        self.finished = False  # its last frame of note was FINISHED (the task's end, rule 1b)
+        self.finished = False  # its last frame of note was FINISHED (the task's end, client rule 3)
 
 
 class _Throttle:
