@@ -1,5 +1,22 @@
 """The job runner: builds coordinated sources and runs a query under a restart strategy.
 
+Rules:
+  1. A job runs one query at a time on its checkpoint directory. The handle's thread starts
+     it, polls it, and after a failure restarts it from the same checkpoints (Spark's and
+     sparkcoord's) as the restart strategy allows; a new query starts only after the old one
+     stopped. A global failure of the coordination (``last-failure.json`` of the current run)
+     stops the query at the next poll (decision 44); when the strategy gives up, the job
+     raises :class:`JobGaveUp` with every cause.
+  2. ``until`` is checked on the handle's thread after batches; it raising ``RunUnavailable``
+     (a request while the job fails over) means "not done yet" (decision 51), any other error
+     stops the query and is the job's failure.
+  3. A client request (:meth:`CoordinatedJob.request`) goes to the run that ``channel.json``
+     names, one at a time per driver program, with a number kept when it is re-sent to the
+     next run: the service logs it before the coordinator sees it and answers a re-send from
+     its log, so it takes effect once (decision 38).
+  4. The handle's id, progress and batch count continue across restarts (decision 55); the
+     batch count agrees with Spark's commit log once a query ended.
+
 Thread model: the user's driver program thread. The coordination itself runs in Spark's source
 runner process; this side only starts, watches and restarts the query.
 """
