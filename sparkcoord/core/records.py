@@ -1,25 +1,27 @@
 """Byte formats of everything sparkcoord stores: checkpoint records, inbound logs, subtask state.
 
-Every stored file is an *envelope*: a fixed header (magic, format version, kind, body length,
-CRC-32 of the body) and the body. A reader checks all of it before it parses a byte of the body,
-and names the file and the problem when something is off. Bodies are plain length-prefixed
-binary fields, not pickle: a checkpoint file is parsed without running code from it (event and
-snapshot payloads inside it stay opaque bytes until the user's code decodes them).
-
-Inbound logs are a sequence of *frames* (length, CRC-32, body) appended one by one. A frame holds
-a registration (kind 0), one event (1), a run of consecutive events of one attempt that were
-accepted together (2; acknowledged together, so they are durable together), a request (3) or
-the coordinator's response to one (4; logged before the task sees it), a request of a client
-of the job (5) or its response (6), or a withdrawal (7: an attempt that adopted a history
-finished without its items from ``seq`` on, docs/decisions.md 47). A frame whose checksum fails is
-damage wherever it is, the last frame included: an append that a crash cut short leaves a
-*short* frame, never a full-length one with other bytes in it. A short last frame is a torn
-write; only a reader that may see the log of a batch that never committed may drop it
-(``allow_torn_tail``); the restore reads only logs of committed batches, in which every frame was
-acknowledged, and there it is an error (docs/decisions.md 33); a restore to an uncommitted
-batch whose log holds requests keeps that log (decision 36) and may drop a torn tail. A *log seal* (written when the
-batch commits) records the log's length and CRC-32, so that a log cut at a frame boundary or
-missing whole frames is detected too.
+Rules:
+  1. Every stored file is an *envelope*: a fixed header (magic, format version, kind, body
+     length, CRC-32 of the body) and the body. A reader checks all of it before it parses a
+     byte of the body, and names the file and the problem when something is off.
+  2. Bodies are plain length-prefixed binary fields, not pickle: a checkpoint file is parsed
+     without running code from it (event and snapshot payloads inside it stay opaque bytes
+     until the user's code decodes them; a snapshot may name stored-once parts, core/stored.py).
+  3. Inbound logs are a sequence of *frames* (length, CRC-32, body) appended one by one. A frame
+     holds a registration (kind 0), one event (1), a run of consecutive events of one attempt
+     that were accepted together (2; acknowledged together, so they are durable together), a
+     request (3) or the coordinator's response to one (4; logged before the task sees it), a
+     request of a client of the job (5) or its response (6), or a withdrawal (7: an attempt
+     that adopted a history finished without its items from ``seq`` on, docs/decisions.md 47).
+  4. A frame whose checksum fails is damage wherever it is, the last frame included: an append
+     that a crash cut short leaves a *short* frame, never a full-length one with other bytes in
+     it. A short last frame is a torn write; only a reader that may see the log of a batch that
+     never committed may drop it (``allow_torn_tail``); the restore reads only logs of
+     committed batches, in which every frame was acknowledged, and there it is an error
+     (docs/decisions.md 33); a restore to an uncommitted batch whose log holds requests keeps
+     that log (decision 36) and may drop a torn tail.
+  5. A *log seal* (written when the batch commits) records the log's length and CRC-32, so that
+     a log cut at a frame boundary or missing whole frames is detected too.
 
 Thread model: none (pure functions over bytes).
 """
