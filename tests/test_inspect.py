@@ -222,10 +222,10 @@ def spark_offsets(spark: Path, source: str, epochs: list[int], committed: int) -
 
 def test_the_restore_point_and_batch_mapping_come_from_sparks_logs_and_decide_if_a_torn_log_is_damage(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    import sparkcoord.inspection as inspection
-    from sparkcoord.spark.spec import MARKER
+    from sparkcoord.inspection import spark_log
+    from sparkcoord.spark.offsets import MARKER
 
-    assert inspection._MARKER == MARKER  # the key of our offset lines in Spark's offset log
+    assert spark_log.MARKER is MARKER  # the key of our offset lines in Spark's offset log
 
     job = tmp_path / "job"
     url = str(job / "coordination" / "numbers")

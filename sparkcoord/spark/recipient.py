@@ -29,7 +29,8 @@ from sparkcoord.core.errors import SparkCoordError
 from sparkcoord.core.ids import SubtaskId, TaskAttempt
 from sparkcoord.operator import SubtaskContext, SubtaskOperator
 from sparkcoord.runtime.files import files_for
-from sparkcoord.spark.spec import MARKER, SourceSpec
+from sparkcoord.spark.offsets import offset_values, source_epoch
+from sparkcoord.spark.spec import SourceSpec
 from sparkcoord.spark.subtask import request_function, state_store, task_boundary, user_code
 
 
@@ -44,20 +45,14 @@ def epoch_of_batch(spark_checkpoint: str, source: str, batch: int) -> tuple[int,
     def read(b: int) -> int:
         path = posixpath.join(root, "offsets", str(b))
         try:
-            lines = files.read(path).decode().splitlines()
+            data = files.read(path)
         except FileNotFoundError:
             raise SparkCoordError(f"Spark's offset log has no batch {b} at {path}") from None
-        if not lines or lines[0] != "v1":
-            raise SparkCoordError(f"{path}: unknown offset log version {lines[:1]}")
-        for line in lines[2:]:
-            try:
-                value = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(value, dict) and value.get(MARKER) == source:
-                return int(value["epoch"])
-        raise SparkCoordError(f"{path}: no offset of coordinated source {source!r}; a "
-                              "downstream operator needs its source in the same query")
+        epoch = source_epoch(offset_values(data, path), source)
+        if epoch is None:
+            raise SparkCoordError(f"{path}: no offset of coordinated source {source!r}; a "
+                                  "downstream operator needs its source in the same query")
+        return epoch
 
     epoch = read(batch)
     previous = read(batch - 1) if batch > 0 else -1

@@ -30,13 +30,8 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPart
 from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow
 
 from sparkcoord.core.ids import NO_EPOCH, SubtaskId
-from sparkcoord.spark.spec import (
-    FORMAT,
-    CoordinatedPartition,
-    SourceSpec,
-    epoch_of,
-    offset,
-)
+from sparkcoord.spark.offsets import epoch_of, offset
+from sparkcoord.spark.spec import FORMAT, CoordinatedPartition, SourceSpec
 
 if TYPE_CHECKING:
     from sparkcoord.spark.driver import DriverSide

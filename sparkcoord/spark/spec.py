@@ -5,9 +5,7 @@ the task that runs a subtask. Imported in every process (Spark's planning proces
 runner, the Python workers), so it imports nothing of the service, the channel or fsspec
 (decision 32).
 
-Rules:
-  1. Offsets are ``{"sparkcoord": <source name>, "epoch": N}`` (``MARKER``); an offset of
-     anything else is a clear error naming the source.
+The offsets a source gives Spark, and how its offset log is read: spark/offsets.py.
 """
 
 from __future__ import annotations
@@ -23,7 +21,6 @@ from pyspark.sql.datasource import InputPartition
 from sparkcoord.runtime.config import ServiceConfig
 
 FORMAT = "sparkcoord"
-MARKER = "sparkcoord"
 
 
 @dataclass(frozen=True)
@@ -81,18 +78,6 @@ class SourceSpec:
         if not isinstance(spec, SourceSpec):
             raise TypeError(f"option 'spec' does not hold a SourceSpec but {type(spec).__name__}")
         return spec
-
-
-def offset(name: str, epoch: int) -> dict[str, Any]:
-    return {MARKER: name, "epoch": epoch}
-
-
-def epoch_of(name: str, value: dict[str, Any]) -> int:
-    """The epoch in one of our offsets; a clear error for anything else."""
-    if not isinstance(value, dict) or value.get(MARKER) != name or "epoch" not in value:
-        raise ValueError(f"offset {value!r} does not belong to coordinated source {name!r} "
-                         "(was the checkpoint location reused for another query?)")
-    return int(value["epoch"])
 
 
 class CoordinatedPartition(InputPartition):
