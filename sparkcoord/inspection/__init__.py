@@ -45,6 +45,7 @@ from sparkcoord.inspection.checkpoint import _inspect_source
 from sparkcoord.inspection.common import NotACheckpoint, _problem, _visible, plain_value
 from sparkcoord.inspection.spark_log import _SparkLog
 from sparkcoord.inspection.text import render_text
+from sparkcoord.runtime import layout
 from sparkcoord.runtime.files import files_for
 
 __all__ = ["NotACheckpoint", "inspect_checkpoint", "plain_value", "render_text"]
@@ -74,7 +75,7 @@ def inspect_checkpoint(path: str, decode: bool = False) -> dict[str, Any]:
                         for n in sorted(_visible(files.names(coordination)))]
         if "spark" in names:
             spark_root = posixpath.join(root, "spark")
-    elif names & {"records", "inbound", "state", "channel.json"}:
+    elif names & {layout.RECORDS, layout.INBOUND, layout.STATE, layout.CHANNEL_INFO}:
         kind = "source"
         source_roots = [(posixpath.basename(root), root)]
         parent = posixpath.dirname(root)

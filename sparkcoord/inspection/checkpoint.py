@@ -36,7 +36,6 @@ from sparkcoord.core.records import (
 from sparkcoord.core.stored import StoredOnce
 from sparkcoord.inspection.common import (
     _CHANNEL_KEYS,
-    _epoch_of,
     _payload,
     _problem,
     _read,
@@ -44,7 +43,9 @@ from sparkcoord.inspection.common import (
     _visible,
 )
 from sparkcoord.inspection.spark_log import _rerun_action, _restore_point, _SparkLog
+from sparkcoord.runtime import layout
 from sparkcoord.runtime.files import Files
+from sparkcoord.runtime.layout import epoch_in
 
 
 def _inspect_source(files: Files, name: str, root: str, spark: _SparkLog | None, decode: bool,
@@ -71,12 +72,12 @@ def _inspect_source(files: Files, name: str, root: str, spark: _SparkLog | None,
         restore["action"] = _rerun_action(restore)
     if restore["status"] in ("committed", "uncommitted") and isinstance(point, int):
         if point not in {r["epoch"] for r in records}:
-            problem(posixpath.join(root, "records", f"{point}.ckpt"),
-                    f"{posixpath.join(root, 'records', f'{point}.ckpt')}: missing, but the next "
+            path = posixpath.join(root, layout.RECORDS, layout.record_name(point))
+            problem(path, f"{path}: missing, but the next "
                     f"run restores epoch {point} (Spark batch {restore['batch']})")
         if restore["committed"] and point not in {lg["epoch"] for lg in logs}:
-            problem(posixpath.join(root, "inbound", f"{point}.log"),
-                    f"{posixpath.join(root, 'inbound', f'{point}.log')}: the inbound log of "
+            path = posixpath.join(root, layout.INBOUND, layout.log_name(point))
+            problem(path, f"{path}: the inbound log of "
                     f"epoch {point} is missing, but the next run replays it (Spark committed "
                     f"batch {restore['batch']})")
     return {
@@ -109,7 +110,7 @@ def _json_file(files: Files, path: str, problem: _Report) -> dict[str, Any] | No
 
 
 def _channel(files: Files, root: str, problem: _Report) -> dict[str, Any] | None:
-    info = _json_file(files, posixpath.join(root, "channel.json"), problem)
+    info = _json_file(files, posixpath.join(root, layout.CHANNEL_INFO), problem)
     if info is None:
         return None
     # a whitelist: the secret (and anything added later) is never copied into the report
@@ -120,24 +121,24 @@ def _channel(files: Files, root: str, problem: _Report) -> dict[str, Any] | None
 
 
 def _failure(files: Files, root: str, problem: _Report) -> dict[str, Any] | None:
-    info = _json_file(files, posixpath.join(root, "last-failure.json"), problem)
+    info = _json_file(files, posixpath.join(root, layout.FAILURE_REPORT), problem)
     if info is None:
         return None
     return {"run": str(info.get("run")), "cause": str(info.get("cause"))}
 
 
 def _records(files: Files, root: str, decode: bool, problem: _Report) -> list[dict[str, Any]]:
-    directory = posixpath.join(root, "records")
+    directory = posixpath.join(root, layout.RECORDS)
 
     def read_part(name: str) -> StoredOnce[Any]:
-        path = posixpath.join(root, "parts", name)
+        path = posixpath.join(root, layout.PARTS, name)
         try:
             return StoredOnce.read_back(name, files.read(path))
         except FileNotFoundError:
             raise CorruptRecord(f"state part {name} not found at {path}") from None
     out = []
     for epoch, name in sorted((e, n) for n in files.names(directory)
-                              if (e := _epoch_of(n, ".ckpt")) is not None):
+                              if (e := epoch_in(n, layout.RECORD_SUFFIX)) is not None):
         path = posixpath.join(directory, name)
         data = _read(files, path, problem)
         if data is None:
@@ -169,12 +170,12 @@ def _inbound_logs(files: Files, root: str, committed_epochs: set[int] | None,
                   rerun: int | None, problem: _Report) -> list[dict[str, Any]]:
     """``committed_epochs``: the epochs whose batch Spark committed; None if not known.
     ``rerun``: the uncommitted epoch the next run restores (its log tells what it keeps)."""
-    directory = posixpath.join(root, "inbound")
+    directory = posixpath.join(root, layout.INBOUND)
     names = set(files.names(directory))
     epochs: set[int] = set()
     for n in names:
-        for suffix in (".log", ".sealed", ""):
-            e = _epoch_of(n, suffix)
+        for suffix in (layout.LOG_SUFFIX, layout.SEAL_SUFFIX, ""):
+            e = epoch_in(n, suffix)
             if e is not None:
                 epochs.add(e)
                 break
@@ -190,13 +191,13 @@ def _inbound_log(files: Files, directory: str, names: set[str], epoch: int,
     """The log of ``epoch``; None if it vanished since the listing (pruned) or cannot be read
     (then a problem says so). ``rerun``: the next run restores this uncommitted epoch; the
     log then also says what that restore keeps of it (``kept_at_rerun``)."""
-    log_path = posixpath.join(directory, f"{epoch}.log")
-    seal_path = posixpath.join(directory, f"{epoch}.sealed")
+    log_path = posixpath.join(directory, layout.log_name(epoch))
+    seal_path = posixpath.join(directory, layout.seal_name(epoch))
     seg_dir = posixpath.join(directory, str(epoch))
     out: dict[str, Any] = {"epoch": epoch, "file": log_path, "layout": "file", "size": 0}
     parts: list[tuple[str, bytes]] = []
     missing: str | None = None
-    if f"{epoch}.log" in names:
+    if layout.log_name(epoch) in names:
         data = _read(files, log_path, problem)
         if data is None:
             return None
@@ -204,9 +205,9 @@ def _inbound_log(files: Files, directory: str, names: set[str], epoch: int,
     elif str(epoch) in names:
         out.update(file=seg_dir, layout="segments")
         seg_names = files.names(seg_dir)
-        segments = sorted(n for n in seg_names if n.endswith(".seg"))
-        expected = [f"{i:012d}.seg" for i in range(len(segments))]
-        if "begin" not in seg_names:
+        segments = sorted(n for n in seg_names if n.endswith(layout.SEGMENT_SUFFIX))
+        expected = [layout.segment_name(i) for i in range(len(segments))]
+        if layout.SEGMENTS_BEGIN not in seg_names:
             missing = f"{seg_dir}: the log's begin object is missing"
         elif segments != expected:
             gap = sorted(set(expected) - set(segments))[:1] or expected[-1:]
@@ -225,7 +226,7 @@ def _inbound_log(files: Files, directory: str, names: set[str], epoch: int,
         out["error"] = missing
         problem(out["file"], missing)
 
-    sealed = f"{epoch}.sealed" in names
+    sealed = layout.seal_name(epoch) in names
     committed = (True if sealed or (committed_epochs is not None and epoch in committed_epochs)
                  else None if committed_epochs is None else False)
     entries: list[LogEntry] = []
@@ -350,11 +351,11 @@ def _summarise(entries: list[LogEntry]) -> dict[str, Any]:
 
 # -------------------------------------------------------------------------- subtask state
 def _states(files: Files, root: str, decode: bool, problem: _Report) -> list[dict[str, Any]]:
-    base = posixpath.join(root, "state")
+    base = posixpath.join(root, layout.STATE)
     out = []
     for operator in sorted(_visible(files.names(base))):
         op_dir = posixpath.join(base, operator)
-        for index in sorted(i for i in (_epoch_of(n, "") for n in files.names(op_dir))
+        for index in sorted(i for i in (epoch_in(n, "") for n in files.names(op_dir))
                             if i is not None):
             out.append(_subtask_states(files, posixpath.join(op_dir, str(index)), operator,
                                        index, decode, problem))
@@ -366,17 +367,17 @@ def _subtask_states(files: Files, directory: str, operator: str, index: int, dec
     names = files.names(directory)
     entry: dict[str, Any] = {"subtask": f"{operator}[{index}]", "operator": operator,
                              "index": index, "path": directory, "lineage": None}
-    if "lineage" in names:
-        path = posixpath.join(directory, "lineage")
+    if layout.LINEAGE in names:
+        path = posixpath.join(directory, layout.LINEAGE)
         data = _read(files, path, problem)
         try:
             entry["lineage"] = None if data is None else decode_state_lineage(data, path)
         except CorruptRecord as exc:
             problem(path, str(exc))
     good: dict[int, bytes] = {}
-    epochs = sorted(e for e in (_epoch_of(n, ".state") for n in names) if e is not None)
+    epochs = sorted(e for e in (epoch_in(n, layout.STATE_SUFFIX) for n in names) if e is not None)
     for epoch in epochs:
-        path = posixpath.join(directory, f"{epoch}.state")
+        path = posixpath.join(directory, layout.state_name(epoch))
         data = _read(files, path, problem)
         if data is None:
             continue

@@ -47,13 +47,6 @@ def _read(files: Files, path: str, problem: _Report) -> bytes | None:
         return None
 
 
-def _epoch_of(name: str, suffix: str) -> int | None:
-    if not name.endswith(suffix):
-        return None
-    stem = name[:len(name) - len(suffix)] if suffix else name
-    return int(stem) if stem.lstrip("-").isdigit() else None
-
-
 
 
 def _payload(data: bytes | None, decode: bool,

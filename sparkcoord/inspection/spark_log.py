@@ -12,8 +12,9 @@ from typing import Any
 from sparkcoord.core.errors import SparkCoordError
 from sparkcoord.core.ids import NO_EPOCH
 from sparkcoord.core.text import plural
-from sparkcoord.inspection.common import _epoch_of, _problem, _read
+from sparkcoord.inspection.common import _problem, _read
 from sparkcoord.runtime.files import Files
+from sparkcoord.runtime.layout import epoch_in
 from sparkcoord.spark.offsets import MARKER, offset_values, source_epoch
 
 
@@ -33,7 +34,7 @@ class _SparkLog:
         offsets: dict[int, list[Any]] = {}
         directory = posixpath.join(root, "offsets")
         for name in files.names(directory):
-            batch = _epoch_of(name, "")
+            batch = epoch_in(name, "")
             if batch is None:
                 continue  # .crc and temporary files
             path = posixpath.join(directory, name)
@@ -46,7 +47,7 @@ class _SparkLog:
                 problem(path, str(exc))
                 continue
             offsets[batch] = values
-        commits = {b for b in (_epoch_of(n, "") for n in
+        commits = {b for b in (epoch_in(n, "") for n in
                                files.names(posixpath.join(root, "commits"))) if b is not None}
         return cls(root, offsets, commits)
 

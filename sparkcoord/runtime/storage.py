@@ -1,14 +1,6 @@
 """Checkpoint storage on fsspec: records, inbound logs and subtask state of one job.
 
-Layout under the job's checkpoint URL (local path by default; any fsspec URL for clusters):
-
-    records/<epoch>.ckpt                       checkpoint record of an epoch
-    parts/<sha-256>                            a stored-once part of a coordinator's state
-    inbound/<epoch>.log                        inbound log of the batch of an epoch (local fs)
-    inbound/<epoch>/begin, <n>.seg             the same as segments (stores without append)
-    inbound/<epoch>.sealed                     the log's length and CRC-32 when its batch committed
-    state/<operator>/<index>/<epoch>.state     a subtask's state at the end of an epoch's batch
-    state/<operator>/<index>/lineage           since which epoch the subtask keeps state
+The directory's layout and names: :mod:`sparkcoord.runtime.layout`.
 
 Rules:
   1. A record is written to a temporary name and renamed over the final one; a record for an
@@ -61,6 +53,7 @@ from sparkcoord.core.records import (
     encode_log_seal,
 )
 from sparkcoord.core.stored import StoredOnce, snapshot_parts
+from sparkcoord.runtime import layout
 from sparkcoord.runtime.files import Files, FsspecFiles, LocalFiles
 from sparkcoord.runtime.subtask_state import SubtaskStateStore
 
@@ -102,8 +95,8 @@ class CheckpointStorage:
         self._parts_alive: weakref.WeakValueDictionary[str, StoredOnce[Any]] = (
             weakref.WeakValueDictionary())
         self.states = SubtaskStateStore(self.files, self.root, retain=retain, fsync=fsync)
-        fs.makedirs(self._path("records"), exist_ok=True)
-        fs.makedirs(self._path("inbound"), exist_ok=True)
+        fs.makedirs(self._path(layout.RECORDS), exist_ok=True)
+        fs.makedirs(self._path(layout.INBOUND), exist_ok=True)
 
     def __getstate__(self) -> dict[str, Any]:
         # Executors get a copy (to read state); open handles stay behind.
@@ -117,7 +110,7 @@ class CheckpointStorage:
 
     # -------------------------------------------------------------------------- records
     def record_path(self, epoch: int) -> str:
-        return self._path("records", f"{epoch}.ckpt")
+        return self._path(layout.RECORDS, layout.record_name(epoch))
 
     def write_record(self, record: CheckpointRecord,
                      parts: dict[str, StoredOnce[Any]] | None = None) -> None:
@@ -142,7 +135,7 @@ class CheckpointStorage:
                 self._record_parts[record.epoch] = names
 
     def part_path(self, name: str) -> str:
-        return self._path("parts", name)
+        return self._path(layout.PARTS, name)
 
     def read_part(self, name: str) -> StoredOnce[Any]:
         """The state part ``name``, checked (rule 4). Called while a coordinator's snapshot is
@@ -178,13 +171,13 @@ class CheckpointStorage:
 
     # ----------------------------------------------------------------------- inbound log
     def _log_path(self, epoch: int) -> str:
-        return self._path("inbound", f"{epoch}.log")
+        return self._path(layout.INBOUND, layout.log_name(epoch))
 
     def _segment_dir(self, epoch: int) -> str:
-        return self._path("inbound", str(epoch))
+        return self._path(layout.INBOUND, str(epoch))
 
     def _seal_path(self, epoch: int) -> str:
-        return self._path("inbound", f"{epoch}.sealed")
+        return self._path(layout.INBOUND, layout.seal_name(epoch))
 
     def start_inbound_log(self, epoch: int, initial: bytes = b"") -> None:
         """Begin the inbound log of ``epoch`` holding only ``initial`` (framed entries; empty
@@ -207,7 +200,7 @@ class CheckpointStorage:
             self.truncate_inbound_log(epoch)
             self._log_epoch = epoch
             # an object store has no empty directories: this object says the log exists
-            self.files.write_atomic(posixpath.join(self._segment_dir(epoch), "begin"), initial,
+            self.files.write_atomic(posixpath.join(self._segment_dir(epoch), layout.SEGMENTS_BEGIN), initial,
                                     fsync=self.fsync)
         self._segments = 0
         self._log_sums[epoch] = (len(initial), zlib.crc32(initial))
@@ -238,7 +231,7 @@ class CheckpointStorage:
                 os.fsync(f.fileno())
         else:
             self.files.write_atomic(
-                posixpath.join(self._segment_dir(epoch), f"{self._segments:012d}.seg"), frame,
+                posixpath.join(self._segment_dir(epoch), layout.segment_name(self._segments)), frame,
                 fsync=self.fsync)
             self._segments += 1
         length, crc = self._log_sums.get(epoch, (0, 0))
@@ -261,7 +254,7 @@ class CheckpointStorage:
             self._log_sums[epoch] = (len(data), zlib.crc32(data))
 
     def _segment_names(self, epoch: int) -> list[str]:
-        return sorted(n for n in self.files.names(self._segment_dir(epoch)) if n.endswith(".seg"))
+        return sorted(n for n in self.files.names(self._segment_dir(epoch)) if n.endswith(layout.SEGMENT_SUFFIX))
 
     def _log_parts(self, epoch: int) -> list[tuple[str, bytes]]:
         """The log of ``epoch`` as (file, bytes) parts in order; RecordNotFound if missing."""
@@ -272,19 +265,19 @@ class CheckpointStorage:
             pass
         seg_dir = self._segment_dir(epoch)
         names = self.files.names(seg_dir)
-        if "begin" not in names:
+        if layout.SEGMENTS_BEGIN not in names:
             raise RecordNotFound(
                 f"{path}: the inbound log of epoch {epoch} is missing. It is created when the "
                 f"epoch is sealed, before Spark logs the epoch, and only a later completion "
                 f"prunes it, so it must exist for the restore of epoch {epoch} (was the "
                 f"checkpoint directory damaged, or copied in part?)")
-        segments = sorted(n for n in names if n.endswith(".seg"))
-        expected = [f"{i:012d}.seg" for i in range(len(segments))]
+        segments = sorted(n for n in names if n.endswith(layout.SEGMENT_SUFFIX))
+        expected = [layout.segment_name(i) for i in range(len(segments))]
         if segments != expected:
             missing = sorted(set(expected) - set(segments))[:1] or expected[-1:]
             raise RecordNotFound(f"{seg_dir}: segment {missing[0]} of the inbound log of epoch "
                                  f"{epoch} is missing (segments are numbered from 0 without gaps)")
-        begin = posixpath.join(seg_dir, "begin")
+        begin = posixpath.join(seg_dir, layout.SEGMENTS_BEGIN)
         head = self.files.read(begin)  # the entries a restore kept (decision 36), usually none
         return ([(begin, head)] if head else []) + [
             (posixpath.join(seg_dir, n), self.files.read(posixpath.join(seg_dir, n)))
@@ -300,7 +293,7 @@ class CheckpointStorage:
         seal; each error names the file, the epoch and what was expected (rule 4).
         """
         parts = self._log_parts(epoch)
-        where = (parts[0][0] if parts and parts[0][0].endswith(".log")
+        where = (parts[0][0] if parts and parts[0][0].endswith(layout.LOG_SUFFIX)
                  else self._segment_dir(epoch))
         seal_path = self._seal_path(epoch)
         try:
@@ -402,7 +395,7 @@ class CheckpointStorage:
 
     # --------------------------------------------------------------------------- failures
     def failure_path(self) -> str:
-        return self._path("last-failure.json")
+        return self._path(layout.FAILURE_REPORT)
 
     def record_failure(self, run_id: str, cause: str) -> None:
         """Keep the cause of run ``run_id``'s global failure for the job runner, which reads it
@@ -446,7 +439,7 @@ class CheckpointStorage:
                     self._record_parts[epoch] = frozenset(
                         n for snapshot in record.snapshots.values()
                         for n in snapshot_parts(snapshot))
-                self._parts_present |= {n for n in self.files.names(self._path("parts"))
+                self._parts_present |= {n for n in self.files.names(self._path(layout.PARTS))
                                         if not n.startswith(".")}
             for epoch in [e for e in self._record_parts if e < keep_from]:
                 del self._record_parts[epoch]
@@ -459,9 +452,10 @@ class CheckpointStorage:
     def record_epochs(self) -> list[int]:
         """The epochs that have a record, ascending (one listing; tools and tests, any thread)."""
         epochs = []
-        for base in self.files.names(self._path("records")):
-            if base.endswith(".ckpt") and base[:-5].lstrip("-").isdigit():
-                epochs.append(int(base[:-5]))
+        for base in self.files.names(self._path(layout.RECORDS)):
+            epoch = layout.epoch_in(base, layout.RECORD_SUFFIX)
+            if epoch is not None:
+                epochs.append(epoch)
         return sorted(epochs)
 
     def _oldest_record_epoch(self, upto: int) -> int:

@@ -40,6 +40,7 @@ from sparkcoord.core.records import (
     encode_state_lineage,
     encode_subtask_state,
 )
+from sparkcoord.runtime import layout
 from sparkcoord.runtime.files import Files, files_for
 
 
@@ -68,10 +69,10 @@ class SubtaskStateStore:
         return cls(files, root, retain=retain, fsync=fsync)
 
     def directory(self, subtask: SubtaskId) -> str:
-        return posixpath.join(self.root, "state", subtask.operator, str(subtask.index))
+        return posixpath.join(self.root, layout.STATE, subtask.operator, str(subtask.index))
 
     def path(self, subtask: SubtaskId, epoch: int) -> str:
-        return posixpath.join(self.directory(subtask), f"{epoch}.state")
+        return posixpath.join(self.directory(subtask), layout.state_name(epoch))
 
     def write(self, subtask: SubtaskId, epoch: int, state: bytes) -> None:
         """Store ``subtask``'s state at the end of the batch of ``epoch``, then prune (rule 3).
@@ -90,7 +91,7 @@ class SubtaskStateStore:
             self.files.remove(self.path(subtask, stale))
 
     def lineage_path(self, subtask: SubtaskId) -> str:
-        return posixpath.join(self.directory(subtask), "lineage")
+        return posixpath.join(self.directory(subtask), layout.LINEAGE)
 
     def read_before(self, subtask: SubtaskId, before_epoch: int,
                     previous_epoch: int | None = None) -> tuple[int, bytes] | None:
@@ -137,6 +138,7 @@ class SubtaskStateStore:
         """The epochs that have a state file for ``subtask`` (one listing)."""
         epochs = []
         for base in self.files.names(self.directory(subtask)):
-            if base.endswith(".state") and base[:-6].lstrip("-").isdigit():
-                epochs.append(int(base[:-6]))
+            epoch = layout.epoch_in(base, layout.STATE_SUFFIX)
+            if epoch is not None:
+                epochs.append(epoch)
         return epochs

@@ -34,6 +34,7 @@ from sparkcoord.channel.frames import Delivery
 from sparkcoord.channel.server import ChannelServer
 from sparkcoord.core.ids import SubtaskId
 from sparkcoord.core.records import CheckpointRecord
+from sparkcoord.runtime import layout
 from sparkcoord.runtime.logs import install_log_handler
 from sparkcoord.runtime.service import (
     CheckpointDeclined,
@@ -91,7 +92,7 @@ class DriverSide:
                                 "pid": os.getpid(), "run": self.service.run_id,
                                 "secret": self.secret.hex()}
         # private: a local file is created 0600 and renamed into place (never readable by others)
-        storage.files.write_atomic(f"{storage.root}/channel.json", json.dumps(info).encode(),
+        storage.files.write_atomic(f"{storage.root}/{layout.CHANNEL_INFO}", json.dumps(info).encode(),
                                    private=True)
 
     def _counting(self, plan: Any, path: str) -> Any:

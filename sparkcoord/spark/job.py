@@ -38,6 +38,7 @@ from sparkcoord.core.codec import EventCodec
 from sparkcoord.core.errors import SparkCoordError
 from sparkcoord.core.text import plural
 from sparkcoord.operator import SubtaskOperator
+from sparkcoord.runtime import layout
 from sparkcoord.runtime.config import ServiceConfig
 from sparkcoord.runtime.logs import check_level, install_log_handler
 from sparkcoord.runtime.restart import FixedDelay, RestartStrategy
@@ -431,7 +432,7 @@ class CoordinatedJob:
                                          f"no answer within {timeout_s} s ({last})")
                 try:
                     files, root = files_for(spec.checkpoint_url, spec.storage_options)
-                    info = json.loads(files.read(f"{root}/channel.json"))
+                    info = json.loads(files.read(f"{root}/{layout.CHANNEL_INFO}"))
                 except (OSError, ValueError) as exc:
                     wait_for_run(f"no channel.json yet: {exc!r}", 0.2)
                     continue
@@ -477,8 +478,8 @@ class CoordinatedJob:
             try:
                 files, root = files_for(spec.checkpoint_url, spec.storage_options)
                 # the failure report first: usually there is none, one read (polled)
-                failure = json.loads(files.read(f"{root}/last-failure.json"))
-                run = json.loads(files.read(f"{root}/channel.json"))["run"]
+                failure = json.loads(files.read(f"{root}/{layout.FAILURE_REPORT}"))
+                run = json.loads(files.read(f"{root}/{layout.CHANNEL_INFO}"))["run"]
             except Exception:  # noqa: BLE001 - no report (or an unreadable one): Spark's text
                 continue
             if isinstance(failure, dict) and failure.get("run") == run:
@@ -493,7 +494,7 @@ class CoordinatedJob:
         for spec in self._specs.values():
             try:
                 files, root = files_for(spec.checkpoint_url, spec.storage_options)
-                files.remove(f"{root}/last-failure.json")
+                files.remove(f"{root}/{layout.FAILURE_REPORT}")
             except Exception:  # noqa: BLE001 - best effort: the run ids still guard the report
                 log.debug("cannot remove the failure report of %s", spec.name, exc_info=True)
 
