@@ -11,8 +11,10 @@ channel (from Spark tasks), recovery (task failure, fail_job), requests (round t
 of requests from Spark tasks, the skewed work queue), filesource (the file source against
 Spark's own file stream source: throughput, planning per trigger, skew, discovery state),
 alignment (watermark alignment: aggregation state and batch time aligned vs unaligned, its cost
-when already aligned). Each measures its baseline in
-the same run; the report gives medians and ratios.
+when already aligned), backfill (many small files packed into few splits: local files
+against Spark's file source, objects on S3 against plain concurrent reads), backlog (what a
+trigger writes and plans while 100,000 files wait, against the same state written whole).
+Each measures its baseline in the same run; the report gives medians and ratios.
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
-IN_PROCESS = ["core", "seal", "durability", "memory"]
-ON_SPARK = ["batches", "channel", "recovery", "filesource", "alignment"]
+IN_PROCESS = ["core", "seal", "durability", "memory", "backlog"]
+ON_SPARK = ["batches", "channel", "recovery", "filesource", "alignment", "backfill"]
 OWN_SESSION = ["requests"]  # starts a Spark session of its own, in a subprocess
 
 

@@ -41,6 +41,17 @@ Rules:
      credentials), name, size and modification time as discovered, the split's byte range
      (a parquet row group: the bytes of its column chunks) and the row group (null for text).
      Every row of a split has the same value; it is outside what the files are parsed with.
+     A packed split's rows (rule 8) carry each their own file's value.
+  8. Packing: the CSV and JSON-lines files a discovery cycle found that are one split each
+     (at most ``maxSplitBytes``) are packed, consecutive in the cycle's order and from one
+     directory (one alignment lane), into splits of up to ``maxPartitionBytes`` where each
+     file costs at least ``openCostInBytes`` (Spark's options), and no more than
+     ``maxFilesPerTrigger`` files. As Spark's, the budget shrinks to the cycle's bytes over
+     the readers (``parallelism``, here times 16 splits each) when that is less, so a few
+     new files are not packed. Not with watermark alignment. A packed split (``FileSplit.files``) is read member by member, each checked and
+     named as a file of its own (rules 3, 6, 7); its position is (member, rows of it read);
+     on a remote filesystem the next members are fetched ahead (:class:`MemberFetcher`).
+     Parquet files are not packed.
 """
 
 from __future__ import annotations
@@ -50,6 +61,7 @@ import io
 import json
 import logging
 import os
+import re
 import time
 from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass, field, replace
@@ -60,6 +72,7 @@ from sparkcoord.sources.alignment import AlignmentOptions
 from sparkcoord.sources.enumerator import SplitDiscovery
 from sparkcoord.sources.parsing import Parsed, RecordParser
 from sparkcoord.sources.reader import SplitReader
+from sparkcoord.sources.seen import SeenFiles
 from sparkcoord.sources.splits import Split
 
 log = logging.getLogger("sparkcoord.sources")
@@ -72,10 +85,19 @@ class FileChangedError(RuntimeError):
     """A file changed after it was discovered (its split no longer describes it)."""
 
 
+#: a file packed into a split (rule 8): its path, size and modification time as discovered
+Member = tuple[str, int, float]
+
+
 @dataclass(frozen=True)
 class FileSplit(Split):
     """A parquet row group (``row_group``) or a byte range ``[start, end)`` of a text file.
-    ``lane``: the file's directory, the key of watermark alignment (decision 43)."""
+    ``lane``: the file's directory, the key of watermark alignment (decision 43).
+
+    A *packed* split (rule 8) reads several small text files whole, in order: ``files`` holds
+    them (path, size, modification time, as discovered; two or more), ``size`` is their bytes,
+    and ``path``, ``file_size`` and ``mtime`` are those of the first (``start`` and ``end`` are
+    0). Every other split has ``files == ()`` and pickles as before packing existed."""
 
     path: str = ""
     file_size: int = 0
@@ -84,12 +106,25 @@ class FileSplit(Split):
     start: int = 0
     end: int = 0
     lane: str = ""
+    files: tuple[Member, ...] = ()
 
-    added_fields: ClassVar[tuple[str, ...]] = ("lane",)
+    added_fields: ClassVar[tuple[str, ...]] = ("lane", "files")
 
     @property
     def unit(self) -> str:
         return self.path
+
+    @property
+    def units(self) -> tuple[str, ...]:
+        """The paths of the files it reads: ``maxFilesPerTrigger`` counts a packed split as
+        its number of files (enumerator, mailbox thread)."""
+        return self.paths
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """The files this split reads (one, or a packed split's members): what a committer
+        names in a manifest (docs/committer.md)."""
+        return tuple(m[0] for m in self.files) if self.files else (self.path,)
 
     @property
     def alignment_key(self) -> str:
@@ -108,7 +143,9 @@ class FileDiscoveryState:
     """Checkpointed by the enumerator: see rule 2."""
 
     marker: str = ""
-    recent: dict[str, tuple[int, float]] = field(default_factory=dict)
+    #: files seen (path -> size, mtime), held in chunks written once (sources/seen.py; a
+    #: dict in states checkpointed before)
+    recent: SeenFiles | dict[str, tuple[int, float]] = field(default_factory=SeenFiles)
     #: mode ``listing``: the newest modification time seen (``maxFileAge`` counts from it)
     newest: float = 0.0
     #: when the last backfill listing started (seconds since the epoch), None before the first
@@ -306,6 +343,14 @@ class FileSourceOptions:
     corrupt_column: str = "_corrupt_record"
     #: rule 7: the rows end with Spark's file metadata column ``_metadata``
     include_metadata: bool = False
+    #: rule 8: the bytes of small files packed into one split, each counted at least
+    #: ``open_cost_bytes`` (Spark's ``maxPartitionBytes`` and ``openCostInBytes``)
+    max_partition_bytes: int = 128 << 20
+    open_cost_bytes: int = 4 << 20
+    #: rule 8: members of a packed split a reader fetches ahead (remote filesystems)
+    prefetch_files: int = 8
+    #: rule 8: small files are packed (off with watermark alignment: set by FileStream)
+    packing: bool = True
 
 
 class FileDiscovery(SplitDiscovery):
@@ -334,14 +379,14 @@ class FileDiscovery(SplitDiscovery):
         o = self.options
         fs, root = filesystem(o.url, o.storage_options)
         lister = Lister(fs, root, recursive=o.recursive, glob=o.glob)
-        state = replace(state, recent=dict(state.recent), changed_paths=list(state.changed_paths))
+        recent = state.recent
+        recent = recent.copy() if isinstance(recent, SeenFiles) else SeenFiles(recent)
+        state = replace(state, recent=recent, changed_paths=list(state.changed_paths))
         if o.discovery_mode == "listing":
             new = self._listing(lister, state)
         else:
             new = self._lexical(lister, state)
-        splits: list[Split] = []
-        for e in new:
-            splits.extend(plan_splits(fs, e, o))
+        splits: list[Split] = list(plan_files(fs, new, o))  # rule 8: packs small files
         return splits, state
 
     def _listing(self, lister: Lister, state: FileDiscoveryState) -> list[FileEntry]:
@@ -353,7 +398,9 @@ class FileDiscovery(SplitDiscovery):
         # arrival order (modification time), then name; the rest waits for the next cycle
         new = sorted((e for e in unseen if e.mtime >= floor), key=lambda e: (e.mtime, e.path))
         new = self._capped(new, len(new))
-        state.recent = {p: v for p, v in state.recent.items() if v[1] >= floor}
+        recent = state.recent
+        assert isinstance(recent, SeenFiles)
+        recent.forget_older(floor)
         for e in new:
             state.recent[e.path] = (e.size, e.mtime)
         return new
@@ -410,9 +457,86 @@ class FileDiscovery(SplitDiscovery):
                      len(late))
         # compaction: the next backfill only looks at files newer than this one's start
         new_floor = now - self.options.max_clock_skew_s
-        state.recent = {p: v for p, v in state.recent.items() if v[1] >= new_floor}
+        assert isinstance(state.recent, SeenFiles)
+        state.recent.forget_older(new_floor)
         state.backfill_at = now
         return late
+
+
+def plan_files(fs: Any, entries: list[FileEntry], options: FileSourceOptions) -> list[FileSplit]:
+    """The splits of the files one discovery cycle found, in their order: small text files
+    packed (rule 8, :func:`pack_files`), every other file as :func:`plan_splits` plans it.
+    Called by :meth:`FileDiscovery.discover` (discovery thread)."""
+    out: list[FileSplit] = []
+    for group in pack_files(entries, options):
+        if len(group) == 1:
+            out.extend(plan_splits(fs, group[0], options))
+        else:
+            out.append(packed_split(group))
+    return out
+
+
+#: rule 8: a discovery cycle's files make at least this many splits per reader (when it found
+#: that many files): readers pull splits as they go, so several each keep them balanced
+SPLITS_PER_READER = 16
+
+
+def pack_budget(entries: list[FileEntry], options: FileSourceOptions) -> int:
+    """The bytes one packed split may cost (rule 8): Spark's ``min(maxPartitionBytes,
+    max(openCostInBytes, bytes per split))``, where a file costs at least the open cost and
+    the bytes per split are those of ``entries`` over ``parallelism`` times
+    :data:`SPLITS_PER_READER` (Spark divides by its cores: one task each; readers pull, so
+    a few splits each balance better). A cycle that found a few new files (fewer than 32 with
+    two readers) packs none of them; a backlog of tiny files packs them
+    ``maxPartitionBytes / openCostInBytes`` to a split. A pure function (discovery thread)."""
+    o = options
+    total = sum(max(e.size, o.open_cost_bytes) for e in entries if e.size)
+    per_split = -(-total // (max(1, o.parallelism) * SPLITS_PER_READER))
+    return max(1, min(o.max_partition_bytes, max(o.open_cost_bytes, per_split)))
+
+
+def pack_files(entries: list[FileEntry], options: FileSourceOptions) -> list[list[FileEntry]]:
+    """Rule 8 as a pure function of the entries (in discovery's order) and the options: groups
+    of consecutive files, each read as one split. A CSV or JSON-lines file that is one split
+    anyway (at most ``maxSplitBytes``) joins the open group if it is in the same directory (its
+    alignment lane), the group's cost (each file at least ``openCostInBytes``) stays within
+    :func:`pack_budget` and, with ``maxFilesPerTrigger``, the group holds fewer files than
+    that; otherwise the group closes and the file starts the next. Parquet files and bigger
+    files are groups of one (split by row group or byte range, rule 1), as is every file
+    with ``packing`` off (watermark alignment); zero-byte files are left out (they give no
+    split). Called by :func:`plan_files` (discovery thread)."""
+    o = options
+    present = [e for e in entries if e.size or o.format == "parquet"]
+    if o.format == "parquet" or not o.packing:
+        return [[e] for e in present]
+    budget = pack_budget(present, o)
+    cap = o.max_files_per_trigger
+    groups: list[list[FileEntry]] = []
+    cost = 0
+    open_group: list[FileEntry] | None = None
+    for e in present:
+        if e.size > o.max_split_bytes:
+            groups.append([e])
+            open_group = None
+            continue
+        weight = max(e.size, o.open_cost_bytes)
+        if (open_group is not None and lane_of(e.path) == lane_of(open_group[0].path)
+                and cost + weight <= budget and (cap is None or len(open_group) < cap)):
+            open_group.append(e)
+            cost += weight
+            continue
+        open_group = [e]
+        cost = weight
+        groups.append(open_group)
+    return groups
+
+
+def packed_split(group: list[FileEntry]) -> FileSplit:
+    """The split of a group of small files (rule 8; :func:`pack_files` made the group)."""
+    first = group[0]
+    return FileSplit(f"{first.path}#pack", sum(e.size for e in group), first.path, first.size,
+                     first.mtime, lane=lane_of(first.path),
+                     files=tuple((e.path, e.size, e.mtime) for e in group))
 
 
 def plan_splits(fs: Any, entry: FileEntry, options: FileSourceOptions) -> list[FileSplit]:
@@ -663,7 +787,12 @@ class FileReader(SplitReader):
         return self._parser
 
     def read_split(self, split: Split, position: Any) -> Iterator[tuple[Any, Any]]:
+        """Task thread. ``position``: the rows of the split read so far (an int), or for a
+        packed split (rule 8) a pair (index of the member file, rows of it read)."""
         assert isinstance(split, FileSplit)
+        if split.files:
+            yield from self._read_packed(split, position)
+            return
         try:
             yield from self._read_file(split, int(position or 0))
         except (SparkCoordError, FileChangedError):
@@ -724,15 +853,17 @@ class FileReader(SplitReader):
         # the header is the file's first line, so only the split at byte 0 has it
         parsed = self.parser.parse(data, header=o.header and split.start == 0)
         if parsed.malformed:
-            self._malformed(f, split, first, parsed)
+            self._malformed(f, split.path, split.start, split.end, first, parsed)
         yield from parsed.table.to_batches(max_chunksize=o.batch_rows)
 
-    def _malformed(self, f: Any, split: FileSplit, first: int, parsed: Parsed) -> None:
-        """Name the split's malformed records: raise for the first one when parsing stopped
-        there, else one warning for the split (not one per record)."""
+    def _malformed(self, f: Any, file: str, start: int, end: int, first: int,
+                   parsed: Parsed) -> None:
+        """Name the malformed records of bytes ``[start, end)`` of ``file`` (a split, or a
+        member of a packed split): raise for the first one when parsing stopped there, else
+        one warning for the range (not one per record)."""
         bad = parsed.first
         assert bad is not None
-        path = display_path(self.options.url, split.path)
+        path = display_path(self.options.url, file)
         line = (lines_before(f, first) if first else 0) + bad.line + 1
         offset = first + bad.offset
         where = f"{path} line {line} (byte offset {offset})"
@@ -755,7 +886,7 @@ class FileReader(SplitReader):
             became = "read as rows of nulls (mode PERMISSIVE; the schema has no " \
                      f"{self.options.corrupt_column!r} column for their text)"
         log.warning("%d malformed record(s) in %s bytes [%d, %d), %s; the first at line %d "
-                    "(byte offset %d): %s", parsed.malformed, path, split.start, split.end,
+                    "(byte offset %d): %s", parsed.malformed, path, start, end,
                     became, line, offset, bad.reason)
 
     def _split_metadata(self, split: FileSplit, source: Any) -> SplitMetadata:
@@ -765,18 +896,168 @@ class FileReader(SplitReader):
             start, length = row_group_bytes(source.metadata.row_group(split.row_group))
         else:
             start, length = split.start, split.end - split.start
+        return self._file_metadata((split.path, split.file_size, split.mtime), start, length,
+                                   split.row_group)
+
+    def _file_metadata(self, file: Member, start: int, length: int,
+                       row_group: int | None) -> SplitMetadata:
+        """Rule 7's value for bytes ``[start, start + length)`` of ``file`` (path, size and
+        modification time as discovered)."""
         arrow_type = self.arrow_schema.field(METADATA_COLUMN).type
-        return SplitMetadata(arrow_type, {
-            "file_path": file_url(self.options.url, split.path),
-            "file_name": split.path.rstrip("/").rsplit("/", 1)[-1],
-            "file_size": split.file_size,
+        return SplitMetadata(arrow_type, self._metadata_value(file, start, length, row_group))
+
+    def _metadata_value(self, file: Member, start: int, length: int,
+                        row_group: int | None) -> dict[str, Any]:
+        path, size, mtime = file
+        return {
+            "file_path": file_url(self.options.url, path),
+            "file_name": path.rstrip("/").rsplit("/", 1)[-1],
+            "file_size": size,
             "file_block_start": start,
             "file_block_length": length,
             # as discovery recorded it (and the reader checked the size against), in
             # microseconds: Spark's timestamp precision
-            "file_modification_time": round(split.mtime * 1_000_000),
-            "row_group": split.row_group,
-        })
+            "file_modification_time": round(mtime * 1_000_000),
+            "row_group": row_group,
+        }
+
+    def _read_packed(self, split: FileSplit, position: Any) -> Iterator[tuple[Any, Any]]:
+        """A packed split (rule 8): its members in order (a member is one whole CSV or
+        JSON-lines file, at most ``maxSplitBytes``), their rows joined into record batches
+        of ``batchRows`` (the last may be shorter). Each batch yields the position after its
+        last row, (member index, rows of that member read), so a resumed split starts in the
+        right member at the right row (members before it are not read again). Consecutive
+        members are parsed together, in groups of up to :data:`PARSE_GROUP_BYTES`
+        (:meth:`_parse_members`)."""
+        import bisect
+
+        o = self.options
+        index, skip = position if position else (0, 0)
+        fs, _ = filesystem(o.url, o.storage_options)
+        fetcher = MemberFetcher(fs, split.files, index, ahead=o.prefetch_files,
+                                max_bytes=PREFETCH_BYTES)
+        pending: list[Any] = []
+        rows = 0
+        after = (index, skip)
+        i = index
+        try:
+            while i < len(split.files):
+                group: list[tuple[int, bytes]] = []
+                held = 0
+                while i < len(split.files) and (not group or held + split.files[i][1]
+                                                <= PARSE_GROUP_BYTES):
+                    data = self._member_data(split, i, fetcher)
+                    group.append((i, data))
+                    held += len(data)
+                    i += 1
+                table, counts = self._parse_members(split, group)
+                first = group[0][0]
+                done_before = skip if first == index else 0  # rows of the first member read
+                if done_before:
+                    table = table.slice(min(done_before, table.num_rows))
+                    counts[0] = max(0, counts[0] - done_before)
+                if o.include_metadata:
+                    table = self._with_member_metadata(split, group, counts, table)
+                ends = list(_cumulative(counts))
+                offset, total = 0, table.num_rows
+                while offset < total:
+                    take = min(total - offset, o.batch_rows - rows)
+                    pending.append(table.slice(offset, take))
+                    offset += take
+                    rows += take
+                    # the member of the last row taken, and its rows read
+                    k = bisect.bisect_left(ends, offset)
+                    before = ends[k - 1] if k else -done_before  # rows of it before the table
+                    after = (group[k][0], offset - before)
+                    if rows >= o.batch_rows:
+                        yield _joined_tables(pending), after
+                        pending, rows = [], 0
+            if pending:
+                yield _joined_tables(pending), after
+        finally:
+            fetcher.close()
+
+    def _member_data(self, split: FileSplit, i: int, fetcher: MemberFetcher) -> bytes:
+        """Member ``i``'s bytes, checked against its size as discovered (rule 3)."""
+        path, size, _ = split.files[i]
+        try:
+            data = fetcher.get(i)
+        except Exception as exc:
+            raise self._member_error(split, i, exc) from exc
+        if len(data) != size:
+            raise FileChangedError(
+                f"file {path} changed after it was discovered: it had {size} bytes, now "
+                f"{len(data)} (file {i + 1} of {len(split.files)} of split {split.split_id})")
+        return data
+
+    def _member_error(self, split: FileSplit, i: int, exc: BaseException) -> FileReadError:
+        path, size, _ = split.files[i]
+        return FileReadError(f"cannot read {display_path(self.options.url, path)} (bytes "
+                             f"[0, {size}), file {i + 1} of {len(split.files)} of split "
+                             f"{split.split_id}): {type(exc).__name__}: {exc}")
+
+    def _parse_members(self, split: FileSplit,
+                       group: list[tuple[int, bytes]]) -> tuple[Any, list[int]]:
+        """The rows of consecutive members (index, bytes) as one table of the data's schema,
+        and how many rows each member gave. Fast path: the members' records (a CSV member
+        without its header line) in one parse, when that parse finds no malformed record and
+        the rows are as many as the members' non-blank lines. Otherwise each member on its
+        own (:meth:`_member_table`), which names a malformed record's member, line and byte
+        offset, as a file of its own would be (rule 6)."""
+        o = self.options
+        if len(group) > 1:
+            bodies, counts = [], []
+            for _, data in group:
+                body = data
+                if o.header:
+                    cut = data.find(b"\n")
+                    body = data[cut + 1:] if cut >= 0 else b""
+                count = _record_count(body)
+                if count is None:
+                    break
+                counts.append(count)
+                bodies.append(body if not body or body.endswith(b"\n") else body + b"\n")
+            else:
+                try:
+                    parsed = self.parser.parse(b"".join(bodies), header=False)
+                except Exception:  # noqa: BLE001 - each member again, named
+                    parsed = None
+                if (parsed is not None and not parsed.malformed and parsed.table is not None
+                        and parsed.table.num_rows == sum(counts)):
+                    return self._conform(parsed.table), counts
+        tables = [self._member_table(split, i, data) for i, data in group]
+        import pyarrow as pa
+
+        return pa.concat_tables(tables), [t.num_rows for t in tables]
+
+    def _member_table(self, split: FileSplit, i: int, data: bytes) -> Any:
+        """Member ``i`` of packed ``split`` parsed alone (a file of its own: its header, its
+        malformed records named with its path and line), in the data's schema."""
+        path, size, _ = split.files[i]
+        try:
+            parsed = self.parser.parse(data, header=self.options.header)
+            if parsed.malformed:
+                self._malformed(io.BytesIO(data), path, 0, size, 0, parsed)
+            return self._conform(parsed.table)
+        except (SparkCoordError, FileChangedError):
+            raise  # named already
+        except Exception as exc:
+            raise self._member_error(split, i, exc) from exc
+
+    def _with_member_metadata(self, split: FileSplit, group: list[tuple[int, bytes]],
+                              counts: list[int], table: Any) -> Any:
+        """``table`` (the rows of ``group``'s members, ``counts`` each) with the
+        ``_metadata`` column of rule 7: every row its own member's file."""
+        import numpy as np
+        import pyarrow as pa
+
+        arrow_type = self.arrow_schema.field(METADATA_COLUMN).type
+        values = pa.array([self._metadata_value(split.files[i], 0, split.files[i][1], None)
+                           for i, _ in group], type=arrow_type)
+        column = values.take(pa.array(np.repeat(np.arange(len(counts)), counts)))
+        columns = [column if f.name == METADATA_COLUMN else table.column(f.name)
+                   for f in self.arrow_schema]
+        return pa.Table.from_arrays(columns, schema=self.arrow_schema)
 
     def _with_metadata(self, batch: Any, metadata: SplitMetadata) -> Any:
         """``batch`` (of :attr:`data_schema`) with the ``_metadata`` column at its place."""
@@ -789,9 +1070,9 @@ class FileReader(SplitReader):
         return pa.RecordBatch.from_arrays(columns, schema=schema)
 
     def _conform(self, batch: Any) -> Any:
-        """The batch with exactly the data's Arrow schema (column order, types, nullability),
-        which Spark requires of a record batch; the ``_metadata`` column (rule 7) is added
-        after."""
+        """The record batch (or table: a parse of several packed members) with exactly the
+        data's Arrow schema (column order, types, nullability), which Spark requires of a
+        record batch; the ``_metadata`` column (rule 7) is added after."""
         schema = self.data_schema
         if batch.schema.equals(schema):
             return batch
@@ -799,7 +1080,111 @@ class FileReader(SplitReader):
 
         columns = [batch.column(batch.schema.get_field_index(f.name)).cast(f.type)
                    for f in schema]
-        return pa.RecordBatch.from_arrays(columns, schema=schema)
+        kind = pa.Table if isinstance(batch, pa.Table) else pa.RecordBatch
+        return kind.from_arrays(columns, schema=schema)
+
+
+class MemberFetcher:
+    """The bytes of a packed split's members (rule 8), in order, from member ``first`` on.
+    A local file is read when asked for; on a remote filesystem (S3, ...) a small thread pool
+    fetches the next members ahead with ``cat_file`` while the reader parses: at most
+    ``ahead`` members and, past the one being read, ``max_bytes`` bytes (a member may be
+    bigger alone). Made and used by :class:`FileReader` in the Spark task's thread; the
+    pool's threads only fetch. :meth:`close` drops what was fetched and not read."""
+
+    def __init__(self, fs: Any, members: tuple[Member, ...], first: int, *, ahead: int,
+                 max_bytes: int) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.fs = fs
+        self.members = members
+        self.ahead = max(1, ahead)
+        self.max_bytes = max_bytes
+        self.local = _is_local(fs)
+        self._next = first
+        self._waiting: dict[int, Any] = {}
+        self._pool = (None if self.local or self.ahead == 1 else
+                      ThreadPoolExecutor(self.ahead, thread_name_prefix="sparkcoord-fetch"))
+
+    def _read(self, path: str) -> bytes:
+        if self.local:
+            with open(path, "rb") as f:
+                return f.read()
+        data: bytes = self.fs.cat_file(path)
+        return data
+
+    def _fill(self) -> None:
+        assert self._pool is not None
+        held = sum(self.members[i][1] for i in self._waiting)
+        while self._next < len(self.members) and len(self._waiting) < self.ahead:
+            size = self.members[self._next][1]
+            if self._waiting and held + size > self.max_bytes:
+                break
+            self._waiting[self._next] = self._pool.submit(self._read, self.members[self._next][0])
+            held += size
+            self._next += 1
+
+    def get(self, index: int) -> bytes:
+        """Member ``index``'s bytes (members are asked for in order); a failure to fetch it
+        is raised here."""
+        if self._pool is None:
+            return self._read(self.members[index][0])
+        if index not in self._waiting:
+            self._next = max(self._next, index)
+            self._fill()
+        future = self._waiting.pop(index)
+        self._fill()
+        data: bytes = future.result()
+        return data
+
+    def close(self) -> None:
+        if self._pool is not None:
+            for future in self._waiting.values():
+                future.cancel()
+            self._waiting.clear()
+            self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+#: rule 8: consecutive members of a packed split parsed in one call, up to these many bytes
+PARSE_GROUP_BYTES = 8 << 20
+#: rule 8: the bytes of members a reader fetches ahead of the one it parses (a bigger member
+#: is fetched alone)
+PREFETCH_BYTES = 16 << 20
+#: a line with nothing but white space (or nothing), where CSV and JSON count differently
+_BLANK_LINE = re.compile(rb"(?:^|\n)[ \t\r\f\v]*(?:\n|$)")
+
+
+def _record_count(body: bytes) -> int | None:
+    """The records of ``body`` (whole lines, no header): its non-blank lines; None when a line
+    holds white space only (whether that is a record depends on the format). Reader (task
+    thread), for the one-parse path of a packed split."""
+    if body.endswith(b"\n"):
+        body = body[:-1]
+    if not body:
+        return 0
+    if _BLANK_LINE.search(body) is None:
+        return body.count(b"\n") + 1
+    count = 0
+    for line in body.split(b"\n"):
+        if line.strip():
+            count += 1
+        elif line:
+            return None
+    return count
+
+
+def _joined_tables(tables: list[Any]) -> Any:
+    """One record batch of the rows of ``tables`` (same schema, some rows)."""
+    import pyarrow as pa
+
+    return pa.concat_tables(tables).combine_chunks().to_batches()[0]
+
+
+def _cumulative(counts: list[int]) -> Iterator[int]:
+    total = 0
+    for count in counts:
+        total += count
+        yield total
 
 
 def infer_schema(options: FileSourceOptions) -> Any:

@@ -37,7 +37,8 @@ class Split(PicklesLikeBefore):
 
     ``split_id`` names it uniquely within its source; ``size`` (bytes, an estimate is fine)
     feeds ``maxBytesPerTrigger``; ``unit`` groups splits for ``maxFilesPerTrigger`` (a file's
-    splits share their unit: its path).
+    splits share their unit: its path; a split packing several files has one per file,
+    ``units``).
     """
 
     split_id: str
@@ -46,6 +47,13 @@ class Split(PicklesLikeBefore):
     @property
     def unit(self) -> str:
         return self.split_id
+
+    @property
+    def units(self) -> tuple[str, ...]:
+        """Every unit the split reads: its :attr:`unit`, or several for a split that packs
+        several files (each counts against ``maxFilesPerTrigger``). Enumerator (mailbox
+        thread), when it admits the split to a batch."""
+        return (self.unit,)
 
     @property
     def alignment_key(self) -> str:
@@ -110,23 +118,26 @@ class BatchBudget:
         """Whether ``split`` may still go out in this batch (the first always does)."""
         if self.splits == 0:
             return True
-        if (self.limit.max_units is not None and split.unit not in self.units
-                and len(self.units) >= self.limit.max_units):
-            return False
+        if self.limit.max_units is not None:
+            new = sum(1 for unit in split.units if unit not in self.units)
+            if new and len(self.units) + new > self.limit.max_units:
+                return False
         return self.limit.max_bytes is None or self.bytes < self.limit.max_bytes
 
     def took(self, split: Split) -> None:
-        self.units[split.unit] = self.units.get(split.unit, 0) + 1
+        for unit in split.units:
+            self.units[unit] = self.units.get(unit, 0) + 1
         self.bytes += split.size
         self.splits += 1
 
     def gave_back(self, split: Split) -> None:
         """``split``, taken in this batch, was put back (a withdrawn answer): it no longer
         counts against the limit."""
-        left = self.units.get(split.unit, 0) - 1
-        if left > 0:
-            self.units[split.unit] = left
-        else:
-            self.units.pop(split.unit, None)
+        for unit in split.units:
+            left = self.units.get(unit, 0) - 1
+            if left > 0:
+                self.units[unit] = left
+            else:
+                self.units.pop(unit, None)
         self.bytes = max(0, self.bytes - split.size)
         self.splits = max(0, self.splits - 1)

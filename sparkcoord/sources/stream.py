@@ -11,6 +11,7 @@ user's driver program thread.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import re
@@ -122,6 +123,9 @@ OPTIONS: dict[str, tuple[str, Any]] = {
     "mode": ("mode", parse_mode),
     "columnnameofcorruptrecord": ("corrupt_column", parse_column_name),
     "includemetadata": ("include_metadata", parse_bool),
+    "maxpartitionbytes": ("max_partition_bytes", parse_bytes),
+    "opencostinbytes": ("open_cost_bytes", parse_bytes),
+    "prefetchfiles": ("prefetch_files", parse_int),
 }
 #: options of the text formats only (a parquet file has no records to be malformed)
 TEXT_OPTIONS = ("mode", "columnnameofcorruptrecord")
@@ -264,6 +268,12 @@ class FileStream:
         struct = self._struct(opts, data)
         check_record_options(opts, data)
         aligned = alignment_options(self._options, struct, name)
+        if aligned is not None or self._committer is not None:
+            # files.py rule 8: alignment keeps a lane within max drift plus one file, and a
+            # split packing several files of a lane would move it several files at once; a
+            # committer written before packing reads ``split.path`` (one file a split) and
+            # would leave a pack's other files out of what it publishes
+            opts = dataclasses.replace(opts, packing=False)
         limit = ReadLimit(opts.max_files_per_trigger, opts.max_bytes_per_trigger)
         enumerator = functools.partial(
             SplitEnumerator, discovery=FileDiscovery(opts), bounded=opts.bounded,

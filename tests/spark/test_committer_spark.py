@@ -86,7 +86,8 @@ def test_a_failing_committer_and_a_fail_job_still_list_every_file_in_exactly_one
         path = manifest_dir / f"manifest-{epoch:06d}.json"
         if not path.exists():
             path.write_text(json.dumps({"epoch": epoch,
-                                        "files": sorted({s.path for s in splits})}))
+                                        "files": sorted({p for s in splits
+                                                         for p in s.paths})}))
 
     job = CoordinatedJob(spark, str(tmp_path / "ckpt"))
     spec, struct = (FileStream(job).format("json").schema("id long")

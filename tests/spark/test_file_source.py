@@ -271,3 +271,53 @@ def test_an_available_now_run_of_a_continuous_source_reads_past_the_per_cycle_ca
     assert report.failures == []
     ids = sorted(r.id for r in sink_rows(spark, out))
     assert ids == list(range(files)), (len(ids), len(set(ids)))
+
+
+def packed_failing_reader(options: Any, schema_json: str, marker_dir: str) -> Any:
+    """A FileReader that stops a batch after 150 rows (so packed splits are kept and resumed
+    from a (member, rows) position in the next batch) and whose task raises once, after the
+    second record batch of a resumed packed split (a task retry in the middle of it)."""
+    from sparkcoord.examples.numbers import _once
+    from sparkcoord.sources.files import FileReader
+
+    class Reader(FileReader):
+        max_rows_per_batch = 150
+
+        def read_split(self, split: Any, position: Any) -> Any:
+            for n, item in enumerate(super().read_split(split, position)):
+                yield item
+                if (split.files and position is not None and n == 1
+                        and _once(marker_dir, "fail_task")):
+                    raise RuntimeError(f"injected task failure in the middle of packed split "
+                                       f"{split.split_id} (from {position})")
+
+    return Reader(options, schema_json)
+
+
+def test_tiny_files_packed_into_few_splits_are_read_exactly_once_across_a_task_retry(
+        spark, tmp_path) -> None:
+    # issue 25 item 4 (files.py rule 8): 2,000 one-line files in splits of 32 files; a reader
+    # stops mid-split, resumes it from its (member, rows) position in the next batch, and
+    # its task fails there once: Spark retries it, no row is lost or repeated, and every
+    # row's _metadata names its own file
+    import dataclasses
+    import functools
+
+    data, out, markers = tmp_path / "data", str(tmp_path / "out"), str(tmp_path / "markers")
+    data.mkdir()
+    files = 2_000
+    for i in range(files):
+        (data / f"t-{i:06d}.json").write_text(json.dumps(
+            {"id": i, "name": f"n{i}", "score": i * 0.5}) + "\n")
+    job = CoordinatedJob(spark, str(tmp_path / "ckpt"))
+    spec, struct = file_stream(job, "json", bounded="true", batchRows="5",
+                               includeMetadata="true").operator_spec(str(data))
+    reader = functools.partial(packed_failing_reader, *spec.operator.args, marker_dir=markers)
+    df = job.sources([dataclasses.replace(spec, operator=reader)], struct, name="files")
+    report = job.run(df.writeStream.format("parquet").option("path", out)
+                     .trigger(availableNow=True), timeout_s=300)
+    assert report.failures == [] and report.restarts == 0
+    assert os.listdir(markers), "no failure was injected"
+    rows = sink_rows(spark, out)
+    assert_exactly_once(rows, list(range(files)))
+    assert all(r._metadata.file_name == f"t-{r.id:06d}.json" for r in rows)
