@@ -1,6 +1,11 @@
 """Scenario two-speeds on a real standalone cluster: a master and two workers started from the
 pyspark package on loopback, executors in their own JVMs with their own Python workers, the
-driver in a process of its own (see docs/spark.md, "Running on a standalone cluster")."""
+driver in a process of its own (see docs/spark.md, "Running on a standalone cluster").
+
+Marked ``cluster`` (about 85 s, not in the default suite, which runs the same scenario in local
+mode in test_scenarios.py and through Spark Connect in test_connect.py):
+``.venv/bin/python -m pytest -q -m cluster``; scripts/soak.py's ``cluster`` runs it with many
+seeds."""
 
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ import pytest
 
 from sparkcoord.spark.cluster import LocalStandaloneCluster
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.cluster]
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,14 @@
 checkpoint location: the sink and the coordinator's state end exactly-once.
 
 Each case runs the job twice as its own process group (~30 s each): once until the kill, once
-to completion.
+to completion. The default suite runs one kill point of each part of the protocol: a later
+batch's events (``mid-batch`` 1), the sink's commit (``sink-committed``), a sealed epoch
+(``sealed``, in tests/spark/test_remote_checkpoint.py, its records on S3), a logged answer of
+the work queue (``answered``, in tests/spark/test_until_recipe.py, the same queue job with the
+documented ``until`` recipe) and a client request (``client-added``) and a file source's
+answer (``answered`` 2) here. The other kill points are marked ``slow`` (about 3 minutes):
+``.venv/bin/python -m pytest -q -m slow``; scripts/soak.py's ``driver-kill`` runs every point
+with many seeds.
 """
 
 from __future__ import annotations
@@ -35,9 +42,13 @@ def run_job(workdir: pathlib.Path, kill: str | None) -> subprocess.CompletedProc
 
 
 @pytest.mark.parametrize("point,min_epoch", [
-    ("mid-batch", 0),        # inside the first batch: initialOffset() comes before partitions()
-    ("sealing", 1),          # every coordinator completed, record not yet written
-    ("sealed", 1),           # record durable, Spark's offset log not yet written
+    # inside the first batch: initialOffset() comes before partitions()
+    pytest.param("mid-batch", 0, marks=pytest.mark.slow),
+    # every coordinator completed, record not yet written
+    pytest.param("sealing", 1, marks=pytest.mark.slow),
+    # record durable, Spark's offset log not yet written (default suite: on S3, in
+    # test_remote_checkpoint.py)
+    pytest.param("sealed", 1, marks=pytest.mark.slow),
     ("mid-batch", 1),        # a later batch: a task sent its events, the batch did not finish
     ("sink-committed", 1),   # the sink committed, Spark's commit log not written (batch id)
 ])
@@ -77,7 +88,9 @@ def run_queue_job(workdir: pathlib.Path, kill: str | None, first: int, added: in
 
 
 @pytest.mark.parametrize("point", [
-    "answered",       # a task got a logged answer mid-queue: the batch runs again after
+    # a task got a logged answer mid-queue: the batch runs again after (default suite: the
+    # same queue and kill point in test_until_recipe.py's killed-driver test)
+    pytest.param("answered", marks=pytest.mark.slow),
     "client-added",   # the driver program's request was answered: its effect must survive
 ])
 def test_a_killed_driver_loses_and_repeats_no_answer_of_the_work_queue(tmp_path, point: str) -> None:
