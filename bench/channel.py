@@ -125,7 +125,7 @@ def run(preset: str, spark: Any) -> dict[str, Any]:
         service.restore(FRESH)
         service.checkpoint(0)
         secret = os.urandom(32)
-        server = ChannelServer(service, secret).start()
+        server = ChannelServer(service.inbox, secret).start()
         echo, sink = RawServer("echo"), RawServer("sink")
         address, run_id = server.address, service.run_id
         frame = EventFrames(TaskAttempt(run_id, SubtaskId("op", 0), 0, 0), secret).encode(

@@ -20,8 +20,8 @@ from typing import Any
 
 from bench.common import figure, stats
 from bench.seal import Bench
+from sparkcoord.core.entries import EventRunEntry
 from sparkcoord.core.ids import SubtaskId, TaskAttempt
-from sparkcoord.core.inbound import EventRunEntry
 from sparkcoord.core.records import encode_log_entry
 from sparkcoord.runtime.storage import CheckpointStorage
 

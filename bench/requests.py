@@ -154,7 +154,7 @@ def _measure(sc: Any, fsync: bool, n: int) -> dict[str, Any]:
         service.restore(FRESH)
         service.checkpoint(0)
         secret = os.urandom(32)
-        server = ChannelServer(service, secret).start()
+        server = ChannelServer(service.inbox, secret).start()
         try:
             for p in (2, 8):
                 for events in (False, True):

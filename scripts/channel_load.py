@@ -77,7 +77,7 @@ def main() -> int:
         service.restore(FRESH)
         service.checkpoint(0)
         secret = os.urandom(32)
-        server = ChannelServer(service, secret).start()
+        server = ChannelServer(service.inbox, secret).start()
         try:
             out = ctx.Queue()
             before = os.times()

@@ -12,7 +12,8 @@ import subprocess
 import sys
 import textwrap
 
-DRIVER_ONLY = ["fsspec", "asyncio", "sparkcoord.runtime.service", "sparkcoord.runtime.storage",
+DRIVER_ONLY = ["fsspec", "asyncio", "sparkcoord.runtime.service", "sparkcoord.runtime.inbox",
+               "sparkcoord.runtime.storage",
                "sparkcoord.spark.driver", "sparkcoord.spark.job", "sparkcoord.runtime.holder"]
 
 

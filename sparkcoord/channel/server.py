@@ -88,12 +88,11 @@ from sparkcoord.channel.frames import (
     authenticate_and_parse,
     encode,
 )
+from sparkcoord.core.entries import Answer, Asker, DriverClient
 from sparkcoord.core.errors import SparkCoordError
 from sparkcoord.core.ids import TaskAttempt
 from sparkcoord.core.inbound import (
-    ClientResponseEntry,
     InboundDecision,
-    ResponseEntry,
     RunDecision,
     Verdict,
 )
@@ -120,15 +119,9 @@ class InboundHandler(Protocol):
         decided in order."""
         ...
 
-    def request_received(self, attempt: TaskAttempt, seq: int, payload: bytes
-                         ) -> Future[ResponseEntry | ClientResponseEntry]:
-        """Request ``seq`` of ``attempt``: the future of its logged answer (it fails with the
-        reason when no answer will come)."""
-        ...
-
-    def client_request_received(self, operator: str, client: str, seq: int, payload: bytes
-                                ) -> Future[ResponseEntry | ClientResponseEntry]:
-        """Request ``seq`` of a client of the job to ``operator``: as :meth:`request_received`."""
+    def request_received(self, asker: Asker, seq: int, payload: bytes) -> Future[Answer]:
+        """Request ``seq`` of ``asker`` (a task attempt, or a client of the job): the future
+        of its logged answer (it fails with the reason when no answer will come)."""
         ...
 
 
@@ -585,17 +578,15 @@ class ChannelServer:
         # The answer is written by the thread that logs it (the coordinator's, usually) the
         # moment it exists: the connection's thread does not wait for it (one thread handoff
         # less per request), and goes back to reading the socket.
-        handler = self.handler
         seq = message.seq
         if isinstance(message, Request):
-            answer = handler.request_received(message.attempt, seq, message.payload)
+            asker: Asker = message.attempt
+            hold = self.failover_hold  # a task's answer: a failed job's tasks wait (decision 44)
         else:
-            answer = handler.client_request_received(message.operator, message.client, seq,
-                                                     message.payload)
+            asker, hold = DriverClient(message.operator, message.client), _no_hold
+        answer = self.handler.request_received(asker, seq, message.payload)
 
-        hold = self.failover_hold if isinstance(message, Request) else _no_hold
-
-        def answered(f: Future[ResponseEntry | ClientResponseEntry]) -> None:
+        def answered(f: Future[Answer]) -> None:
             writer.send(encode(_response(seq, f, hold), self.secret), quiet=True)
         answer.add_done_callback(answered)
 
@@ -693,7 +684,7 @@ def _peer(sock: socket.socket) -> object:
         return "?"
 
 
-def _response(seq: int, answer: Future[ResponseEntry | ClientResponseEntry],
+def _response(seq: int, answer: Future[Answer],
               hold: Callable[[], int] = _no_hold) -> Response:
     """The RESPONSE frame's message for a resolved answer future (its error: FAILED, with the
     task's hold if the job failed)."""

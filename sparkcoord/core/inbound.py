@@ -38,6 +38,17 @@ Rules (DESIGN.md section 2, rules 6 and 7, and docs/decisions.md 36):
      and so is an item beyond it. An attempt that asked nothing and continued nothing says
      nothing at its end, so a kept history without a request counts as finished by the
      earlier run that wrote it.
+  7. A client of the job (the user's driver program: core/entries.py's ``DriverClient``) asks
+     requests too, with its own sequence per (operator, client). A client's request is in no
+     subtask's history: it always survives, a task retry replays it to the reset coordinator
+     with the other subtasks' items, and it makes no retry adopt (rule 5). It is logged, under
+     the client's log identity (entries rule 2), in the current epoch's log: the running one
+     once Spark logged it, else the last committed one until the next epoch starts (between
+     batches only its last entry is kept in memory: nothing replays it before a restore reads
+     the durable log). Its answer goes to the log current when it comes. The newest
+     ``CLIENT_MEMORY`` client requests are remembered across epochs and restores (with each
+     record, decision 38), so a client's re-send is answered from the log and never applied
+     twice; one whose answer died with an earlier run is told so (``LOST_ANSWER``).
 
 Theory of operation: the gate keeps only the running epoch: the live attempt and history of
 each subtask, the logged responses, and every log entry in order (the in-memory mirror of the
@@ -56,114 +67,31 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from sparkcoord.core.entries import (
+    Answer,
+    Asker,
+    ClientRequestEntry,
+    ClientResponseEntry,
+    DriverClient,
+    EventEntry,
+    EventRunEntry,
+    FinishedEntry,
+    ItemEntry,
+    LogEntry,
+    RegistrationEntry,
+    RequestEntry,
+    ResponseEntry,
+    client_identity,
+    is_client_identity,
+)
 from sparkcoord.core.errors import CheckpointIdRegression
 from sparkcoord.core.ids import NO_EPOCH, SubtaskId, TaskAttempt
 
-
-@dataclass(frozen=True, slots=True)
-class RegistrationEntry:
-    """Log entry: ``attempt`` registered and became the live attempt of its subtask."""
-
-    attempt: TaskAttempt
-
-
-@dataclass(frozen=True, slots=True)
-class EventEntry:
-    """Log entry: event number ``seq`` of ``attempt`` was accepted."""
-
-    attempt: TaskAttempt
-    seq: int
-    payload: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class EventRunEntry:
-    """Log entry: events ``first_seq``, ``first_seq + 1``, ... of ``attempt`` were accepted
-    together (a client's burst; one entry instead of one per event)."""
-
-    attempt: TaskAttempt
-    first_seq: int
-    payloads: tuple[bytes, ...]
-
-    def each(self) -> list[EventEntry]:
-        return [EventEntry(self.attempt, self.first_seq + i, p) for i, p in enumerate(self.payloads)]
-
-
-@dataclass(frozen=True, slots=True)
-class RequestEntry:
-    """Log entry: item ``seq`` of ``attempt`` is a request, accepted and handed to the
-    coordinator (requests and events of an attempt share one sequence)."""
-
-    attempt: TaskAttempt
-    seq: int
-    payload: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class ResponseEntry:
-    """Log entry: the coordinator's answer to request ``seq`` that ``attempt`` asked.
-
-    ``failed``: the coordinator refused the request (its future failed); ``payload`` is then
-    the reason as UTF-8 text. A task sees a response only after this entry is logged.
-    """
-
-    attempt: TaskAttempt
-    seq: int
-    payload: bytes
-    failed: bool = False
-
-
-#: The subtask index of a client request's log identity (no subtask has it).
-CLIENT_INDEX = 0xFFFFFFFF
-
-
-#: How many client requests the gate remembers for answering re-sends (module docstring).
+#: How many client requests the gate remembers for answering re-sends (rule 7).
 CLIENT_MEMORY = 4096
 #: What a client's re-send hears when its request took effect but its answer was lost.
 LOST_ANSWER = ("the request took effect, but its answer was lost when the run that owed it "
                "ended (it was not answered before the checkpoint the job restarted from)")
-
-
-def client_identity(operator: str, client: str, epoch: int) -> TaskAttempt:
-    """The log identity of client ``client``'s requests to ``operator`` in ``epoch``'s log."""
-    return TaskAttempt(client, SubtaskId(operator, CLIENT_INDEX), epoch, 0)
-
-
-@dataclass(frozen=True, slots=True)
-class ClientRequestEntry:
-    """Log entry: request ``seq`` of a client of the job (the user's driver program) to the
-    coordinator ``attempt.subtask.operator``; ``attempt`` is :func:`client_identity` (its run is
-    the client's id). Client requests are in no subtask's history: they always survive."""
-
-    attempt: TaskAttempt
-    seq: int
-    payload: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class ClientResponseEntry:
-    """Log entry: the coordinator's answer to client request ``seq`` (as :class:`ResponseEntry`)."""
-
-    attempt: TaskAttempt
-    seq: int
-    payload: bytes
-    failed: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class FinishedEntry:
-    """Log entry: ``attempt``, the live attempt of its subtask, finished the batch having
-    sent items 0 .. ``seq`` - 1; any items of its history from ``seq`` on are withdrawn
-    (rule 6)."""
-
-    attempt: TaskAttempt
-    seq: int
-
-
-LogEntry = (RegistrationEntry | EventEntry | EventRunEntry | RequestEntry | ResponseEntry
-            | ClientRequestEntry | ClientResponseEntry | FinishedEntry)
-#: The entries that are items of a subtask's history (numbered by sequence).
-ItemEntry = EventEntry | EventRunEntry | RequestEntry
 
 
 def _events_of(entry: LogEntry) -> list[EventEntry]:
@@ -240,7 +168,7 @@ class RequestDecision:
     reason: str = ""
     execution_attempt: int = 0
     diverged: bool = False
-    response: ResponseEntry | ClientResponseEntry | None = None
+    response: Answer | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -522,10 +450,28 @@ class InboundGate:
             self._log.append(entry)
         return RunDecision(duplicates, accepted, 0, "", execution_attempt)
 
-    def request_received(self, attempt: TaskAttempt, seq: int, payload: bytes) -> RequestDecision:
-        """Request ``seq`` of ``attempt`` arrived. On ACCEPT the caller logs ``self.last_entry``,
+    def request_received(self, asker: Asker, seq: int, payload: bytes) -> RequestDecision:
+        """Request ``seq`` of ``asker`` (a task attempt, or a client: rule 7) arrived. On
+        ACCEPT the caller logs ``self.last_entry`` in the log of :attr:`last_entry_epoch`,
         hands the request to the coordinator, and answers once :meth:`response_recorded` took
-        the answer."""
+        the answer. DUPLICATE: a re-send (or a retry re-asking what the attempt it adopted
+        asked), answered from the log."""
+        if isinstance(asker, DriverClient):
+            return self._client_request(asker.operator, asker.client, seq, payload)
+        return self._task_request(asker, seq, payload)
+
+    def response_recorded(self, asked_by: TaskAttempt, seq: int, payload: bytes,
+                          failed: bool = False) -> Answer | None:
+        """The coordinator answered request ``seq`` that ``asked_by`` asked (a task attempt,
+        or a client's log identity). Returns the entry to log in the log of
+        :attr:`last_entry_epoch` (the caller logs it, then answers whoever waits), or None
+        when the request is no longer part of the running epoch (its batch ended, or it was
+        answered already) or a client's request is forgotten."""
+        if is_client_identity(asked_by):
+            return self._client_answer(asked_by, seq, payload, failed)
+        return self._task_answer(asked_by, seq, payload, failed)
+
+    def _task_request(self, attempt: TaskAttempt, seq: int, payload: bytes) -> RequestDecision:
         sid = attempt.subtask
         live = self._live.get(sid)
         if live is not attempt and live != attempt:
@@ -552,11 +498,8 @@ class InboundGate:
         self._requested.add(sid.operator)
         return RequestDecision(Verdict.ACCEPT, execution_attempt=execution_attempt)
 
-    def response_recorded(self, asked_by: TaskAttempt, seq: int, payload: bytes,
-                          failed: bool = False) -> ResponseEntry | None:
-        """The coordinator answered request ``seq`` that ``asked_by`` asked. Returns the entry
-        to log (the caller logs it, then answers whoever waits), or None when the request is
-        no longer part of the running epoch (its batch ended, or it was answered already)."""
+    def _task_answer(self, asked_by: TaskAttempt, seq: int, payload: bytes,
+                     failed: bool) -> ResponseEntry | None:
         sid = asked_by.subtask
         history = self._histories.get(sid)
         if (asked_by.epoch != self.running_epoch or history is None
@@ -583,14 +526,9 @@ class InboundGate:
         """Spark logged ``epoch`` (it planned the epoch's batch). Runtime, critical section."""
         self._logged = max(self._logged, epoch)
 
-    def client_request_received(self, operator: str, client: str, seq: int, payload: bytes
-                                ) -> RequestDecision:
-        """Request ``seq`` of ``client`` to ``operator`` arrived. ACCEPT: log
-        ``self.last_entry`` in the log of :attr:`client_log_epoch`, hand it to the coordinator,
-        answer when :meth:`client_response_recorded` took the answer. DUPLICATE: a client's
-        re-send, answered from the log. A client request does not make task retries adopt
-        (it is in no subtask's history); its effect survives resets and restores because it
-        is replayed with the other inputs, in log order."""
+    def _client_request(self, operator: str, client: str, seq: int, payload: bytes
+                        ) -> RequestDecision:
+        # rule 7: logged in the log of ``client_log_epoch``
         if operator not in self.parallelism:
             return RequestDecision(Verdict.REJECT, f"unknown operator {operator!r}")
         epoch = self.client_log_epoch
@@ -652,11 +590,10 @@ class InboundGate:
         while len(self._client) > CLIENT_MEMORY:
             self._client.popitem(last=False)
 
-    def client_response_recorded(self, asked_by: TaskAttempt, seq: int, payload: bytes,
-                                 failed: bool = False) -> ClientResponseEntry | None:
-        """The coordinator answered client request ``seq`` (``asked_by`` is its identity):
-        the entry to log in the log of :attr:`client_log_epoch` (which may be a later epoch's
-        than the request's), or None when it was answered already or is forgotten."""
+    def _client_answer(self, asked_by: TaskAttempt, seq: int, payload: bytes,
+                       failed: bool) -> ClientResponseEntry | None:
+        # rule 7: logged in the log of ``client_log_epoch`` (maybe a later epoch's than the
+        # request's); None when it was answered already or is forgotten
         key = (asked_by.subtask.operator, asked_by.run, seq)
         if key not in self._client or self._client[key] is not None \
                 or self.client_log_epoch is None:
@@ -670,6 +607,17 @@ class InboundGate:
     def last_entry(self) -> LogEntry:
         """The entry that the last ACCEPT added (the runtime appends it to the durable log)."""
         return self._log[-1]
+
+    @property
+    def last_entry_epoch(self) -> int:
+        """The epoch whose durable log takes :attr:`last_entry`: a task's entry goes to its
+        attempt's epoch (the running one), a client's to the current one (rule 7)."""
+        entry = self._log[-1]
+        if is_client_identity(entry.attempt):
+            epoch = self.client_log_epoch
+            assert epoch is not None  # a client's entry is only made while there is one
+            return epoch
+        return entry.attempt.epoch
 
     # ---------------------------------------------------------------------------- replays
     def surviving_items(self, operator: str | None = None, excluding: SubtaskId | None = None

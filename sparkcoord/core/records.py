@@ -34,9 +34,7 @@ import zlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from sparkcoord.core.errors import CorruptRecord, UnknownRecordVersion
-from sparkcoord.core.ids import SubtaskId, TaskAttempt
-from sparkcoord.core.inbound import (
+from sparkcoord.core.entries import (
     ClientRequestEntry,
     ClientResponseEntry,
     EventEntry,
@@ -47,6 +45,8 @@ from sparkcoord.core.inbound import (
     RequestEntry,
     ResponseEntry,
 )
+from sparkcoord.core.errors import CorruptRecord, UnknownRecordVersion
+from sparkcoord.core.ids import SubtaskId, TaskAttempt
 
 MAGIC = b"SPCO"
 FORMAT_VERSION = 1

@@ -11,9 +11,7 @@ import posixpath
 import zlib
 from typing import Any
 
-from sparkcoord.core.errors import CorruptRecord
-from sparkcoord.core.ids import TaskAttempt
-from sparkcoord.core.inbound import (
+from sparkcoord.core.entries import (
     ClientRequestEntry,
     ClientResponseEntry,
     EventEntry,
@@ -23,9 +21,10 @@ from sparkcoord.core.inbound import (
     RegistrationEntry,
     RequestEntry,
     ResponseEntry,
-    kept_at_rerun,
-    operators_with_requests,
 )
+from sparkcoord.core.errors import CorruptRecord
+from sparkcoord.core.ids import TaskAttempt
+from sparkcoord.core.inbound import kept_at_rerun, operators_with_requests
 from sparkcoord.core.records import (
     decode_checkpoint,
     decode_log,

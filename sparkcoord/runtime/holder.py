@@ -206,19 +206,17 @@ class CoordinatorHolder:
                     self._callback("handle_event_from_operator", subtask, attempt, event)
         self._submit(run)
 
-    def deliver_request(self, subtask: int, attempt: int, request: Any, answered: Answered) -> bool:
-        """An accepted request, as one mailbox action (inbound critical section): the
-        coordinator's ``handle_request``, and ``answered`` once its answer exists (rule 7).
+    def deliver_request(self, subtask: int | None, attempt: int, request: Any,
+                        answered: Answered) -> bool:
+        """An accepted request, as one mailbox action (the inbox, in its critical section):
+        a task's (``subtask``, its execution ``attempt``) to the coordinator's
+        ``handle_request``, a client's (``subtask`` None) to ``handle_client_request``; and
+        ``answered`` once its answer exists (rule 7).
 
         True when the calling thread claimed the idle mailbox: it must then run it
         (``self.mailbox.run_claimed()``) once it left the critical section, and answers the
         request itself, without a thread handoff (mailbox rule 2)."""
         return self.mailbox.execute_claiming(lambda: self._ask(subtask, attempt, request, answered))
-
-    def deliver_client_request(self, request: Any, answered: Answered) -> bool:
-        """An accepted client request, as one mailbox action (inbound critical section); the
-        result as for :meth:`deliver_request`."""
-        return self.mailbox.execute_claiming(lambda: self._ask_client(request, answered))
 
     def deliver_withdrawn(self, subtask: int, attempt: int, items: list[Any],
                           taken: Callable[[bool], None]) -> None:
@@ -333,23 +331,23 @@ class CoordinatorHolder:
             self._callback("execution_attempt_ready", subtask, attempt,
                            _Gateway(self, self.generation, subtask, attempt))
         for item in replay:
-            if item.client:
-                self._ask_client(item.event, item.answered or (lambda data, failed: None))
-            elif item.withdrawn:
+            if item.withdrawn:
                 self._callback("handle_items_withdrawn", item.subtask, item.attempt, item.event)
             elif item.answered is not None:
-                self._ask(item.subtask, item.attempt, item.event, item.answered)
+                self._ask(None if item.client else item.subtask, item.attempt, item.event,
+                          item.answered)
             elif type(item.event) is BatchRequested:
                 self.batch_requested = True
             else:
                 self._callback("handle_event_from_operator", item.subtask, item.attempt, item.event)
 
-    def _ask(self, subtask: int, attempt: int, request: Any, answered: Answered) -> None:
+    def _ask(self, subtask: int | None, attempt: int, request: Any, answered: Answered) -> None:
         # Mailbox thread. The answer is pickled where it is produced (here, or in the thread
         # that completes the future), and handed on only while this instance still runs: a
         # fenced instance's answers match no surviving state (the service fails the waiters).
         generation = self.generation
-        result = self._callback("handle_request", subtask, attempt, request)
+        result = (self._callback("handle_client_request", request) if subtask is None
+                  else self._callback("handle_request", subtask, attempt, request))
         if result is _CALLBACK_FAILED:
             return
         if isinstance(result, Future):
@@ -358,18 +356,7 @@ class CoordinatorHolder:
         else:
             self._answer(generation, subtask, request, result, answered)
 
-    def _ask_client(self, request: Any, answered: Answered) -> None:
-        generation = self.generation
-        result = self._callback("handle_client_request", request)
-        if result is _CALLBACK_FAILED:
-            return
-        if isinstance(result, Future):
-            result.add_done_callback(
-                lambda f: self._answer(generation, -1, request, f, answered))
-        else:
-            self._answer(generation, -1, request, result, answered)
-
-    def _answer(self, generation: int, subtask: int, request: Any, result: Any,
+    def _answer(self, generation: int, subtask: int | None, request: Any, result: Any,
                 answered: Answered) -> None:
         failed = False
         if isinstance(result, Future):
@@ -384,7 +371,7 @@ class CoordinatorHolder:
                 payload = self.codec.encode(result)
             except SparkCoordError as exc:
                 context = self._context
-                asker = "a client" if subtask < 0 else f"subtask {subtask}"
+                asker = "a client" if subtask is None else f"subtask {subtask}"
                 cause = (f"coordinator {self.name!r} answered request {request!r} of {asker} "
                          f"with a response it cannot send: {exc}")
                 self._run_or_submit(lambda: self._report_failure(

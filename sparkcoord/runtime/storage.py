@@ -40,9 +40,9 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
+from sparkcoord.core.entries import ClientRequestEntry, ClientResponseEntry, LogEntry
 from sparkcoord.core.errors import CorruptRecord
 from sparkcoord.core.ids import SubtaskId
-from sparkcoord.core.inbound import ClientRequestEntry, ClientResponseEntry, LogEntry
 from sparkcoord.core.records import (
     CheckpointRecord,
     LogSeal,

@@ -66,7 +66,7 @@ class DriverSide:
         config = spec.config
         parallelism = sum(op.parallelism for op in list(spec.operators) + list(spec.recipients))
         self.server = ChannelServer(
-            self.service, self.secret, host=spec.channel_host,
+            self.service.inbox, self.secret, host=spec.channel_host,
             max_frame_bytes=config.max_event_bytes + 4096, deliveries=self,
             first_frame_timeout_s=config.channel_first_frame_timeout_s,
             max_connections=(max(64, 4 * parallelism) if config.max_channel_connections is None

@@ -88,7 +88,7 @@ class CoordinatedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
                 parts.append(CoordinatedPartition(
                     op.name, index, end_epoch, events, d.address, d.secret, d.service.run_id,
                     start_epoch if start_epoch != NO_EPOCH else None,
-                    d.service.history_length(sid) > 0))
+                    d.service.inbox.history_length(sid) > 0))
         return parts
 
     def prepareForTriggerAvailableNow(self) -> None:

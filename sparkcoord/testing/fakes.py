@@ -19,6 +19,7 @@ from sparkcoord.coordinator import (
     SubtaskGateway,
 )
 from sparkcoord.core.codec import EventCodec
+from sparkcoord.core.entries import DriverClient
 from sparkcoord.core.errors import RequestRefused
 from sparkcoord.core.ids import SubtaskId, TaskAttempt
 from sparkcoord.core.inbound import InboundDecision, Verdict
@@ -246,7 +247,7 @@ class CoordinatorHarness:
         if future.exception() is not None:
             return None
         record = self.service.seal(future.result())
-        self.service.epoch_logged(record.epoch)  # as Spark's offset log would, before the batch
+        self.service.inbox.epoch_logged(record.epoch)  # as Spark's offset log would, before the batch
         self.run()
         codec = self.service.codec
         return {s: [codec.decode(p) for p in record.events_for(SubtaskId(self.name, s))]
@@ -267,7 +268,7 @@ class CoordinatorHarness:
         attempt = self._attempt(subtask)
         if seq is None:
             seq = self._seqs.get(attempt, 0)
-        decision = self.service.event_received(attempt, seq, self.service.codec.encode(event))
+        decision = self.service.inbox.event_received(attempt, seq, self.service.codec.encode(event))
         self._seqs[attempt] = max(self._seqs.get(attempt, 0), seq + 1)
         self.run()
         if decision.verdict is Verdict.REJECT:
@@ -285,7 +286,7 @@ class CoordinatorHarness:
         attempt = self._attempt(subtask)
         if seq is None:
             seq = self._seqs.get(attempt, 0)
-        logged = self.service.request_received(attempt, seq, self.service.codec.encode(request))
+        logged = self.service.inbox.request_received(attempt, seq, self.service.codec.encode(request))
         self._seqs[attempt] = max(self._seqs.get(attempt, 0), seq + 1)
         answer = self._decoded(logged, f"request {seq} of subtask {subtask} ({request!r})")
         self.run()
@@ -327,8 +328,8 @@ class CoordinatorHarness:
         if seq is None:
             seq = self._client_seqs.get(client, 0)
         self._client_seqs[client] = max(self._client_seqs.get(client, 0), seq + 1)
-        logged = self.service.client_request_received(self.name, client, seq,
-                                                      self.service.codec.encode(request))
+        logged = self.service.inbox.request_received(DriverClient(self.name, client), seq,
+                                                     self.service.codec.encode(request))
         answer = self._decoded(logged, f"client request {seq} ({request!r})")
         self.run()
         return answer
@@ -340,7 +341,7 @@ class CoordinatorHarness:
         self._require_running_batch(f"retry_task({subtask})")
         self._attempt(subtask)
         self._attempt_numbers[subtask] += 1
-        decision = self.service.attempt_registered(self._current(subtask))
+        decision = self.service.inbox.attempt_registered(self._current(subtask))
         self.run()
         if decision.verdict is Verdict.REJECT:
             raise InputRefused(f"the task retry of subtask {subtask} was refused: "
@@ -354,7 +355,7 @@ class CoordinatorHarness:
         gets the rest. Runs the mailbox; raises :class:`InputRefused` if refused."""
         self._require_running_batch(f"finish_task({subtask})")
         attempt = self._attempt(subtask)
-        future = self.service.attempt_finished(attempt, self._seqs.get(attempt, 0))
+        future = self.service.inbox.attempt_finished(attempt, self._seqs.get(attempt, 0))
         self.run()
         decision = future.result(timeout=0)
         if decision.verdict is Verdict.REJECT:
@@ -378,6 +379,6 @@ class CoordinatorHarness:
     def _attempt(self, subtask: int) -> TaskAttempt:
         self._attempt_numbers.setdefault(subtask, 0)
         attempt = self._current(subtask)
-        if self.service.live_attempt(attempt.subtask) != attempt:
-            self.service.attempt_registered(attempt)
+        if self.service.inbox.live_attempt(attempt.subtask) != attempt:
+            self.service.inbox.attempt_registered(attempt)
         return attempt

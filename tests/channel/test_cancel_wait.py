@@ -42,7 +42,7 @@ def running(tmp_path) -> Iterator[tuple[CoordinationService, ChannelServer]]:
                                   CheckpointStorage(str(tmp_path / f"c-{uuid.uuid4().hex}")))
     service.restore(FRESH)
     assert service.checkpoint(0) is not None
-    server = ChannelServer(service, SECRET).start()
+    server = ChannelServer(service.inbox, SECRET).start()
     yield service, server
     server.close()
     service.close()

@@ -24,8 +24,9 @@ from sparkcoord.channel.frames import (
     encode,
 )
 from sparkcoord.channel.server import ChannelServer
+from sparkcoord.core.entries import EventRunEntry
 from sparkcoord.core.ids import SubtaskId, TaskAttempt
-from sparkcoord.core.inbound import EventRunEntry, surviving_events
+from sparkcoord.core.inbound import surviving_events
 from sparkcoord.testing import CoordinatorHarness
 
 SECRET = b"s" * 32
@@ -44,7 +45,7 @@ def setup():
     h = CoordinatorHarness(Collect, 2, name="op")
     h.start()
     h.checkpoint()
-    server = ChannelServer(h.service, SECRET).start()
+    server = ChannelServer(h.service.inbox, SECRET).start()
     yield h, server
     server.close()
 
@@ -221,9 +222,9 @@ def test_replies_frames_round_trip_and_a_truncated_one_is_named() -> None:
 def test_runs_of_events_are_decided_in_order_logged_once_and_delivered_in_order(setup) -> None:
     h, _ = setup
     a = attempt(h, 0)
-    assert h.service.attempt_registered(a).verdict.name == "ACCEPT"
+    assert h.service.inbox.attempt_registered(a).verdict.name == "ACCEPT"
     d = pickle.dumps
-    decisions = h.service.event_runs_received([
+    decisions = h.service.inbox.event_runs_received([
         (a, 0, (d("e0"), d("e1"))),
         (a, 3, (d("gap"),)),
         (a, 1, (d("e1"), d("e2"))),  # a re-send repeats the logged bytes (checked since 36)
@@ -361,7 +362,7 @@ def test_a_lazily_registered_first_attempt_that_sends_nothing_never_connects(set
     client.flush()
     client.close()
     assert server.frames_served == 0
-    assert h.service.attempt_registered(attempt(h, 0)).verdict.name == "ACCEPT"  # not a duplicate
+    assert h.service.inbox.attempt_registered(attempt(h, 0)).verdict.name == "ACCEPT"  # not a duplicate
 
 
 def test_a_lazy_registration_travels_before_the_first_event_on_the_same_connection(setup) -> None:
@@ -388,4 +389,4 @@ def test_reading_the_attempt_of_a_lazy_client_that_sent_nothing_registers_it(set
     client = ChannelClient(server.address, SECRET, attempt(h, 0))
     client.register_with_first_event()
     assert client.registered_attempt() == 0
-    assert h.service.attempt_registered(attempt(h, 0)).verdict.name == "DUPLICATE"
+    assert h.service.inbox.attempt_registered(attempt(h, 0)).verdict.name == "DUPLICATE"

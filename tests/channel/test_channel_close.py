@@ -43,7 +43,7 @@ def serve(harness: CoordinatorHarness) -> Iterator[Callable[..., ChannelServer]]
     sockets: list[socket.socket] = []
 
     def make() -> ChannelServer:
-        servers.append(ChannelServer(harness.service, SECRET).start())
+        servers.append(ChannelServer(harness.service.inbox, SECRET).start())
         return servers[-1]
 
     make.sockets = sockets  # type: ignore[attr-defined]

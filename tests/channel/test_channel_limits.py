@@ -47,7 +47,7 @@ def serve(harness: CoordinatorHarness) -> Iterator[Callable[..., ChannelServer]]
     sockets: list[socket.socket] = []
 
     def make(*, start: bool = True, **options: Any) -> ChannelServer:
-        server = ChannelServer(harness.service, SECRET, **options)
+        server = ChannelServer(harness.service.inbox, SECRET, **options)
         servers.append(server)
         return server.start() if start else server
 

@@ -63,7 +63,7 @@ def running(tmp_path) -> Iterator[tuple[CoordinationService, ChannelServer]]:
     service.restore(FRESH)
     record = service.checkpoint(0)
     assert record is not None
-    server = ChannelServer(service, SECRET).start()
+    server = ChannelServer(service.inbox, SECRET).start()
     yield service, server
     server.close()
     service.close()

@@ -1,12 +1,6 @@
+from sparkcoord.core.entries import EventEntry, EventRunEntry, RegistrationEntry
 from sparkcoord.core.ids import SubtaskId, TaskAttempt
-from sparkcoord.core.inbound import (
-    EventEntry,
-    EventRunEntry,
-    InboundGate,
-    RegistrationEntry,
-    Verdict,
-    surviving_events,
-)
+from sparkcoord.core.inbound import InboundGate, Verdict, surviving_events
 
 S0, S1 = SubtaskId("op", 0), SubtaskId("op", 1)
 
@@ -135,14 +129,15 @@ def test_a_retry_whose_first_attempt_never_registered_still_replaces_it() -> Non
 
 
 def test_client_requests_between_batches_do_not_grow_the_gates_memory() -> None:
-    from sparkcoord.core.inbound import CLIENT_MEMORY, client_identity
+    from sparkcoord.core.entries import DriverClient, client_identity
+    from sparkcoord.core.inbound import CLIENT_MEMORY
 
     g = gate()
     g.batch_committed(3)  # between batches: client requests go to the log of epoch 3
     for seq in range(CLIENT_MEMORY + 100):
-        assert g.client_request_received("op", "c", seq, b"status").verdict is Verdict.ACCEPT
-        assert g.client_response_recorded(client_identity("op", "c", 3), seq, b"ok") is not None
+        assert g.request_received(DriverClient("op", "c"), seq, b"status").verdict is Verdict.ACCEPT
+        assert g.response_recorded(client_identity("op", "c", 3), seq, b"ok") is not None
     assert len(g._log) == 1  # only the last entry, for the runtime to log durably
     assert len(g._client) == CLIENT_MEMORY  # the re-send memory is bounded
     # the newest are remembered (a re-send is answered), the oldest forgotten
-    assert g.client_request_received("op", "c", CLIENT_MEMORY + 99, b"status").verdict is Verdict.DUPLICATE
+    assert g.request_received(DriverClient("op", "c"), CLIENT_MEMORY + 99, b"status").verdict is Verdict.DUPLICATE

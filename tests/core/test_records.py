@@ -3,9 +3,9 @@ import zlib
 
 import pytest
 
+from sparkcoord.core.entries import EventEntry, EventRunEntry, LogEntry, RegistrationEntry
 from sparkcoord.core.errors import CorruptRecord, UnknownRecordVersion
 from sparkcoord.core.ids import SubtaskId, TaskAttempt
-from sparkcoord.core.inbound import EventEntry, EventRunEntry, LogEntry, RegistrationEntry
 from sparkcoord.core.records import (
     CheckpointRecord,
     LogSeal,

@@ -33,8 +33,9 @@ from typing import Any
 import fsspec
 
 from sparkcoord.coordinator import CoordinatorContext, OperatorCoordinator
+from sparkcoord.core.entries import DriverClient, FinishedEntry, RequestEntry
 from sparkcoord.core.ids import NO_EPOCH, SubtaskId, TaskAttempt
-from sparkcoord.core.inbound import FinishedEntry, RequestEntry, RunDecision, Verdict
+from sparkcoord.core.inbound import RunDecision, Verdict
 from sparkcoord.runtime.config import ServiceConfig
 from sparkcoord.runtime.service import (
     CheckpointDeclined,
@@ -331,8 +332,8 @@ class Simulation:
                 self.cur_end = end
                 self.log(f"run {self.runs}: first call partitions({start}, {end})")
                 self.record = self.service.partitions_called(start, end)
-                if self.service.holders and self.service._gate is not None and \
-                        self.service._gate.answers_requests("ask"):
+                if self.service.holders and self.service.inbox.gate is not None and \
+                        self.service.inbox.gate.answers_requests("ask"):
                     self.stats["resumed-with-history"] += 1  # the rerun adopts the answers
                     # and the restored coordinators were handed the kept requests again
                     self.stats["requests-replayed"] += sum(
@@ -410,7 +411,7 @@ class Simulation:
         """Advance one task by one step (raises TaskFailed when the service refuses it)."""
         svc = self.service
         if task.phase == "register":
-            decision = svc.attempt_registered(task.attempt)
+            decision = svc.inbox.attempt_registered(task.attempt)
             if decision.verdict is Verdict.REJECT:
                 raise TaskFailed(decision.reason)
             if decision.adopted:
@@ -466,7 +467,7 @@ class Simulation:
                 # did not send of a longer history is withdrawn (gate rule 6); the task waits
                 # until the coordinator took that back
                 if task.pending is None:
-                    task.pending = svc.attempt_finished(task.attempt, task.seq)
+                    task.pending = svc.inbox.attempt_finished(task.attempt, task.seq)
                     task.pending.add_done_callback(
                         lambda f, t=task, n=task.seq: self._withdrawn_taken(t, n, f.result()))
                 if not task.pending.done():
@@ -486,7 +487,7 @@ class Simulation:
     def _request_step(self, task: Task) -> None:
         """Ask request ``task.seq`` (or look whether its answer came): the task blocks on it."""
         if task.pending is None:
-            task.pending = self.service.request_received(
+            task.pending = self.service.inbox.request_received(
                 task.attempt, task.seq, pickle.dumps(task.sends[task.seq]))
         if not task.pending.done():
             return
@@ -524,7 +525,7 @@ class Simulation:
 
     def _send_run(self, task: Task, first: int, count: int) -> RunDecision:
         payloads = tuple(pickle.dumps(task.sends[i]) for i in range(first, first + count))
-        decision = self.service.event_runs_received([(task.attempt, first, payloads)])[0]
+        decision = self.service.inbox.event_runs_received([(task.attempt, first, payloads)])[0]
         if decision.rejected:
             raise TaskFailed(decision.reason)
         return decision
@@ -585,8 +586,8 @@ class Simulation:
             return
         if w.client_waiting is None or w.client_waiting.done() and (
                 w.client_waiting.exception() is not None or lost):
-            w.client_waiting = self.service.client_request_received(
-                "ask", "driver", seq, pickle.dumps(("add", seq)))
+            w.client_waiting = self.service.inbox.request_received(
+                DriverClient("ask", "driver"), seq, pickle.dumps(("add", seq)))
             self.stats["client-requests"] += 1
         fut = w.client_waiting
         if fut.done() and fut.exception() is None and not lost:
@@ -632,7 +633,7 @@ class Simulation:
                 and task.pending is None and self.rng.random() < 0.2):
             # the answer was lost on the way: the task asks again, and must get the same one
             self.stats["lost-response"] += 1
-            again = self.service.request_received(task.attempt, task.seq - 1,
+            again = self.service.inbox.request_received(task.attempt, task.seq - 1,
                                                   pickle.dumps(task.sends[task.seq - 1]))
             if again.done() and again.exception() is None:
                 self._observe(task, task.seq - 1, pickle.loads(again.result().payload))
@@ -683,8 +684,8 @@ class Simulation:
             # undoes whatever it was accepted (rule 7)
             zombie = rng.choice(self.zombies)
             if zombie.seq < len(zombie.sends) and zombie.seq not in zombie.asks:
-                superseded = self.service.live_attempt(zombie.sid) != zombie.attempt
-                decision = self.service.event_received(zombie.attempt, zombie.seq,
+                superseded = self.service.inbox.live_attempt(zombie.sid) != zombie.attempt
+                decision = self.service.inbox.event_received(zombie.attempt, zombie.seq,
                                                        pickle.dumps(zombie.sends[zombie.seq]))
                 if superseded:
                     assert decision.verdict is Verdict.REJECT, decision

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from sparkcoord import OperatorCoordinator, RequestFailed, RequestRefused
-from sparkcoord.core.inbound import ClientRequestEntry, ClientResponseEntry
+from sparkcoord.core.entries import ClientRequestEntry, ClientResponseEntry
 from sparkcoord.core.restore import RestorePoint
 from sparkcoord.testing import CoordinatorHarness
 

@@ -207,8 +207,8 @@ def test_a_straggler_task_of_a_closed_service_is_refused_and_nothing_is_logged()
 
     h.service.close()
     straggler = TaskAttempt(h.service.run_id, SubtaskId(h.name, 0), h.epoch, 0)
-    assert h.service.attempt_registered(straggler).verdict.name == "REJECT"
-    decision = h.service.event_received(straggler, 0, h.service.codec.encode("late"))
+    assert h.service.inbox.attempt_registered(straggler).verdict.name == "REJECT"
+    decision = h.service.inbox.event_received(straggler, 0, h.service.codec.encode("late"))
     assert decision.verdict.name == "REJECT" and "closed" in decision.reason
     with pytest.raises(RecordNotFound, match="inbound log of epoch -1 is missing"):
         h.service.storage.read_inbound_log(h.epoch)  # nothing was ever appended
@@ -437,7 +437,7 @@ def test_a_retry_whose_first_attempt_failed_silently_runs_the_failure_sequence()
     from sparkcoord.core.ids import SubtaskId, TaskAttempt
 
     retry = TaskAttempt(h.service.run_id, SubtaskId(h.name, 0), h.epoch, 1)
-    assert h.service.attempt_registered(retry).execution_attempt == 1
+    assert h.service.inbox.attempt_registered(retry).execution_attempt == 1
     h.run()
     assert h.coordinator.calls[-3:] == [("failed", 0, 0), ("subtask_reset", 0, 0), ("ready", 0, 1)]
     assert isinstance(held.exception(timeout=0), AttemptNoLongerLive)

@@ -106,7 +106,7 @@ def test_a_live_callback_that_raises_gets_none_of_the_events_after_it_nor_checkp
     # one burst: the three events reach the mailbox as one action
     attempt = h._attempt(0)
     codec = h.service.codec
-    h.service.event_runs_received([(attempt, 0, tuple(codec.encode(e) for e in ("a", "boom", "c")))])
+    h.service.inbox.event_runs_received([(attempt, 0, tuple(codec.encode(e) for e in ("a", "boom", "c")))])
     h.service.batch_committed(h.epoch)  # queued behind the failing action
     h.run()
     assert [c for c in journal if c[0] in ("handle", "complete", "checkpoint", "close")] == [
@@ -174,8 +174,8 @@ def test_a_global_failure_of_one_coordinator_fences_the_others_before_their_queu
     service.seal(future.result())
     mailboxes.run_all()
     attempt = TaskAttempt(service.run_id, SubtaskId("a", 0), 0, 0)
-    service.attempt_registered(attempt)
-    service.event_received(attempt, 0, service.codec.encode("boom"))
+    service.inbox.attempt_registered(attempt)
+    service.inbox.event_received(attempt, 0, service.codec.encode("boom"))
     service.batch_committed(0)  # a completion notice queued on both mailboxes
     box_a, box_b = mailboxes.all
     box_a.run_all()  # a fails here: b is fenced before its queued notice runs
@@ -216,7 +216,7 @@ def test_a_failed_instance_is_closed_even_when_the_holder_closes_before_its_defe
     journal: list[tuple[Any, ...]] = []
     h = journal_in_a_running_batch(journal)
     attempt = h._attempt(0)
-    h.service.event_received(attempt, 0, h.service.codec.encode("boom"))  # queued, not run
+    h.service.inbox.event_received(attempt, 0, h.service.codec.encode("boom"))  # queued, not run
     h.service.holders[h.name].close()  # queued behind it, from outside the mailbox
     h.run()  # the failure queues close() for after the callback; the holder closes first
     assert journal.count(("close",)) == 1

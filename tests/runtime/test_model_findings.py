@@ -100,9 +100,9 @@ class Job:
         return TaskAttempt(self.service.run_id, SubtaskId(OP, subtask), epoch, number)
 
     def task_sends(self, attempt: TaskAttempt, *events: Any, first_seq: int = 0) -> None:
-        assert self.service.attempt_registered(attempt).verdict is not Verdict.REJECT
+        assert self.service.inbox.attempt_registered(attempt).verdict is not Verdict.REJECT
         for i, event in enumerate(events):
-            d = self.service.event_received(attempt, first_seq + i, pickle.dumps(event))
+            d = self.service.inbox.event_received(attempt, first_seq + i, pickle.dumps(event))
             assert d.verdict is Verdict.ACCEPT, d
 
     def delivered(self, epoch: int, subtask: int = 0) -> list[Any]:
@@ -200,10 +200,10 @@ def test_the_replay_after_a_restart_rebuilds_the_same_state_that_complete_saw_fi
     job.run()
     e0 = job.seal_next()
     a, b = job.attempt(0, e0), job.attempt(1, e0)
-    job.service.attempt_registered(a)
-    job.service.attempt_registered(b)
+    job.service.inbox.attempt_registered(a)
+    job.service.inbox.attempt_registered(b)
     for i, (att, seq) in enumerate([(b, 0), (a, 0), (b, 1), (a, 1)]):
-        job.service.event_received(att, seq, pickle.dumps(i))
+        job.service.inbox.event_received(att, seq, pickle.dumps(i))
     job.service.latest_offset_called(e0)
     job.run()
     job.new_run()                     # crash after complete(0)
@@ -314,9 +314,9 @@ def test_a_resent_event_is_applied_once_and_one_for_a_committed_batch_is_refused
     e0 = job.seal_next()
     a = job.attempt(0, e0)
     job.task_sends(a, "ev")
-    assert job.service.event_received(a, 0, pickle.dumps("ev")).verdict is Verdict.DUPLICATE
+    assert job.service.inbox.event_received(a, 0, pickle.dumps("ev")).verdict is Verdict.DUPLICATE
     job.service.latest_offset_called(e0)
-    late = job.service.event_received(a, 0, pickle.dumps("ev"))
+    late = job.service.inbox.event_received(a, 0, pickle.dumps("ev"))
     assert late.verdict is Verdict.REJECT and "committed" in late.reason
     job.run()
     assert job.coordinator.effects == ["ev"]

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from sparkcoord import OperatorCoordinator, RequestFailed, RequestRefused
+from sparkcoord.core.entries import RegistrationEntry, RequestEntry, ResponseEntry
 from sparkcoord.core.ids import SubtaskId, TaskAttempt
-from sparkcoord.core.inbound import RegistrationEntry, RequestEntry, ResponseEntry
 from sparkcoord.core.restore import RestorePoint
 from sparkcoord.testing import CoordinatorHarness, InputRefused
 
@@ -172,7 +172,7 @@ def test_a_retry_waits_for_the_answer_its_failed_attempt_was_still_waiting_for()
     first = h.ask_from_subtask(0, "later")
     h.retry_task(0)
     dead = TaskAttempt(h.service.run_id, SubtaskId(h.name, 0), h.epoch, 0)
-    late = h.service.request_received(dead, 0, h.service.codec.encode("later"))
+    late = h.service.inbox.request_received(dead, 0, h.service.codec.encode("later"))
     with pytest.raises(RequestFailed, match="not the live attempt"):
         late.result(timeout=1)  # the failed attempt itself is refused from now on
     again = h.ask_from_subtask(0, "later")
@@ -310,10 +310,10 @@ def test_a_batch_that_runs_again_drops_the_events_of_operators_that_answered_no_
     codec = svc.codec
     ids = TaskAttempt(svc.run_id, SubtaskId("ids", 0), 0, 0)
     plain = TaskAttempt(svc.run_id, SubtaskId("plain", 0), 0, 0)
-    svc.attempt_registered(ids)
-    svc.attempt_registered(plain)
-    svc.event_received(plain, 0, codec.encode("plain event"))
-    svc.request_received(ids, 0, codec.encode("q"))
+    svc.inbox.attempt_registered(ids)
+    svc.inbox.attempt_registered(plain)
+    svc.inbox.event_received(plain, 0, codec.encode("plain event"))
+    svc.inbox.request_received(ids, 0, codec.encode("q"))
     boxes.run_all()
     svc.close()
     again, boxes = service()
@@ -482,8 +482,8 @@ def test_a_batch_that_runs_again_after_a_withdrawal_keeps_it() -> None:
     assert rerun.coordinator.returned == [1, 2]
     # the rerun's task of subtask 0 continues the cut history: it must register eagerly and
     # say at its end how much it sent
-    assert rerun.service.history_length(SubtaskId(rerun.name, 0)) == 1
-    registered = rerun.service.attempt_registered(
+    assert rerun.service.inbox.history_length(SubtaskId(rerun.name, 0)) == 1
+    registered = rerun.service.inbox.attempt_registered(
         TaskAttempt(rerun.service.run_id, SubtaskId(rerun.name, 0), epoch, 0))
     assert registered.adopted and registered.history_length == 1
 
@@ -597,7 +597,7 @@ def test_a_registration_sent_again_is_told_the_history_length_again() -> None:
     h.request_from_subtask(0, "next")
     h.request_from_subtask(0, "next")
     first = h.retry_task(0)
-    again = h.service.attempt_registered(h.service.live_attempt(SubtaskId(h.name, 0)))
+    again = h.service.inbox.attempt_registered(h.service.inbox.live_attempt(SubtaskId(h.name, 0)))
     assert (first.verdict.name, again.verdict.name) == ("ACCEPT", "DUPLICATE")
     assert first.history_length == again.history_length == 2
 
@@ -606,10 +606,10 @@ def test_a_finish_sent_again_waits_for_the_coordinator_to_take_the_items_back() 
     h = returning()
     h.request_from_subtask(0, "next")
     h.retry_task(0)
-    attempt = h.service.live_attempt(SubtaskId(h.name, 0))
+    attempt = h.service.inbox.live_attempt(SubtaskId(h.name, 0))
     assert attempt is not None
-    first = h.service.attempt_finished(attempt, 0)
-    again = h.service.attempt_finished(attempt, 0)  # a reconnect re-sent it
+    first = h.service.inbox.attempt_finished(attempt, 0)
+    again = h.service.inbox.attempt_finished(attempt, 0)  # a reconnect re-sent it
     assert not first.done() and again is first  # not DUPLICATE before the callback ran
     h.run()
     assert first.result(timeout=0).verdict.name == "ACCEPT"

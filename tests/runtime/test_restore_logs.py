@@ -17,7 +17,9 @@ from sparkcoord.core.restore import RestorePoint
 from sparkcoord.testing import CoordinatorHarness
 from tests.runtime.test_requests import IdIssuer
 
-SERVICE = "sparkcoord.runtime.service"
+#: the coordination service and its inbox (registrations, retries and reruns are its)
+RUNTIME = "sparkcoord.runtime"
+SERVICE_LOGGERS = ("sparkcoord.runtime.service", "sparkcoord.runtime.inbox")
 #: words of a fault: none may be in what a healthy restart says
 FAULT_WORDS = ("retried", "retry", "fail", "error", "abrupt", "killed", "lost")
 
@@ -36,7 +38,7 @@ def restarted(url: str) -> CoordinatorHarness:
 
 
 def info_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == SERVICE]
+    return [r.getMessage() for r in caplog.records if r.name in SERVICE_LOGGERS]
 
 
 def crashed_mid_batch() -> tuple[str, int]:
@@ -55,7 +57,7 @@ def crashed_mid_batch() -> tuple[str, int]:
 def test_a_restore_to_an_uncommitted_epoch_says_in_one_line_what_it_keeps_and_why(caplog) -> None:
     url, epoch = crashed_mid_batch()
     rerun = restarted(url)
-    with caplog.at_level(logging.INFO, logger=SERVICE):
+    with caplog.at_level(logging.INFO, logger=RUNTIME):
         rerun.start(RestorePoint(epoch, committed=False))
     lines = info_lines(caplog)
     # one line (before: "epoch 0 runs again with 9 logged entries of ids kept" and
@@ -79,7 +81,7 @@ def test_a_rerun_batchs_task_continuing_the_earlier_runs_history_is_not_called_a
     url, epoch = crashed_mid_batch()
     rerun = restarted(url)
     rerun.start(RestorePoint(epoch, committed=False))
-    with caplog.at_level(logging.INFO, logger=SERVICE):
+    with caplog.at_level(logging.INFO, logger=RUNTIME):
         # the rerun's first task of subtask 0 (Spark attempt 0 of the new run) re-sends the
         # earlier run's history: it replaces that run's attempt, as a retry would
         assert rerun.send_from_subtask(0, "ev").verdict.name == "DUPLICATE"
@@ -94,11 +96,11 @@ def test_a_rerun_batchs_task_that_is_itself_a_retry_is_reported_as_a_retry(caplo
     url, epoch = crashed_mid_batch()
     rerun = restarted(url)
     rerun.start(RestorePoint(epoch, committed=False))
-    with caplog.at_level(logging.INFO, logger=SERVICE):
+    with caplog.at_level(logging.INFO, logger=RUNTIME):
         # Spark attempt 1 of the new run registers first: its attempt 0 failed before it
         # registered (a first attempt registers with its first item)
         retry = TaskAttempt(rerun.service.run_id, SubtaskId("ids", 0), epoch, 1)
-        assert rerun.service.attempt_registered(retry).adopted
+        assert rerun.service.inbox.attempt_registered(retry).adopted
     lines = info_lines(caplog)
     assert len(lines) == 1 and lines[0].startswith(
         f"task of ids[0] in epoch {epoch} was retried (Spark attempt 1)"), lines
@@ -107,7 +109,7 @@ def test_a_rerun_batchs_task_that_is_itself_a_retry_is_reported_as_a_retry(caplo
 def test_a_task_retry_within_a_run_is_still_reported_as_a_retry(caplog) -> None:
     h = running()
     assert h.request_from_subtask(0, "a") == 0
-    with caplog.at_level(logging.INFO, logger=SERVICE):
+    with caplog.at_level(logging.INFO, logger=RUNTIME):
         assert h.retry_task(0).adopted
     lines = info_lines(caplog)
     assert len(lines) == 1 and lines[0].startswith(
@@ -122,7 +124,7 @@ def test_a_restore_of_a_committed_epoch_says_what_it_hands_again(caplog) -> None
     h.commit()
     h.service.close()
     again = restarted(h.storage_url)
-    with caplog.at_level(logging.INFO, logger=SERVICE):
+    with caplog.at_level(logging.INFO, logger=RUNTIME):
         again.start(RestorePoint(epoch, committed=True))
     restored = [line for line in info_lines(caplog) if "restored" in line]
     assert len(restored) == 1, restored
@@ -134,7 +136,7 @@ def test_a_restore_of_a_committed_epoch_says_what_it_hands_again(caplog) -> None
 
 def test_a_fresh_start_says_so_without_a_restore_point_s_repr(caplog) -> None:
     h = CoordinatorHarness(IdIssuer, 1, name="ids")
-    with caplog.at_level(logging.INFO, logger=SERVICE):
+    with caplog.at_level(logging.INFO, logger=RUNTIME):
         h.start()
     lines = info_lines(caplog)
     assert len(lines) == 1 and "starts fresh: Spark's log holds no epoch of this source yet" \

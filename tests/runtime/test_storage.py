@@ -3,9 +3,9 @@ import pathlib
 
 import pytest
 
+from sparkcoord.core.entries import EventEntry, RegistrationEntry
 from sparkcoord.core.errors import CorruptRecord
 from sparkcoord.core.ids import SubtaskId, TaskAttempt
-from sparkcoord.core.inbound import EventEntry, RegistrationEntry
 from sparkcoord.core.records import CheckpointRecord, encode_log_entry
 from sparkcoord.runtime.storage import CheckpointStorage, RecordNotFound
 

@@ -1,0 +1,515 @@
+"""The inbox: where every input to the coordinators of a run arrives, whoever sends it.
+
+Tasks register, send events, ask requests and say they finished; clients of the job (the
+user's driver program, ``CoordinatedJob.request``) ask requests too. All of it comes here, on
+the channel server's threads (or a test's), and takes one path: the inbound gate decides
+(core/inbound.py), the entry is appended to the epoch's durable inbound log, the input is put
+on its coordinator's mailbox, and the sender is acknowledged or, for a request, answered once
+the answer is logged.
+
+Rules:
+  1. Admission, durable append, hand-off to the mailbox and the answer to the sender happen
+     under the service's lock, in one total order (DESIGN rule 6, finding A). The lock is
+     the coordination service's own: the service takes it for restores, seals and commits,
+     so no input slips between a checkpoint's boundary and its record.
+  2. One waiter map for every asker: a request's future is filed under
+     :func:`~sparkcoord.core.entries.answer_key` until its answer is logged. A task's key is
+     its subtask and sequence (a retry that adopted the history waits for the same answer); a
+     client's is its operator, id and sequence.
+  3. A request is unpickled before it is logged (decision 6): one the driver cannot unpickle
+     is refused and never logged. A client's request is refused while a checkpoint is pending
+     (it would be in neither the snapshot nor a log that a restore to that checkpoint
+     replays); a task's is not (it belongs to the running epoch's log).
+  4. A task retry resets the subtask's coordinator (its holder) before the new attempt is
+     acknowledged (DESIGN rule 7), replaying the other subtasks' and the clients' items of
+     the running epoch in log order.
+  5. A failure of the inbox's own (a log append that fails, a diverging task) goes to the
+     ``fail`` callback, always outside the lock; once the service fails or closes it tells
+     the inbox (:meth:`Inbox.refuse`), which from then on refuses everything and fails every
+     waiter with the reason.
+
+Thread model: every public method may be called from any thread (channel threads, the
+coordinators' mailbox threads answering, the driver thread at a restore or seal); state is
+guarded by the service's lock, handed in. Holders are called under it and only enqueue, except
+that a thread which claimed an idle mailbox runs it after it left the lock (mailbox rule 2), so
+the lock is never held while user code runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+from sparkcoord.coordinator import Withdrawn
+from sparkcoord.core.codec import EventCodec
+from sparkcoord.core.entries import Answer, Asker, DriverClient, LogEntry, answer_key
+from sparkcoord.core.errors import IllegalTransition, RequestFailed
+from sparkcoord.core.ids import SubtaskId, TaskAttempt
+from sparkcoord.core.inbound import (
+    InboundDecision,
+    InboundGate,
+    ReplayedItem,
+    RunDecision,
+    Verdict,
+    WithdrawnItem,
+    kept_at_rerun,
+)
+from sparkcoord.core.records import CheckpointRecord, encode_log_entry
+from sparkcoord.runtime.futures import SendFuture
+from sparkcoord.runtime.holder import Answered, CoordinatorHolder, ReplayedEvent
+from sparkcoord.runtime.storage import CheckpointStorage
+
+log = logging.getLogger(__name__)
+
+NOT_RESTORED = "the service has not been restored yet"
+
+
+class Inbox:
+    """The one inbound path of a coordination service. See the module docstring."""
+
+    def __init__(self, lock: threading.RLock, storage: CheckpointStorage, codec: EventCodec,
+                 holders: Mapping[str, CoordinatorHolder], fail: Callable[[str], None],
+                 checkpoint_pending: Callable[[], int | None]) -> None:
+        """Created by the coordination service with its lock, its storage and codec, the
+        holders it fills at its restore, its ``fail`` (the first global failure wins) and
+        the id of the checkpoint being taken, if one is (rule 3)."""
+        self._lock = lock
+        self._storage = storage
+        self._codec = codec
+        self._holders = holders
+        self._fail = fail
+        self._checkpoint_pending = checkpoint_pending
+        #: the gate of the running epoch (None until the service restored)
+        self.gate: InboundGate | None = None
+        #: the record of the running epoch (a task retry resets to its snapshot)
+        self._record: CheckpointRecord | None = None
+        self._refusal = NOT_RESTORED
+        self._final = False  # the service closed: its refusal stays
+        # askers waiting for answers, by answer_key (rule 2)
+        self._waiters: dict[tuple[SubtaskId, str, int], Future[Answer]] = {}
+        # finishes whose withdrawal the coordinator has not taken back yet (a re-sent finish
+        # waits for the same decision)
+        self._finishing: dict[TaskAttempt, Future[InboundDecision]] = {}
+
+    # ------------------------------------------------------------- the service's calls
+    def opened(self, gate: InboundGate, record: CheckpointRecord | None) -> None:
+        """The service restored (driver thread, under the lock): inputs are admitted by
+        ``gate`` from now on; ``record`` is the restored epoch's (None for a fresh start)."""
+        self.gate, self._record = gate, record
+        if not self._final and self._refusal == NOT_RESTORED:
+            self._refusal = ""
+
+    def epoch_started(self, record: CheckpointRecord) -> None:
+        """The service sealed ``record`` (driver thread, under the lock): its batch may run."""
+        assert self.gate is not None
+        self.gate.epoch_started(record.epoch)
+        self._record = record
+
+    def batch_committed(self, epoch: int) -> None:
+        """Spark committed the batch of ``epoch`` (driver thread, under the lock): the gate
+        admits nothing more for it."""
+        assert self.gate is not None
+        self.gate.batch_committed(epoch)
+        self._fail_waiters(f"the batch of epoch {epoch} committed")  # none expected
+
+    def refuse(self, why: str, final: bool = False) -> None:
+        """From now on refuse every input for ``why``, and fail every waiter with it (the
+        service, on the thread that fails it or closes it). ``final``: the service closed;
+        the reason stays whatever comes later."""
+        with self._lock:
+            if self._final:
+                return
+            self._refusal, self._final = why, final
+            self._fail_waiters(why)
+
+    def epoch_resumed(self, epoch: int, logged: list[LogEntry]) -> list[ReplayedItem]:
+        """At a restore to the uncommitted epoch ``epoch`` whose batch runs again (driver
+        thread, under the lock): what its coordinators get again, in log order.
+
+        Operators that answered requests in it keep their history: tasks of the previous run
+        may have acted on those answers (and a sink may have kept that output), so the batch's
+        new tasks adopt it (decision 36). For every other operator the log is truncated, as
+        DESIGN rule 8 says. The kept entries replace the log durably before anything else."""
+        assert self.gate is not None
+        kept = kept_at_rerun(logged)
+        self._storage.start_inbound_log(epoch, b"".join(encode_log_entry(e) for e in kept))
+        self.gate.epoch_resumed(epoch, kept)
+        if kept:  # the restore's INFO line counts the items these entries hold
+            log.debug("epoch %d runs again: %d entries of its inbound log kept (items, "
+                      "registrations, answers, finishes) of %s", epoch, len(kept),
+                      ", ".join(sorted({e.attempt.subtask.operator for e in kept})))
+        return self.gate.surviving_items()
+
+    def replayed(self, item: ReplayedItem, execution_attempt: int) -> ReplayedEvent:
+        """A logged item as its holder hands it to the coordinator again, at a reset or a
+        restore (under the lock)."""
+        index = item.attempt.subtask.index
+        if item.withdrawn is not None:
+            return ReplayedEvent(index, execution_attempt, self._withdrawn(item.withdrawn),
+                                 withdrawn=True)
+        return ReplayedEvent(index, execution_attempt, self._codec.decode(item.payload),
+                             self._replay_answer(item) if item.is_request else None, item.client)
+
+    # ------------------------------------------------------------------ channel threads
+    def epoch_logged(self, epoch: int) -> None:
+        """Spark logged ``epoch`` (driver thread): client requests may now go to its log."""
+        with self._lock:
+            if self.gate is not None:
+                self.gate.epoch_logged(epoch)
+
+    def live_attempt(self, subtask: SubtaskId) -> TaskAttempt | None:
+        """The live task attempt of ``subtask`` in the running batch, if any. Any thread."""
+        with self._lock:
+            return self.gate.live_attempt(subtask) if self.gate is not None else None
+
+    def history_length(self, subtask: SubtaskId) -> int:
+        """The length of ``subtask``'s history in the running epoch (driver thread, when
+        planning a batch): above 0 when its tasks continue a kept history (gate rule 6)."""
+        with self._lock:
+            return self.gate.history_length(subtask) if self.gate is not None else 0
+
+    def attempt_registered(self, attempt: TaskAttempt) -> InboundDecision:
+        """A task announced its attempt (channel thread). Answer the task with the verdict."""
+        with self._lock:
+            gate = self._admitting()
+            if gate is None:
+                return InboundDecision(Verdict.REJECT, self._refusal)
+            decision = gate.attempt_registered(attempt)
+            if decision.verdict is Verdict.ACCEPT:
+                if decision.replaced is not None and not decision.adopted:
+                    self._subtask_failed(attempt, decision)
+                elif (decision.replaced is not None and decision.replaced.run != attempt.run
+                      and attempt.number == 0):
+                    # not a retry: the batch of a restored, uncommitted epoch runs again, and
+                    # its first task takes over what the earlier run's task sent (gate rule 5)
+                    log.info("epoch %d runs again after a restart: task of %s (Spark attempt "
+                             "%d) continues the %d items its task of the earlier run sent, "
+                             "answered from the log", attempt.epoch, attempt.subtask,
+                             attempt.number, decision.history_length)
+                elif decision.replaced is not None:
+                    log.info("task of %s in epoch %d was retried (Spark attempt %d): it continues "
+                             "the failed attempt's history (its requests were answered)",
+                             attempt.subtask, attempt.epoch, attempt.number)
+                self._append()
+            return decision
+
+    def attempt_finished(self, attempt: TaskAttempt, sent: int) -> Future[InboundDecision]:
+        """``attempt`` (which asked a request or continues an adopted history) finished its
+        batch having sent ``sent`` items (channel thread). Returns the future of the
+        decision; the task waits for it before it ends.
+
+        The finish is logged (gate rule 6). If the attempt sent fewer items than its history
+        holds, the rest is withdrawn: in the same inbound critical section it is put on the
+        coordinator's mailbox (``handle_items_withdrawn``), like an event, and the decision
+        comes once the coordinator took the items back, so a coordinator that raises there
+        fails the job before the batch can commit (DESIGN 2c); a task still waiting for an
+        answer to a withdrawn request hears that none will come. A shorter history than an
+        earlier run's finished attempt sent fails the job (divergence)."""
+        done: Future[InboundDecision] = SendFuture()
+        sid = attempt.subtask
+        with self._lock:
+            gate = self._admitting()
+            if gate is None:
+                done.set_result(InboundDecision(Verdict.REJECT, self._refusal))
+                return done
+            pending = self._finishing.get(attempt)
+            if pending is not None:
+                return pending  # a re-sent finish: the decision comes when the first one's does
+            decision = gate.attempt_finished(attempt, sent)
+            if decision.verdict is Verdict.ACCEPT:
+                self._append()
+            if decision.verdict is not Verdict.ACCEPT or not decision.withdrawn:
+                done.set_result(decision)
+            else:
+                self._finishing[attempt] = done
+                for item in decision.withdrawn:
+                    waiter = self._waiters.pop(answer_key(attempt, item.seq), None)
+                    if waiter is not None and not waiter.done():
+                        waiter.set_exception(RequestFailed(
+                            f"request {item.seq} of {sid} was withdrawn: {attempt} finished "
+                            f"without it"))
+
+                def taken(ok: bool) -> None:  # the coordinator's thread, after its callback
+                    with self._lock:
+                        self._finishing.pop(attempt, None)
+                        refusal = self._refusal
+                    if not done.done():
+                        done.set_result(decision if ok else InboundDecision(
+                            Verdict.REJECT, refusal
+                            or f"coordinator {sid.operator!r} is not running"))
+                self._holders[sid.operator].deliver_withdrawn(
+                    sid.index, decision.execution_attempt, self._withdrawn(decision.withdrawn),
+                    taken)
+        if decision.diverged:
+            self._fail(decision.reason)  # outside the lock, like every failure (rule 5)
+        elif decision.withdrawn:
+            log.info("task of %s in epoch %d (Spark attempt %d) finished after %d items of its "
+                     "history of %d: %d withdrawn and handed back to coordinator %r", sid,
+                     attempt.epoch, attempt.number, sent, sent + len(decision.withdrawn),
+                     len(decision.withdrawn), sid.operator)
+        return done
+
+    def event_received(self, attempt: TaskAttempt, seq: int, payload: bytes) -> InboundDecision:
+        """Event ``seq`` of ``attempt`` arrived (channel thread). Acknowledge only on ACCEPT or
+        DUPLICATE; the event is then logged durably and on the coordinator's mailbox."""
+        return self.event_runs_received([(attempt, seq, (payload,))])[0].of_one(seq, attempt)
+
+    def event_runs_received(self, runs: Sequence[tuple[TaskAttempt, int, tuple[bytes, ...]]]
+                            ) -> list[RunDecision]:
+        """Runs of consecutive events ``(attempt, first_seq, payloads)`` arrived together on one
+        connection (channel thread), in send order.
+
+        The critical section of one event, once for all of them: every run is decided by the
+        gate, every accepted event is appended to the inbound log with one write, then put on
+        its coordinator's mailbox in order; the caller acknowledges after this returns. A run is
+        cut at an event that cannot be unpickled: those before it count, it and the rest are
+        rejected. Decisions come back in the same order as the runs.
+        """
+        decode = self._codec.decode
+        decoded: list[list[Any]] = []
+        unreadable: list[tuple[int, str] | None] = []
+        for attempt, first_seq, payloads in runs:
+            try:
+                decoded.append(list(map(decode, payloads)))
+                unreadable.append(None)
+            except Exception:  # noqa: BLE001 - unpickling raises anything: find the culprit
+                decoded.append(good := [])
+                for i, payload in enumerate(payloads):
+                    try:
+                        good.append(decode(payload))
+                    except Exception as exc:  # noqa: BLE001
+                        unreadable.append((i, f"event {first_seq + i} of {attempt} cannot be "
+                                              f"unpickled on the driver: {exc!r}"))
+                        break
+                else:  # the second pass read them all (an unpickler that failed only once)
+                    unreadable.append(None)
+        with self._lock:
+            gate = self._admitting()
+            if gate is None:
+                return [RunDecision(0, 0, len(p), self._refusal) for _, _, p in runs]
+            decisions: list[RunDecision] = []
+            accepted: list[tuple[TaskAttempt, int, list[Any]]] = []
+            entries: list[bytes] = []
+            for (attempt, first_seq, payloads), events, bad in zip(runs, decoded, unreadable,
+                                                                   strict=True):
+                readable = payloads if bad is None else payloads[:bad[0]]
+                decision = (gate.event_run_received(attempt, first_seq, readable) if readable
+                            else RunDecision(0, 0, 0))
+                if bad is not None and not decision.rejected:
+                    decision = RunDecision(decision.duplicates, decision.accepted,
+                                           len(payloads) - len(readable), bad[1],
+                                           decision.execution_attempt)
+                decisions.append(decision)
+                if decision.accepted:
+                    if entries and accepted[-1][0].epoch != attempt.epoch:
+                        self._append_bytes(accepted[-1][0].epoch, entries)
+                        entries = []
+                    entries.append(encode_log_entry(gate.last_entry))
+                    start = decision.duplicates
+                    accepted.append((attempt, decision.execution_attempt,
+                                     events[start:start + decision.accepted]))
+            if entries:
+                self._append_bytes(accepted[-1][0].epoch, entries)
+            diverged = next((d.reason for d in decisions if d.diverged), None)
+            by_operator: dict[str, list[tuple[int, int, list[Any]]]] = {}
+            for attempt, execution_attempt, events in accepted:  # one connection: one operator
+                by_operator.setdefault(attempt.subtask.operator, []).append(
+                    (attempt.subtask.index, execution_attempt, events))
+            for operator, items in by_operator.items():
+                self._holders[operator].deliver_many(items)
+        if diverged is not None:
+            self._fail(diverged)
+        return decisions
+
+    def request_received(self, asker: Asker, seq: int, payload: bytes) -> Future[Answer]:
+        """Request ``seq`` of ``asker`` arrived (channel thread): a task's (its attempt) or a
+        client's of the job (:class:`~sparkcoord.core.entries.DriverClient`). Returns the
+        future of its logged answer: the channel sends it to the asker once it resolves, or
+        the future's error (:class:`~sparkcoord.core.errors.RequestFailed`) when it fails.
+
+        The request is decided by the gate, logged, and handed to the coordinator in the
+        inbound critical section (rule 1): a task's to ``handle_request`` in the running
+        epoch's log, a client's to ``handle_client_request`` in the current epoch's log (the
+        running batch's, or after a committed batch's entries until the next epoch starts:
+        decision 38), so that its effect survives a reset and a restore. A repeated request
+        (a re-send, or a retry that adopted the history: DESIGN 2b) gets the logged answer
+        without reaching the coordinator again. A task's repeated request whose bytes differ
+        fails the job.
+        """
+        answer: Future[Answer] = SendFuture()  # no condition unless someone waits
+        client = isinstance(asker, DriverClient)
+        what = (f"client request {seq} to {asker.operator!r}" if isinstance(asker, DriverClient)
+                else f"request {seq} of {asker}")
+        request = self._decoded(payload, what, answer)
+        if answer.done():
+            return answer
+        claimed: CoordinatorHolder | None = None
+        with self._lock:
+            gate = self._admitting(client)
+            if gate is None:
+                answer.set_exception(RequestFailed(self._refusal if not client
+                                                   else self._client_refusal()))
+                return answer
+            decision = gate.request_received(asker, seq, payload)
+            key = answer_key(asker, seq)
+            if decision.verdict is Verdict.REJECT:
+                answer.set_exception(RequestFailed(decision.reason))
+                if not decision.diverged:
+                    return answer
+            elif decision.verdict is Verdict.DUPLICATE:
+                if decision.response is not None:
+                    answer.set_result(decision.response)
+                    return answer
+                return self._waiters.setdefault(key, answer)
+            else:
+                identity = gate.last_entry.attempt  # the task's attempt, or the client's
+                self._append()
+                self._waiters[key] = answer
+                holder = self._holders[identity.subtask.operator]
+                if holder.deliver_request(
+                        None if client else identity.subtask.index, decision.execution_attempt,
+                        request, lambda data, failed: self._answered(identity, seq, data, failed)):
+                    claimed = holder
+                else:
+                    return answer
+        if claimed is not None:
+            # this thread claimed the idle mailbox: it runs the coordinator's handler (and
+            # whatever was queued behind it) now, outside the lock (no user code under it)
+            claimed.mailbox.run_claimed()
+            return answer
+        self._fail(decision.reason)  # diverged: outside the lock, like every failure
+        return answer
+
+    # ---------------------------------------------------------------------------- inside
+    def _answered(self, asked_by: TaskAttempt, seq: int, payload: bytes, failed: bool) -> None:
+        # The coordinator's thread that produced the answer to request ``seq`` of ``asked_by``
+        # (an attempt or a client's log identity): log it, then hand it to whoever waits for
+        # it (if anyone: a retry that adopts the history may ask later).
+        with self._lock:
+            if self._refusal or self.gate is None:
+                return
+            entry = self.gate.response_recorded(asked_by, seq, payload, failed)
+            if entry is None:
+                return
+            self._append()  # a client's: the current log, maybe a later epoch's than the request's
+            waiter = self._waiters.pop(answer_key(asked_by, seq), None)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(entry)
+
+    def _replay_answer(self, item: ReplayedItem) -> Answered:
+        """Where the answer to a replayed request goes: compared with the logged answer (a
+        different one means the coordinator is not deterministic, and fails the job), or, if
+        none was logged (the batch runs again), logged and served like a live answer."""
+        attempt, seq, logged = item.attempt, item.seq, item.response
+
+        def answered(payload: bytes, failed: bool) -> None:
+            if logged is None:
+                self._answered(attempt, seq, payload, failed)
+                return
+            if item.client:
+                # a client's answer reflects the state when it was asked; only its effect
+                # must survive (decision 38): not compared
+                return
+            if (logged.payload, logged.failed) == (payload, failed) or (
+                    not failed and not logged.failed and self._same_value(logged.payload, payload)):
+                return
+            self._fail(f"nondeterministic coordinator {attempt.subtask.operator!r}: replaying "
+                       f"request {seq} of {attempt.subtask} in epoch {attempt.epoch} gave a "
+                       f"different answer than the logged one, which the task already used; "
+                       f"handle_request must answer from the checkpointed state and the "
+                       f"replayed inputs only (docs/coordinators.md, Requests)")
+        return answered
+
+    def _same_value(self, a: bytes, b: bytes) -> bool:
+        try:
+            return bool(self._codec.decode(a) == self._codec.decode(b))
+        except Exception:  # noqa: BLE001 - a response that does not unpickle is not equal
+            return False
+
+    def _withdrawn(self, items: Sequence[WithdrawnItem]) -> list[Withdrawn]:
+        # What ``handle_items_withdrawn`` is handed: the items and their answers, unpickled
+        # (each was unpickled once before it was logged; a refused answer hands out nothing)
+        decode = self._codec.decode
+        out = []
+        for item in items:
+            response = item.response
+            answered = response is not None and not response.failed
+            out.append(Withdrawn(decode(item.payload), item.is_request, answered,
+                                 decode(response.payload) if answered and response else None))
+        return out
+
+    def _decoded(self, payload: bytes, what: str, answer: Future[Answer]) -> Any:
+        # Unpickled before it is logged (rule 3): a request the driver cannot unpickle fails
+        # ``answer`` (the asker learns why) and is never logged.
+        try:
+            return self._codec.decode(payload)
+        except Exception as exc:  # noqa: BLE001 - unpickling raises anything
+            answer.set_exception(RequestFailed(f"{what} cannot be unpickled on the driver: "
+                                               f"{exc!r}"))
+            return None
+
+    def _admitting(self, client: bool = False) -> InboundGate | None:
+        # Under the lock: the gate, or None when nothing is admitted now (the reason is
+        # ``self._refusal``, or for a client ``self._client_refusal()``).
+        if self._refusal or self.gate is None:
+            return None
+        if client and self._checkpoint_pending() is not None:
+            return None
+        return self.gate
+
+    def _client_refusal(self) -> str:
+        # Under the lock (rule 3): a client request handled after a coordinator's boundary
+        # would be in neither the snapshot nor a log that a restore to this checkpoint
+        # replays: hold it off until the checkpoint is sealed or aborted (between batches,
+        # briefly).
+        return self._refusal or f"checkpoint {self._checkpoint_pending()} is being taken; ask again"
+
+    def _append(self) -> None:
+        # Under the lock: the gate's last entry, to the log of the epoch that took it.
+        assert self.gate is not None
+        self._append_bytes(self.gate.last_entry_epoch, [encode_log_entry(self.gate.last_entry)])
+
+    def _append_bytes(self, epoch: int, entries: list[bytes]) -> None:
+        try:
+            self._storage.append_inbound(epoch, b"".join(entries))
+        except Exception as exc:
+            self._fail(f"cannot append to the inbound log of epoch {epoch}: {exc!r}")
+            raise
+
+    def _subtask_failed(self, attempt: TaskAttempt, decision: InboundDecision) -> None:
+        # Under the lock, before the new attempt's registration is acknowledged (rule 4).
+        assert self.gate is not None and decision.replaced is not None
+        sid = attempt.subtask
+        record = self._record
+        if record is None or record.epoch != attempt.epoch:
+            raise IllegalTransition(f"task retry {attempt} without the record of its epoch")
+        # the other subtasks' events and the clients' requests, in log order (a reset comes
+        # before any subtask request of the epoch: rule 5 of the gate)
+        replay = [self.replayed(i, 0 if i.client
+                                else self.gate.execution_attempt(i.attempt.subtask))
+                  for i in self.gate.surviving_items(sid.operator, excluding=sid)]
+        reason = (f"task of {sid} in epoch {attempt.epoch} was retried: Spark attempt "
+                  f"{decision.replaced.number} replaced by attempt {attempt.number}")
+        log.info("%s; coordinator %r reset to the snapshot of epoch %d, %d entries of the "
+                 "other subtasks and clients replayed", reason, sid.operator, attempt.epoch,
+                 len(replay))
+        self._holders[sid.operator].subtask_failed(
+            sid.index, decision.execution_attempt - 1, reason, attempt.epoch,
+            record.snapshots.get(sid.operator), replay)
+
+    def _fail_waiters(self, why: str) -> None:
+        # Under the lock: every asker waiting for an answer learns that none will come, and
+        # every task waiting for its finish that it is refused
+        finishing, self._finishing = self._finishing, {}
+        for done in finishing.values():
+            if not done.done():
+                done.set_result(InboundDecision(Verdict.REJECT, why))
+        waiters, self._waiters = self._waiters, {}
+        for (sid, client, seq), waiter in waiters.items():
+            if not waiter.done():
+                waiter.set_exception(RequestFailed(
+                    f"request {seq} of client {client} to {sid.operator!r}: {why}" if client
+                    else f"request {seq} of {sid}: {why}"))
