@@ -1,0 +1,353 @@
+"""The replication slot and the publication, through PostgreSQL's SQL functions: make sure
+they exist, read changes without consuming them, and confirm what a committed batch holds.
+
+We read the slot with ``pg_logical_slot_peek_binary_changes`` over an ordinary connection
+instead of the streaming replication protocol (psycopg 3 does not speak it): a peek returns
+whole committed transactions and moves nothing, and ``pg_replication_slot_advance`` moves
+the slot's confirmed position when, and only when, the caller says so.
+
+Rules:
+  1. A peek never changes the slot. Only :func:`advance` does, and the coordinator calls it
+     with a position recorded in a checkpoint, after the batch of that checkpoint committed:
+     a restart before that re-reads the same transactions from the slot, never loses them.
+  2. The server skips, from the confirmed position ``P`` on, every transaction whose commit
+     record starts before ``P``. So confirming a transaction's ``end_lsn`` (the end of its
+     commit record) confirms it and everything committed before it, and nothing after.
+  3. A peek reads up to ``F``, the WAL *flush* position asked for just before it (the
+     decoder reads only flushed WAL; the write position may be ahead of it), and, when it
+     was not cut short by its change limit, returns every transaction of the publication
+     whose commit record starts before ``F``. Its :attr:`Peek.read_to` is then ``F`` (or
+     the last returned transaction's ``end_lsn`` when that is later); when the limit cut it
+     short, it is the last returned transaction's ``end_lsn``.
+  4. The idle publication rule: a checkpoint records ``read_to`` of the peeks whose
+     transactions its batch holds (the last such peek's), and after that batch commits the
+     slot is advanced to it. Every transaction before ``read_to`` that touched the
+     publication is in that batch or an earlier committed one (rules 2 and 3), so nothing
+     is lost, and when the captured tables are idle (a peek returns nothing) the slot still
+     advances to ``F`` at every checkpoint: a quiet publication holds no more WAL than is
+     written between two checkpoints, however busy the rest of the database is.
+  5. :func:`advance` never moves backwards: asking for a position at or before the slot's
+     confirmed one does nothing (the server would refuse it).
+  6. What is missing is created, what exists is checked, and what cannot be done is an error
+     naming the role and the right it lacks: a logical slot needs the REPLICATION attribute
+     (or superuser); a publication FOR TABLE needs ownership of each table (or superuser)
+     and CREATE on the database. An existing slot must be a logical ``pgoutput`` slot of
+     this database whose WAL is still there; an existing publication must publish every
+     captured table (we never alter a publication someone else made).
+
+Thread model: each function uses the connection it is given (autocommit), in the calling
+thread: the coordinator's reader thread for peeks and the slot, the enumerator's for the
+publication, the thread that learns of a committed batch for :func:`advance`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+from psycopg import errors as pg_errors
+
+from sparkcoord.sources.postgres.catalog import composed
+from sparkcoord.sources.postgres.errors import (
+    MissingRights,
+    PostgresSourceError,
+    PublicationProblem,
+    SlotProblem,
+)
+from sparkcoord.sources.postgres.names import TableName, check_simple_name, quote_ident
+from sparkcoord.sources.postgres.pgoutput import (
+    Decoder,
+    Transaction,
+    lsn_from_text,
+    lsn_to_text,
+)
+
+if TYPE_CHECKING:
+    from typing_extensions import LiteralString
+
+PLUGIN = "pgoutput"
+PROTO_VERSION = "1"
+
+
+@dataclass(frozen=True, slots=True)
+class RoleRights:
+    role: str
+    superuser: bool
+    replication: bool
+
+
+@dataclass(frozen=True, slots=True)
+class SlotInfo:
+    name: str
+    plugin: str | None
+    slot_type: str
+    database: str | None
+    confirmed_flush_lsn: int | None
+    restart_lsn: int | None
+    wal_status: str | None
+    active: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Peek:
+    """What one peek returned (rule 3)."""
+
+    transactions: tuple[Transaction, ...]
+    #: the WAL flush position asked for just before the peek (``F``)
+    upto_lsn: int
+    #: the position the slot may be confirmed at once these transactions are committed
+    read_to: int
+    #: the change limit stopped the peek before ``upto_lsn``
+    cut_short: bool
+    #: rows (pgoutput messages) the server returned
+    messages: int
+
+
+def _lsn(text: str | None) -> int | None:
+    return None if text is None else lsn_from_text(text)
+
+
+def _one(conn: psycopg.Connection[Any], statement: LiteralString,
+         params: tuple[Any, ...] = ()) -> tuple[Any, ...]:
+    """The one row a query of the catalog returns."""
+    row = conn.execute(statement, params).fetchone()
+    if row is None:
+        raise PostgresSourceError(f"no row from {statement!r}")
+    return tuple(row)
+
+
+def role_rights(conn: psycopg.Connection[Any]) -> RoleRights:
+    """The session's role and its SUPERUSER and REPLICATION attributes."""
+    row = _one(conn, "SELECT rolname, rolsuper, rolreplication FROM pg_roles "
+                     "WHERE rolname = current_user")
+    return RoleRights(row[0], bool(row[1]), bool(row[2]))
+
+
+def current_wal_lsn(conn: psycopg.Connection[Any]) -> int:
+    """The WAL write position (``pg_current_wal_lsn()``)."""
+    return lsn_from_text(_one(conn, "SELECT pg_current_wal_lsn()::text")[0])
+
+
+def current_flush_lsn(conn: psycopg.Connection[Any]) -> int:
+    """The WAL flush position (``pg_current_wal_flush_lsn()``), the most a peek reads
+    (rule 3)."""
+    return lsn_from_text(_one(conn, "SELECT pg_current_wal_flush_lsn()::text")[0])
+
+
+# -- the slot -------------------------------------------------------------------------------
+
+
+def slot_info(conn: psycopg.Connection[Any], slot: str) -> SlotInfo | None:
+    """The slot named ``slot``, or None when there is none."""
+    row = conn.execute(
+        "SELECT slot_name, plugin, slot_type, database, confirmed_flush_lsn::text, "
+        "restart_lsn::text, wal_status, active FROM pg_replication_slots "
+        "WHERE slot_name = %s", (slot,)).fetchone()
+    if row is None:
+        return None
+    return SlotInfo(row[0], row[1], row[2], row[3], _lsn(row[4]), _lsn(row[5]), row[6],
+                    bool(row[7]))
+
+
+def _need_replication(conn: psycopg.Connection[Any], what: str) -> None:
+    rights = role_rights(conn)
+    if not (rights.superuser or rights.replication):
+        raise MissingRights(
+            f"role {rights.role!r} lacks the REPLICATION attribute, needed to {what} "
+            f"(ALTER ROLE {quote_ident(rights.role)} REPLICATION, run by a superuser)")
+
+
+def ensure_slot(conn: psycopg.Connection[Any], slot: str) -> bool:
+    """Make sure the logical slot ``slot`` exists and fits (rule 6); True when it was created
+    now. Called by the coordinator's reader thread when the source starts."""
+    check_simple_name("replication slot", slot)
+    database = _one(conn, "SELECT current_database()")[0]
+    info = slot_info(conn, slot)
+    if info is None:
+        _need_replication(conn, f"create the logical replication slot {slot!r}")
+        try:
+            conn.execute("SELECT pg_create_logical_replication_slot(%s, %s)", (slot, PLUGIN))
+            return True
+        except pg_errors.DuplicateObject:
+            info = slot_info(conn, slot)  # made by someone else in between: check it
+            if info is None:
+                raise
+        except pg_errors.InsufficientPrivilege as e:
+            raise _rights_error(conn, f"create the logical replication slot {slot!r}",
+                                e) from None
+    _check_slot(info, slot, database)
+    return False
+
+
+def _check_slot(info: SlotInfo, slot: str, database: str) -> None:
+    if info.slot_type != "logical" or info.plugin != PLUGIN:
+        raise SlotProblem(f"replication slot {slot!r} exists but is a {info.slot_type} slot of "
+                          f"plugin {info.plugin!r}; the source needs a logical slot of "
+                          f"{PLUGIN!r}: name another slot, or drop this one")
+    if info.database != database:
+        raise SlotProblem(f"replication slot {slot!r} belongs to database {info.database!r}, "
+                          f"not {database!r}: a logical slot reads one database; name another "
+                          "slot")
+    if info.wal_status == "lost":
+        raise SlotProblem(f"replication slot {slot!r} has lost WAL it needs (wal_status "
+                          "'lost', max_slot_wal_keep_size was exceeded): changes after its "
+                          "confirmed position are gone; drop the slot and start again with a "
+                          "snapshot")
+
+
+def _rights_error(conn: psycopg.Connection[Any], what: str, error: Exception) -> MissingRights:
+    role = _one(conn, "SELECT current_user")[0]
+    primary = getattr(getattr(error, "diag", None), "message_primary", None) or str(error)
+    return MissingRights(f"role {role!r} may not {what}: {primary}")
+
+
+def _slot_error(error: psycopg.Error, slot: str, publication: str | None = None
+                ) -> PostgresSourceError:
+    message = getattr(error.diag, "message_primary", None) or str(error)
+    if isinstance(error, pg_errors.InsufficientPrivilege):
+        return MissingRights(f"reading replication slot {slot!r}: {message} (the role needs "
+                             "the REPLICATION attribute)")
+    if "publication" in message and publication is not None:
+        return PublicationProblem(f"reading replication slot {slot!r} with publication "
+                                  f"{publication!r}: {message}")
+    if isinstance(error, pg_errors.UndefinedObject):
+        return SlotProblem(f"replication slot {slot!r} does not exist (was it dropped?): "
+                           f"{message}; changes since its last confirmed position cannot be "
+                           "read again: start again with a snapshot")
+    if "already been removed" in message:
+        return SlotProblem(f"replication slot {slot!r} needs WAL that was removed: {message}")
+    if isinstance(error, pg_errors.ObjectInUse):
+        return SlotProblem(f"replication slot {slot!r} is in use by another process: {message}")
+    return SlotProblem(f"replication slot {slot!r}: {message}")
+
+
+def peek(conn: psycopg.Connection[Any], slot: str, publication: str, *, upto_nchanges: int | None = None,
+         upto_lsn: int | None = None, after_lsn: int = 0) -> Peek:
+    """The committed transactions of ``publication`` in the slot, without consuming them
+    (rules 1 and 3): up to the flush position (or ``upto_lsn``), at most about
+    ``upto_nchanges`` messages (whole transactions, so possibly more), and only those
+    ending after ``after_lsn`` (already delivered but not yet confirmed ones are left out).
+    Called by the coordinator's reader thread."""
+    check_simple_name("replication slot", slot)
+    check_simple_name("publication", publication)
+    if upto_nchanges is not None and upto_nchanges < 1:
+        raise ValueError(f"upto_nchanges must be >= 1 or None, got {upto_nchanges}")
+    limit = current_flush_lsn(conn) if upto_lsn is None else upto_lsn
+    try:
+        rows = conn.execute(
+            "SELECT data FROM pg_logical_slot_peek_binary_changes(%s, %s::pg_lsn, %s, "
+            "'proto_version', %s, 'publication_names', %s)",
+            (slot, lsn_to_text(limit), upto_nchanges, PROTO_VERSION, publication)).fetchall()
+    except psycopg.Error as e:
+        raise _slot_error(e, slot, publication) from None
+    decoder = Decoder()
+    transactions = list(decoder.transactions(bytes(row[0]) for row in rows))
+    if decoder.in_transaction:
+        raise SlotProblem(f"replication slot {slot!r}: a peek ended inside a transaction "
+                          "(the server returns whole transactions)")
+    cut_short = upto_nchanges is not None and len(rows) >= upto_nchanges
+    last_end = transactions[-1].end_lsn if transactions else 0
+    read_to = last_end if cut_short else max(limit, last_end)
+    return Peek(tuple(t for t in transactions if t.end_lsn > after_lsn), limit, read_to,
+                cut_short, len(rows))
+
+
+def advance(conn: psycopg.Connection[Any], slot: str, lsn: int) -> int:
+    """Confirm ``slot`` up to ``lsn`` (rules 1, 2 and 5): the server may then drop the WAL
+    before it. Returns the slot's confirmed position afterwards. Called only once the batch
+    holding every change before ``lsn`` committed (the coordinator's checkpoint
+    notification)."""
+    check_simple_name("replication slot", slot)
+    info = slot_info(conn, slot)
+    if info is None:
+        raise SlotProblem(f"replication slot {slot!r} does not exist (was it dropped?): "
+                          "cannot confirm its position")
+    confirmed = info.confirmed_flush_lsn or 0
+    if lsn <= confirmed:
+        return confirmed
+    try:
+        row = _one(conn, "SELECT end_lsn::text FROM pg_replication_slot_advance(%s, %s::pg_lsn)",
+                   (slot, lsn_to_text(lsn)))
+    except psycopg.Error as e:
+        raise _slot_error(e, slot) from None
+    return lsn_from_text(row[0])
+
+
+def drop_slot(conn: psycopg.Connection[Any], slot: str) -> bool:
+    """Drop ``slot`` if it exists; True when it did. For tests and the operator's clean-up."""
+    check_simple_name("replication slot", slot)
+    if slot_info(conn, slot) is None:
+        return False
+    conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+    return True
+
+
+def held_wal_bytes(conn: psycopg.Connection[Any], slot: str) -> int | None:
+    """How much WAL the slot keeps (from its restart position to the write position)."""
+    row = conn.execute("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::int8 "
+                       "FROM pg_replication_slots WHERE slot_name = %s", (slot,)).fetchone()
+    return None if row is None or row[0] is None else int(row[0])
+
+
+# -- the publication ------------------------------------------------------------------------
+
+
+def published_tables(conn: psycopg.Connection[Any], publication: str) -> set[TableName] | None:
+    """The tables ``publication`` publishes, or None when it does not exist."""
+    row = conn.execute("SELECT puballtables FROM pg_publication WHERE pubname = %s",
+                       (publication,)).fetchone()
+    if row is None:
+        return None
+    return {TableName(schema, name) for schema, name in conn.execute(
+        "SELECT schemaname, tablename FROM pg_publication_tables WHERE pubname = %s",
+        (publication,)).fetchall()}
+
+
+def ensure_publication(conn: psycopg.Connection[Any], publication: str, tables: Sequence[TableName]) -> bool:
+    """Make sure ``publication`` exists and publishes every table of ``tables`` (rule 6);
+    True when it was created now. Called by the enumerator when the source starts."""
+    check_simple_name("publication", publication)
+    if not tables:
+        raise ValueError("a publication needs at least one table")
+    present = published_tables(conn, publication)
+    if present is not None:
+        missing = [t for t in tables if t not in present]
+        if missing:
+            names = ", ".join(str(t) for t in missing)
+            raise PublicationProblem(
+                f"publication {publication!r} exists but does not publish {names}: add them "
+                f"(ALTER PUBLICATION {quote_ident(publication)} ADD TABLE "
+                f"{', '.join(t.sql for t in missing)}) or name another publication")
+        return False
+    role = _one(conn, "SELECT current_user")[0]
+    for table in tables:
+        row = conn.execute(
+            "SELECT pg_has_role(current_user, c.relowner, 'USAGE'), "
+            "pg_get_userbyid(c.relowner) FROM pg_class c WHERE c.oid = to_regclass(%s)",
+            (table.sql,)).fetchone()
+        if row is None:
+            raise PostgresSourceError(f"table {table} does not exist (or role {role!r} cannot "
+                                      "see it)")
+        if not row[0]:
+            raise MissingRights(
+                f"role {role!r} may not create publication {publication!r}: it does not own "
+                f"table {table} (owned by {row[1]!r}); a publication FOR TABLE needs ownership "
+                "of each table or superuser: have the owner or a superuser create it "
+                f"(CREATE PUBLICATION {quote_ident(publication)} FOR TABLE "
+                f"{', '.join(t.sql for t in tables)})")
+    if not _one(conn, "SELECT has_database_privilege(current_database(), 'CREATE')"
+                        )[0]:
+        database = _one(conn, "SELECT current_database()")[0]
+        raise MissingRights(f"role {role!r} may not create publication {publication!r}: it "
+                            f"lacks the CREATE right on database {database!r} (GRANT CREATE "
+                            f"ON DATABASE {quote_ident(database)} TO {quote_ident(role)})")
+    try:
+        conn.execute(composed(f"CREATE PUBLICATION {quote_ident(publication)} FOR TABLE "
+                              f"{', '.join(t.sql for t in tables)}"))
+    except pg_errors.DuplicateObject:
+        return ensure_publication(conn, publication, tables)  # made by someone else meanwhile
+    except pg_errors.InsufficientPrivilege as e:
+        raise _rights_error(conn, f"create publication {publication!r}", e) from None
+    return True

@@ -1,0 +1,236 @@
+"""Column values from their PostgreSQL text form (what pgoutput sends, and what a text-mode
+query returns) to Python values, and each type's Arrow type.
+
+Rules:
+  1. A type is known by its oid (``pg_type.oid``, fixed for the built-in types) and its type
+     modifier (``atttypmod``: a numeric's precision and scale). A type not in the table below
+     stays text: its value is the server's text form and its Arrow type is string.
+  2. The text forms are those of a session with ``DateStyle=ISO``, ``TimeZone=UTC``,
+     ``bytea_output=hex`` and ``extra_float_digits=3`` (connection.py sets them on every
+     session it opens; pgoutput formats values with the settings of the session that
+     decodes, which for ``pg_logical_slot_peek_binary_changes`` is ours).
+  3. The mapping:
+       bool 16 -> bool; int2 21 -> int16; int4 23 -> int32; int8 20 -> int64; oid 26 ->
+       int64; float4 700 -> float32; float8 701 -> float64 (NaN and infinities kept);
+       numeric 1700 with a precision of at most 38 -> Decimal, decimal128(p, s); numeric
+       without a precision (or above 38) -> its text, string; text 25, varchar 1043,
+       bpchar 1042, name 19, char 18 -> str; date 1082 -> date, date32; timestamp 1114 ->
+       naive datetime, timestamp[us]; timestamptz 1184 -> aware UTC datetime,
+       timestamp[us, UTC]; uuid 2950 -> str; json 114, jsonb 3802 -> str (the JSON text);
+       bytea 17 -> bytes, binary.
+  4. A value the Python type cannot hold is an error naming the type and the value, never a
+     silent substitute: a numeric ``NaN`` or infinity as a decimal, a date or timestamp that
+     is ``infinity``, before year 1 or after year 9999.
+
+Thread model: none (pure functions).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from datetime import date, datetime, timedelta, timezone
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+import pyarrow as pa
+
+from sparkcoord.sources.postgres.errors import ValueConversionError
+
+BOOL, BYTEA, CHAR, NAME, INT8, INT2, INT4, TEXT, OID = 16, 17, 18, 19, 20, 21, 23, 25, 26
+JSON, FLOAT4, FLOAT8, BPCHAR, VARCHAR, DATE = 114, 700, 701, 1042, 1043, 1082
+TIMESTAMP, TIMESTAMPTZ, NUMERIC, UUID, JSONB = 1114, 1184, 1700, 2950, 3802
+
+#: the built-in types of rule 3, by oid
+TYPE_NAMES = {BOOL: "boolean", BYTEA: "bytea", CHAR: '"char"', NAME: "name", INT8: "bigint",
+              INT2: "smallint", INT4: "integer", TEXT: "text", OID: "oid", JSON: "json",
+              FLOAT4: "real", FLOAT8: "double precision", BPCHAR: "character",
+              VARCHAR: "character varying", DATE: "date",
+              TIMESTAMP: "timestamp without time zone", TIMESTAMPTZ: "timestamp with time zone",
+              NUMERIC: "numeric", UUID: "uuid", JSONB: "jsonb"}
+
+#: the largest decimal precision Arrow's decimal128 (and Spark's DecimalType) holds
+MAX_DECIMAL_PRECISION = 38
+
+
+def numeric_precision(type_modifier: int) -> tuple[int, int] | None:
+    """``(precision, scale)`` of ``numeric(p, s)`` from its type modifier, or None for a
+    numeric without one. Any thread."""
+    if type_modifier < 4:
+        return None
+    packed = type_modifier - 4
+    return (packed >> 16) & 0xFFFF, packed & 0xFFFF
+
+
+def _as_decimal(type_modifier: int) -> tuple[int, int] | None:
+    shape = numeric_precision(type_modifier)
+    if shape is None or shape[0] > MAX_DECIMAL_PRECISION:
+        return None
+    return shape
+
+
+def arrow_type(type_oid: int, type_modifier: int = -1) -> pa.DataType:
+    """The Arrow type of a column (rule 3; string for a type not listed). Any thread."""
+    if type_oid == BOOL:
+        return pa.bool_()
+    if type_oid == INT2:
+        return pa.int16()
+    if type_oid == INT4:
+        return pa.int32()
+    if type_oid in (INT8, OID):
+        return pa.int64()
+    if type_oid == FLOAT4:
+        return pa.float32()
+    if type_oid == FLOAT8:
+        return pa.float64()
+    if type_oid == NUMERIC:
+        shape = _as_decimal(type_modifier)
+        return pa.string() if shape is None else pa.decimal128(*shape)
+    if type_oid == DATE:
+        return pa.date32()
+    if type_oid == TIMESTAMP:
+        return pa.timestamp("us")
+    if type_oid == TIMESTAMPTZ:
+        return pa.timestamp("us", tz="UTC")
+    if type_oid == BYTEA:
+        return pa.binary()
+    return pa.string()
+
+
+def _fail(type_oid: int, text: str, problem: str) -> ValueConversionError:
+    shown = text if len(text) <= 64 else text[:61] + "..."
+    name = TYPE_NAMES.get(type_oid, f"type {type_oid}")
+    return ValueConversionError(f"{name} value {shown!r}: {problem}")
+
+
+def _bool(text: str) -> bool:
+    if text == "t":
+        return True
+    if text == "f":
+        return False
+    raise _fail(BOOL, text, "expected 't' or 'f'")
+
+
+def _integer(type_oid: int) -> Callable[[str], int]:
+    def convert(text: str) -> int:
+        try:
+            return int(text)
+        except ValueError:
+            raise _fail(type_oid, text, "not an integer") from None
+    return convert
+
+
+def _float(type_oid: int) -> Callable[[str], float]:
+    def convert(text: str) -> float:
+        try:
+            return float(text)  # Python reads NaN, Infinity and -Infinity as the server writes
+        except ValueError:
+            raise _fail(type_oid, text, "not a floating-point number") from None
+    return convert
+
+
+def _decimal(text: str) -> Decimal:
+    try:
+        value = Decimal(text)
+    except InvalidOperation:
+        raise _fail(NUMERIC, text, "not a number") from None
+    if not value.is_finite():
+        raise _fail(NUMERIC, text, "a decimal column holds only finite numbers (NaN and "
+                                   "infinities have no decimal form)")
+    return value
+
+
+_DATE = re.compile(r"^(\d{4,})-(\d\d)-(\d\d)( BC)?$")
+_TIMESTAMP = re.compile(
+    r"^(\d{4,})-(\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)(?:\.(\d{1,6}))?"
+    r"(?:([+-])(\d\d)(?::?(\d\d))?(?::?(\d\d))?)?( BC)?$")
+
+
+def _date(text: str) -> date:
+    match = _DATE.match(text)
+    if not match:
+        raise _fail(DATE, text, _why_not_date(text))
+    if match[4]:
+        raise _fail(DATE, text, "a date before year 1 has no Python form")
+    try:
+        return date(int(match[1]), int(match[2]), int(match[3]))
+    except ValueError as e:
+        raise _fail(DATE, text, str(e)) from None
+
+
+def _why_not_date(text: str) -> str:
+    if text in ("infinity", "-infinity"):
+        return f"{text} has no Python form"
+    return "expected YYYY-MM-DD (DateStyle ISO)"
+
+
+def _timestamp(type_oid: int) -> Callable[[str], datetime]:
+    aware = type_oid == TIMESTAMPTZ
+
+    def convert(text: str) -> datetime:
+        match = _TIMESTAMP.match(text)
+        if not match or bool(match[8]) != aware:
+            raise _fail(type_oid, text, _why_not_date(text).replace(
+                "YYYY-MM-DD", "YYYY-MM-DD HH:MM:SS[.ffffff]" + ("+HH[:MM]" if aware else "")))
+        if match[12]:
+            raise _fail(type_oid, text, "a time before year 1 has no Python form")
+        try:
+            value = datetime(int(match[1]), int(match[2]), int(match[3]), int(match[4]),
+                             int(match[5]), int(match[6]),
+                             int((match[7] or "0").ljust(6, "0")))
+        except ValueError as e:
+            raise _fail(type_oid, text, str(e)) from None
+        if not aware:
+            return value
+        offset = timedelta(hours=int(match[9]), minutes=int(match[10] or 0),
+                           seconds=int(match[11] or 0))
+        if match[8] == "-":
+            offset = -offset
+        try:
+            return (value - offset).replace(tzinfo=timezone.utc)
+        except OverflowError:
+            raise _fail(type_oid, text, "outside the years 1 to 9999 in UTC") from None
+    return convert
+
+
+def _bytea(text: str) -> bytes:
+    if not text.startswith("\\x"):
+        raise _fail(BYTEA, text, "expected the hex form \\x... (bytea_output=hex)")
+    try:
+        return bytes.fromhex(text[2:])
+    except ValueError:
+        raise _fail(BYTEA, text, "not hex digits after \\x") from None
+
+
+def _text(text: str) -> str:
+    return text
+
+
+def converter(type_oid: int, type_modifier: int = -1) -> Callable[[str], Any]:
+    """The function from a column's text form to its Python value (rule 3), chosen once per
+    column. Any thread."""
+    if type_oid == BOOL:
+        return _bool
+    if type_oid in (INT2, INT4, INT8, OID):
+        return _integer(type_oid)
+    if type_oid in (FLOAT4, FLOAT8):
+        return _float(type_oid)
+    if type_oid == NUMERIC:
+        return _text if _as_decimal(type_modifier) is None else _decimal
+    if type_oid == DATE:
+        return _date
+    if type_oid in (TIMESTAMP, TIMESTAMPTZ):
+        return _timestamp(type_oid)
+    if type_oid == BYTEA:
+        return _bytea
+    return _text
+
+
+def from_text(type_oid: int, text: str | None, type_modifier: int = -1) -> Any:
+    """One value from its text form (None stays None). Any thread."""
+    return None if text is None else converter(type_oid, type_modifier)(text)
+
+
+def is_known(type_oid: int) -> bool:
+    """Whether rule 3 lists the type (an unknown type stays text). Any thread."""
+    return type_oid in TYPE_NAMES
