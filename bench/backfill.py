@@ -1,5 +1,5 @@
 """Backfilling many small files (issue 25 item 4): small files packed into few splits
-(``maxPartitionBytes``, ``openCostInBytes``; files.py rule 8), members fetched ahead on S3.
+(``maxPartitionBytes``, ``openCostInBytes``; sources/files rule 8), members fetched ahead on S3.
 
 - local: N tiny JSON-lines files (one line each; 20,000 in the quick preset, 100,000 in the
   full one) read once with ``Trigger.AvailableNow`` into the ``noop`` sink, by our bounded

@@ -50,7 +50,8 @@ def _written(root: str, seen: set[str]) -> int:
 def run(preset: str) -> dict[str, Any]:
     from sparkcoord.core.restore import FRESH
     from sparkcoord.sources import NextSplit, NoSplitNow, SplitEnumerator
-    from sparkcoord.sources.files import FileDiscovery, FileSourceOptions
+    from sparkcoord.sources.files.discovery import FileDiscovery
+    from sparkcoord.sources.files.options import FileSourceOptions
     from sparkcoord.sources.splits import ReadLimit
     from sparkcoord.testing import CoordinatorHarness
 

@@ -175,7 +175,8 @@ def planning(spark: Any, n: int, triggers: int) -> dict[str, Any]:
 def _discovery_cycles(data: str) -> dict[str, Any]:
     """One discovery cycle over the directory in each mode, in this process: the first (every
     file is new) and a steady one (nothing new)."""
-    from sparkcoord.sources.files import FileDiscovery, FileSourceOptions
+    from sparkcoord.sources.files.discovery import FileDiscovery
+    from sparkcoord.sources.files.options import FileSourceOptions
 
     out: dict[str, Any] = {}
     for mode in ("lexical", "listing"):

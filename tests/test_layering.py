@@ -25,7 +25,12 @@ ALLOWED_INTERNAL = {
 #: the split framework of sources/ (what any source is built on): it knows no file source and
 #: no Spark (a source reaches Spark through the adapter, in its own builder module)
 SOURCE_FRAMEWORK = ("splits", "reader", "enumerator", "alignment", "backlog", "values")
+#: the file source: the package sources/files/ (options, listing, discovery, split, reading,
+#: metadata, schema), the text parser and the seen files it uses, its builder and its command
 FILE_SOURCE = ("files", "stream", "parsing", "seen", "tail")
+#: the file source's modules that reach Spark's adapter (sparkcoord.spark): the builder, and the
+#: ``sparkcoord tail`` command that runs a job with it
+FILE_SOURCE_TO_SPARK = ("stream", "tail")
 FORBIDDEN_IN_CORE = {"pyspark", "socket", "threading", "asyncio", "time", "concurrent",
                      "os", "fsspec", "selectors", "subprocess", "multiprocessing", "signal",
                      "pathlib", "io", "random", "datetime", "_thread", "queue", "logging"}
@@ -88,3 +93,37 @@ def test_the_split_framework_imports_no_file_source_and_no_spark(name: str) -> N
         assert parts[:2] != ["sparkcoord", "spark"], f"sources/{name}.py imports {module}"
         assert not (parts[:2] == ["sparkcoord", "sources"] and len(parts) > 2
                     and parts[2] in FILE_SOURCE), f"sources/{name}.py imports {module}"
+
+
+def file_source_modules() -> list[pathlib.Path]:
+    sources = PACKAGE / "sources"
+    return sorted([*(sources / "files").rglob("*.py"),
+                   *(sources / f"{name}.py" for name in FILE_SOURCE if name != "files")])
+
+
+@pytest.mark.parametrize("path", file_source_modules(),
+                         ids=lambda p: str(p.relative_to(PACKAGE / "sources")))
+def test_the_file_source_reaches_spark_only_through_its_builder(path: pathlib.Path) -> None:
+    if path.parent.name == "sources" and path.stem in FILE_SOURCE_TO_SPARK:
+        return
+    for module in imported_modules(path, nested=True):
+        assert module.split(".")[:2] != ["sparkcoord", "spark"], (
+            f"{path.relative_to(PACKAGE)} imports {module}; the file source reaches Spark "
+            f"through its builder sources/stream.py")
+
+
+@pytest.mark.parametrize("path", sorted((PACKAGE / "sources" / "files").rglob("*.py")),
+                         ids=lambda p: p.name)
+def test_the_file_source_package_imports_no_pyspark_at_its_top(path: pathlib.Path) -> None:
+    # its modules run in Spark's source runner and Python workers too; Spark's types are
+    # imported inside the functions that need them (the metadata column, the Arrow schema)
+    bad = {m for m in imported_modules(path, nested=False) if m.split(".")[0] == "pyspark"}
+    assert not bad, f"{path.relative_to(PACKAGE)} imports {sorted(bad)} at its top"
+
+
+def test_the_file_source_checks_see_the_package() -> None:
+    # guard against a glob that silently finds nothing
+    names = {p.name for p in file_source_modules()}
+    assert {"discovery.py", "reading.py", "options.py", "parsing.py", "stream.py"} <= names
+    assert "sparkcoord.sources.files.options" in imported_modules(
+        PACKAGE / "sources" / "stream.py")

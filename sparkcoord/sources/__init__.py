@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from sparkcoord.sources.alignment import AlignmentDecision, AlignmentOptions, WatermarkReport
 from sparkcoord.sources.enumerator import EnumeratorState, SplitDiscovery, SplitEnumerator
-from sparkcoord.sources.files import FileChangedError, FileReadError, FileSplit
+from sparkcoord.sources.files.reading import FileChangedError, FileReadError
+from sparkcoord.sources.files.split import FileSplit
 from sparkcoord.sources.reader import ReaderState, SplitReader
 from sparkcoord.sources.splits import NextSplit, NoSplitNow, ReadLimit, Split
 from sparkcoord.sources.stream import FileStream

@@ -1,8 +1,8 @@
 """CSV and JSON-lines text into Arrow tables, with Spark's reader modes for malformed records.
 
 Sans-IO: bytes in, a ``pyarrow.Table`` out; no file system, no clock, no logging. The file
-reader (:class:`sparkcoord.sources.files.FileReader`, in a Spark task) hands it the lines of
-one split and names the file, line and byte offset in what it raises or logs.
+reader (:class:`sparkcoord.sources.files.reading.FileReader`, in a Spark task) hands it the
+lines of one split and names the file, line and byte offset in what it raises or logs.
 
 Rules:
   1. A record is one line (JSON lines: one object per line; CSV: one row per line, its values

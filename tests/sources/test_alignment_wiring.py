@@ -29,7 +29,7 @@ from sparkcoord.sources import (
     SplitReader,
 )
 from sparkcoord.sources.alignment import AlignmentDecision, AlignmentOptions, WatermarkReport
-from sparkcoord.sources.stream import alignment_options, parse_options
+from sparkcoord.sources.files.options import alignment_options, parse_options
 from sparkcoord.testing import CoordinatorHarness
 
 ROWS_PER_RECORD_BATCH = 2
@@ -581,7 +581,9 @@ def test_a_bounded_source_forgets_a_lane_read_to_its_end_at_once() -> None:
 
 
 def test_a_file_split_s_lane_is_its_directory(tmp_path: Any) -> None:
-    from sparkcoord.sources.files import FileEntry, FileSourceOptions, filesystem, plan_splits
+    from sparkcoord.sources.files.discovery import plan_splits
+    from sparkcoord.sources.files.listing import FileEntry, filesystem
+    from sparkcoord.sources.files.options import FileSourceOptions
 
     (tmp_path / "fast").mkdir()
     path = tmp_path / "fast" / "part-0.json"
@@ -627,13 +629,10 @@ def test_a_file_reader_pauses_a_directory_past_the_allowed_maximum_and_keeps_its
     import json as js
 
     from sparkcoord.sources import NoSplitNow
-    from sparkcoord.sources.files import (
-        FileEntry,
-        FileReader,
-        FileSourceOptions,
-        filesystem,
-        plan_splits,
-    )
+    from sparkcoord.sources.files.discovery import plan_splits
+    from sparkcoord.sources.files.listing import FileEntry, filesystem
+    from sparkcoord.sources.files.options import FileSourceOptions
+    from sparkcoord.sources.files.reading import FileReader
 
     (tmp_path / "fast").mkdir()
     path = tmp_path / "fast" / "part-0.json"
@@ -683,7 +682,7 @@ def test_requests_and_splits_without_alignment_pickle_to_the_bytes_sparkcoord_lo
     # against the logged 73 and failed the job as a nondeterministic subtask.
     import pickle
 
-    from sparkcoord.sources.files import FileSplit
+    from sparkcoord.sources.files.split import FileSplit
     from sparkcoord.sources.splits import NextSplit
 
     before_alignment = bytes.fromhex(

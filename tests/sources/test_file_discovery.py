@@ -7,7 +7,8 @@ import os
 
 import pytest
 
-from sparkcoord.sources.files import FileDiscovery, FileSourceOptions
+from sparkcoord.sources.files.discovery import FileDiscovery
+from sparkcoord.sources.files.options import FileSourceOptions
 
 
 def touch(path: str, mtime: float, body: bytes = b'{"id": 1}\n') -> None:
@@ -23,7 +24,7 @@ def discovery(root: str, clock: list[float], **options) -> FileDiscovery:
 
 
 def names(splits) -> list[str]:
-    """The names of the files the splits read (a split may pack several: files.py rule 8)."""
+    """The names of the files the splits read (a split may pack several: sources/files rule 8)."""
     return [os.path.basename(path) for s in splits for path in s.paths]
 
 

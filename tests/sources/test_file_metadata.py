@@ -1,4 +1,4 @@
-"""The file source's ``_metadata`` column (issue 25 item 2, files.py rule 7): option
+"""The file source's ``_metadata`` column (issue 25 item 2, sources/files rule 7): option
 ``includeMetadata`` appends Spark's file metadata fields, plus the parquet row group, to every
 row; every row of a split names its file, size, modification time and byte range or row
 group; it works with a given and an inferred schema, with the reader modes and their corrupt
@@ -21,17 +21,11 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType, Tim
 
 from sparkcoord.sources import FileStream
 from sparkcoord.sources.alignment import AlignmentOptions
-from sparkcoord.sources.files import (
-    METADATA_COLUMN,
-    FileEntry,
-    FileReader,
-    FileSourceOptions,
-    file_url,
-    filesystem,
-    metadata_field,
-    plan_splits,
-)
-from sparkcoord.sources.stream import parse_options
+from sparkcoord.sources.files.discovery import plan_splits
+from sparkcoord.sources.files.listing import FileEntry, filesystem
+from sparkcoord.sources.files.metadata import METADATA_COLUMN, file_url, metadata_field
+from sparkcoord.sources.files.options import FileSourceOptions, parse_options
+from sparkcoord.sources.files.reading import FileReader
 
 DATA = StructType([StructField("id", LongType()), StructField("name", StringType())])
 #: Spark's _metadata fields, in Spark's order, then the row group

@@ -1,4 +1,4 @@
-"""Packing small files into one split (issue 25 item 4, files.py rule 8): planning is a pure
+"""Packing small files into one split (issue 25 item 4, sources/files rule 8): planning is a pure
 function of the discovered entries and the options (byte budget, open cost, lanes, big files
 split as before, ``maxFilesPerTrigger``); a packed split is read member by member with a
 position (member, rows) that a resumed read continues from exactly; malformed records,
@@ -16,18 +16,12 @@ import pyarrow as pa
 import pytest
 
 from sparkcoord.core.errors import MalformedRecord
-from sparkcoord.sources.files import (
-    METADATA_COLUMN,
-    FileChangedError,
-    FileEntry,
-    FileReader,
-    FileSourceOptions,
-    FileSplit,
-    MemberFetcher,
-    filesystem,
-    pack_files,
-    plan_files,
-)
+from sparkcoord.sources.files.discovery import pack_files, plan_files
+from sparkcoord.sources.files.listing import FileEntry, filesystem
+from sparkcoord.sources.files.metadata import METADATA_COLUMN
+from sparkcoord.sources.files.options import FileSourceOptions
+from sparkcoord.sources.files.reading import FileChangedError, FileReader, MemberFetcher
+from sparkcoord.sources.files.split import FileSplit
 from sparkcoord.sources.splits import BatchBudget, ReadLimit
 
 KB, MB = 1 << 10, 1 << 20
@@ -278,7 +272,7 @@ def test_remote_members_are_fetched_ahead_and_handed_over_in_order() -> None:
 
 
 def test_the_packing_options_take_spark_names_and_sizes_and_have_spark_defaults() -> None:
-    from sparkcoord.sources.stream import parse_options
+    from sparkcoord.sources.files.options import parse_options
 
     default = parse_options("/data", "json", {})
     assert (default.max_partition_bytes, default.open_cost_bytes) == (128 * MB, 4 * MB)

@@ -15,15 +15,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparkcoord.sources.files import (
-    FileChangedError,
-    FileEntry,
-    FileReader,
-    FileSourceOptions,
-    filesystem,
-    plan_splits,
-    read_line_range,
-)
+from sparkcoord.sources.files.discovery import plan_splits
+from sparkcoord.sources.files.listing import FileEntry, filesystem
+from sparkcoord.sources.files.options import FileSourceOptions
+from sparkcoord.sources.files.reading import FileChangedError, FileReader, read_line_range
 
 SCHEMA_JSON = json.dumps({"type": "struct", "fields": [
     {"name": "id", "type": "long", "nullable": True, "metadata": {}},

@@ -15,16 +15,11 @@ import pyarrow as pa
 import pytest
 
 from sparkcoord.core.errors import MalformedRecord
-from sparkcoord.sources.files import (
-    FileEntry,
-    FileReader,
-    FileReadError,
-    FileSourceOptions,
-    filesystem,
-    plan_splits,
-)
+from sparkcoord.sources.files.discovery import plan_splits
+from sparkcoord.sources.files.listing import FileEntry, filesystem
+from sparkcoord.sources.files.options import FileSourceOptions, check_record_options, parse_options
+from sparkcoord.sources.files.reading import FileReader, FileReadError
 from sparkcoord.sources.parsing import RecordParser
-from sparkcoord.sources.stream import check_record_options, parse_options
 
 FIELDS = [("id", "long"), ("name", "string")]
 
@@ -320,8 +315,8 @@ def test_a_zero_byte_file_has_no_split_so_it_gives_no_rows_as_in_spark(tmp_path)
 
 
 def test_schema_inference_skips_null_lines_and_names_the_file_it_cannot_read(tmp_path) -> None:
-    from sparkcoord.sources.files import infer_schema
-    from sparkcoord.sources.stream import parse_options
+    from sparkcoord.sources.files.options import parse_options
+    from sparkcoord.sources.files.schema import infer_schema
 
     data = tmp_path / "data"
     data.mkdir()

@@ -74,7 +74,7 @@ def failing_reader(options: Any, schema_json: str, marker_dir: str, at: int,
     contains ``needle`` (default: a file of wave ``at``); ``kwargs`` go to the reader (its
     ``alignment``)."""
     from sparkcoord.examples.numbers import _once
-    from sparkcoord.sources.files import FileReader
+    from sparkcoord.sources.files.reading import FileReader
 
     needle = f"w{at:04d}-" if needle is None else needle
 

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from sparkcoord.sources import FileStream
-from sparkcoord.sources.files import metadata_field
+from sparkcoord.sources.files.metadata import metadata_field
 from sparkcoord.spark import CoordinatedJob
 from tests.spark.helpers import sink_rows
 

@@ -132,7 +132,7 @@ def failing_reader(options: Any, schema_json: str, marker_dir: str) -> Any:
     """A FileReader whose task raises once, after the first record batch of a file's second
     row group (a task retry in the middle of a split)."""
     from sparkcoord.examples.numbers import _once
-    from sparkcoord.sources.files import FileReader
+    from sparkcoord.sources.files.reading import FileReader
 
     class Reader(FileReader):
         def read_split(self, split: Any, position: Any) -> Any:
@@ -278,7 +278,7 @@ def packed_failing_reader(options: Any, schema_json: str, marker_dir: str) -> An
     from a (member, rows) position in the next batch) and whose task raises once, after the
     second record batch of a resumed packed split (a task retry in the middle of it)."""
     from sparkcoord.examples.numbers import _once
-    from sparkcoord.sources.files import FileReader
+    from sparkcoord.sources.files.reading import FileReader
 
     class Reader(FileReader):
         max_rows_per_batch = 150
@@ -296,7 +296,7 @@ def packed_failing_reader(options: Any, schema_json: str, marker_dir: str) -> An
 
 def test_tiny_files_packed_into_few_splits_are_read_exactly_once_across_a_task_retry(
         spark, tmp_path) -> None:
-    # issue 25 item 4 (files.py rule 8): 2,000 one-line files in splits of 32 files; a reader
+    # issue 25 item 4 (sources/files rule 8): 2,000 one-line files in splits of 32 files; a reader
     # stops mid-split, resumes it from its (member, rows) position in the next batch, and
     # its task fails there once: Spark retries it, no row is lost or repeated, and every
     # row's _metadata names its own file
