@@ -21,6 +21,7 @@ ALLOWED_INTERNAL = {
     "committer": {"core"},
     "sources": {"core", "coordinator", "operator", "runtime", "channel", "spark", "committer"},
     "inspection": {"core", "runtime", "spark"},
+    "sinks": {"core", "coordinator", "operator", "runtime", "channel", "spark", "committer"},
 }
 #: the split framework of sources/ (what any source is built on): it knows no file source and
 #: no Spark (a source reaches Spark through the adapter, in its own builder module)
@@ -127,3 +128,26 @@ def test_the_file_source_checks_see_the_package() -> None:
     assert {"discovery.py", "reading.py", "options.py", "parsing.py", "stream.py"} <= names
     assert "sparkcoord.sources.files.options" in imported_modules(
         PACKAGE / "sources" / "stream.py")
+
+
+#: packages that have no Spark layer yet: they import neither pyspark nor the adapter (their
+#: builders will, as the file source's stream.py does, and only those)
+NO_SPARK_YET = (PACKAGE / "sources" / "postgres", PACKAGE / "sinks")
+
+
+@pytest.mark.parametrize("path", sorted(p for d in NO_SPARK_YET for p in d.rglob("*.py")),
+                         ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_the_postgres_source_and_the_lake_sinks_import_no_spark_and_no_file_source(
+        path: pathlib.Path) -> None:
+    for module in imported_modules(path, nested=True):
+        parts = module.split(".")
+        assert parts[0] != "pyspark", f"{path.relative_to(PACKAGE)} imports {module}"
+        assert parts[:2] != ["sparkcoord", "spark"], f"{path.relative_to(PACKAGE)} imports {module}"
+        assert not (parts[:2] == ["sparkcoord", "sources"] and len(parts) > 2
+                    and parts[2] in FILE_SOURCE), f"{path.relative_to(PACKAGE)} imports {module}"
+
+
+def test_the_no_spark_checks_see_the_postgres_source_and_the_sinks() -> None:
+    # guard against a glob that silently finds nothing
+    names = {p.name for d in NO_SPARK_YET for p in d.rglob("*.py")}
+    assert {"pgoutput.py", "watermarks.py", "enumerator.py", "delta.py", "iceberg.py"} <= names

@@ -7,7 +7,13 @@
 - ``connection.py``: where to connect and as whom; passwords never shown, logged or pickled.
 - ``replication.py``: the slot and the publication over SQL functions (peek, advance).
 - ``catalog.py``: a table's columns and key, chunk boundaries and chunk reads.
+- ``watermarks.py``: the sans-IO snapshot-to-stream core: the watermarked chunk read's merge,
+  the stream filter, the compact high-watermark map.
+- ``splits.py``: the chunk and stream splits, the readers' requests and reports, table shapes.
+- ``enumerator.py``: the coordinator: chunk planning off the mailbox, the hand-over to the
+  stream, the slot confirmed after the batch commits.
+- ``reader.py``: the executor side: watermarked chunk reads, the stream, Arrow record batches.
 
 Nothing here imports pyspark; psycopg (the ``postgres`` extra) is imported by the I/O modules
-only (connection.py lazily, replication.py at its top).
+only (connection.py and reader.py lazily, replication.py at its top).
 """

@@ -1,0 +1,229 @@
+"""Commit a lake sink's epochs to a Delta table with ``deltalake`` (delta-rs), once each.
+
+Rules:
+  1. One epoch, one Delta transaction: the add actions of every file the epoch's tasks
+     reported (``files.DataFile``, stats carried over, the files not opened again) and two
+     application transactions: ``(job id, epoch)`` and ``(job id/run/run id, epoch)``. The
+     first says which epochs the table holds for the job (``transaction_version``, fencing
+     rules 1-4 in ``fencing.py``); the second which of them this run committed (fencing
+     rule 3). The commit's info carries the job id, the epoch and the run id for people
+     reading the table's history.
+  2. Before each commit the table is read again and the fence decides: commit, skip an epoch
+     the table holds (reported as :data:`~sparkcoord.sinks.fencing.ALREADY_COMMITTED`), or
+     refuse. A second writer racing us for the same epoch loses at the table: delta-rs fails a
+     commit whose application transaction's app id a concurrent winning commit also carries
+     (``ConcurrentTransaction``), and the commit worker's retry then meets the fence.
+  3. The table is created by the first commit if it does not exist (version 0 holds that
+     epoch's files and transactions), from the sink's Arrow schema, so a job whose first epochs
+     are empty leaves no table behind.
+  4. Appends only: merge by key for change streams (issue 28 item 6) and compaction (item 7)
+     come later, through the same transaction with remove actions.
+
+Thread model: :meth:`DeltaCommitter.open` and :meth:`DeltaCommitter.commit` run on the sink
+coordinator's commit worker thread (``sparkcoord.committer.worker``), one at a time; the
+queries (:meth:`DeltaCommitter.table_epoch`, :meth:`DeltaCommitter.referenced_paths`) on any
+thread that does not race them.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from sparkcoord.sinks.fencing import ALREADY_COMMITTED, COMMIT, NO_EPOCH, Decision, EpochFence
+from sparkcoord.sinks.files import DataFile, check_job_id
+
+#: Keys of the commit info (rule 1).
+JOB_KEY, EPOCH_KEY, RUN_KEY = "sparkcoord.job-id", "sparkcoord.epoch", "sparkcoord.run-id"
+
+
+def run_app_id(job_id: str, run_id: str) -> str:
+    """The application transaction id that records which epochs ``run_id`` committed."""
+    return f"{job_id}/run/{run_id}"
+
+
+class DeltaCommitter:
+    """Commits the epochs of job ``job_id`` to the Delta table at ``table_uri`` (rules 1-4)."""
+
+    def __init__(self, table_uri: str, job_id: str, schema: Any, *,
+                 storage_options: Mapping[str, str] | None = None,
+                 run_id: str | None = None,
+                 configuration: Mapping[str, str | None] | None = None) -> None:
+        """``schema``: the sink's ``pyarrow.Schema`` (the table's, when rule 3 creates it);
+        ``run_id``: this coordinator start's id (a fresh one by default); ``configuration``:
+        Delta table properties for a table rule 3 creates."""
+        self.table_uri = table_uri.rstrip("/")
+        self.job_id = check_job_id(job_id)
+        self.schema = schema
+        self.storage_options = dict(storage_options or {})
+        self.run_id = run_id or uuid.uuid4().hex
+        self.configuration = dict(configuration or {})
+        self._fence: EpochFence | None = None
+        self._table: Any = None
+
+    # ------------------------------------------------------------------ commands
+    def open(self, last_committed: int = NO_EPOCH, pending: Iterable[int] = ()) -> int:
+        """Check the table against the restored checkpoint (commit worker thread, at the
+        coordinator's start, before any commit): ``last_committed`` and ``pending`` are the
+        epochs it saw reported done and not reported done. Returns the table's newest epoch
+        for the job; raises per fencing rule 2."""
+        fence = EpochFence(self.table_uri, self.job_id, last_committed, pending)
+        fence.opened(self.table_epoch())
+        self._fence = fence
+        return fence.known
+
+    def commit(self, epoch: int, files: Sequence[DataFile]) -> Decision:
+        """Commit ``epoch``'s reported ``files`` in one transaction, unless the table holds it
+        (commit worker thread, once the batch of ``epoch`` committed in Spark; again after a
+        failure or a restore: idempotent per epoch). Raises
+        :class:`~sparkcoord.sinks.fencing.SecondWriter` per fencing rules 3 and 4."""
+        from deltalake import CommitProperties, Transaction
+
+        if self._fence is None:
+            raise RuntimeError("DeltaCommitter.commit before open()")
+        table = self._load()
+        table_epoch = self._version(table, self.job_id)
+        run_epoch = self._version(table, run_app_id(self.job_id, self.run_id))
+        decision = self._fence.decide(epoch, table_epoch, run_epoch)
+        if decision == ALREADY_COMMITTED:
+            self._fence.committed(epoch)
+            return decision
+        properties = CommitProperties(
+            custom_metadata={JOB_KEY: self.job_id, EPOCH_KEY: str(epoch), RUN_KEY: self.run_id},
+            app_transactions=[Transaction(self.job_id, epoch),
+                              Transaction(run_app_id(self.job_id, self.run_id), epoch)])
+        actions = [add_action(f) for f in files]
+        if table is None:
+            self._create(actions, properties)  # rule 3
+        else:
+            table.create_write_transaction(actions, "append", table.schema(),
+                                           commit_properties=properties)
+        self._fence.committed(epoch)
+        return COMMIT
+
+    # ------------------------------------------------------------------ queries
+    def table_epoch(self) -> int:
+        """The newest epoch the table holds for the job (``NO_EPOCH``: none, or no table)."""
+        return self._version(self._load(), self.job_id)
+
+    def referenced_paths(self) -> set[str]:
+        """Every data file path (relative to the table) the table references: in its current
+        version, and as a removed file whose tombstone the log still keeps (a time-travel read
+        of an older version still needs it; VACUUM, not us, deletes those). Read by the orphan
+        sweep (``cleanup.py``)."""
+        table = self._load()
+        if table is None:
+            return set()
+        import pyarrow as pa
+
+        adds = pa.table(table.get_add_actions())  # an arro3 batch: through the C stream
+        paths = {str(p) for p in adds.column("path").to_pylist()}
+        return paths | self._removed_paths()
+
+    # ------------------------------------------------------------------ internals
+    def _load(self) -> Any:
+        from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
+
+        if self._table is not None:
+            self._table.update_incremental()
+            return self._table
+        try:
+            self._table = DeltaTable(self.table_uri, storage_options=self.storage_options or None)
+        except TableNotFoundError:
+            return None
+        return self._table
+
+    @staticmethod
+    def _version(table: Any, app_id: str) -> int:
+        if table is None:
+            return NO_EPOCH
+        version = table.transaction_version(app_id)
+        return NO_EPOCH if version is None else int(version)
+
+    def _create(self, actions: list[Any], properties: Any) -> None:
+        from deltalake import Schema
+        from deltalake.transaction import create_table_with_add_actions
+
+        # mode "error": a table created meanwhile (a racing writer) fails this attempt; the
+        # commit worker's retry finds the table and meets the fence (rule 2)
+        create_table_with_add_actions(
+            self.table_uri, Schema.from_arrow(self.schema), actions, mode="error",
+            configuration=self.configuration or None,
+            storage_options=self.storage_options or None, commit_properties=properties)
+
+    def _removed_paths(self) -> set[str]:
+        from fsspec.core import url_to_fs
+
+        fs, root = url_to_fs(f"{self.table_uri}/_delta_log", **self.storage_options)
+        removed: set[str] = set()
+        for name in fs.ls(root, detail=False):
+            base = str(name).rsplit("/", 1)[-1]
+            if base.endswith(".json") and base[:-5].isdigit():
+                for line in fs.cat_file(name).decode().splitlines():
+                    action = json.loads(line) if line.strip() else {}
+                    if "remove" in action:
+                        removed.add(_unquote(action["remove"]["path"]))
+            elif ".checkpoint" in base and base.endswith(".parquet"):
+                import pyarrow.parquet as pq
+
+                with fs.open(name, "rb") as f:
+                    column = pq.read_table(f, columns=["remove"]).column("remove")
+                for row in column.to_pylist():
+                    if row and row.get("path"):
+                        removed.add(_unquote(row["path"]))
+        return removed
+
+
+def _unquote(path: str) -> str:
+    from urllib.parse import unquote
+
+    return unquote(path)  # the log stores paths URL-encoded
+
+
+def add_action(file: DataFile) -> Any:
+    """The Delta add action of a reported file: its stats JSON from the task's statistics."""
+    from deltalake.transaction import AddAction
+
+    return AddAction(file.path, file.bytes, {}, int(time.time() * 1000), True,
+                     json.dumps(delta_stats(file), separators=(",", ":")))
+
+
+def delta_stats(file: DataFile) -> dict[str, Any]:
+    """Delta's ``stats`` of ``file``: numRecords, minValues, maxValues, nullCount. A bound
+    JSON cannot carry exactly (a decimal, bytes) is left out, as the task left out the ones it
+    could not know (``files.py`` rule 3)."""
+    low: dict[str, Any] = {}
+    high: dict[str, Any] = {}
+    nulls: dict[str, int] = {}
+    for name, stats in file.columns:
+        if stats.null_count is not None:
+            nulls[name] = stats.null_count
+        if stats.min is not None and stats.max is not None:
+            lo, hi = _json_bound(stats.min, up=False), _json_bound(stats.max, up=True)
+            if lo is not None and hi is not None:
+                low[name], high[name] = lo, hi
+    return {"numRecords": file.rows, "minValues": low, "maxValues": high, "nullCount": nulls}
+
+
+def _json_bound(value: Any, *, up: bool) -> Any:
+    if isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, datetime.datetime):
+        # Delta keeps timestamps to the millisecond: a max is rounded up, a min down, so the
+        # bounds still contain every value (a truncated max would let readers skip matches)
+        if value.tzinfo is not None:
+            value = value.astimezone(datetime.timezone.utc)
+        extra = value.microsecond % 1000
+        value = value - datetime.timedelta(microseconds=extra)
+        if up and extra:
+            value += datetime.timedelta(milliseconds=1)
+        text = value.replace(tzinfo=None).isoformat(timespec="milliseconds")
+        return f"{text}Z" if value.tzinfo is not None else text
+    if isinstance(value, datetime.date):
+        return value.isoformat()
+    return None

@@ -1,0 +1,544 @@
+"""The PostgreSQL source's enumerator: plans the snapshot's chunks off the mailbox, hands them to
+readers, records each chunk's high watermark, hands out the stream once the snapshot is
+complete and checkpointed, and confirms the slot only after the batch holding the changes
+committed.
+
+Rules:
+  1. Every piece of I/O (creating the slot and the publication, asking the catalog, planning
+     chunk boundaries, advancing the slot) runs on a worker (the ``runner`` and
+     ``slot_runner``), never on the mailbox, one cycle at a time each: a table of any size
+     never delays a checkpoint. A planning cycle plans at most as many chunks as keep
+     ``plan_ahead`` chunks pending (chunks.py rule 1: one boundary query per chunk), so the
+     pending list stays small and planning follows the readers.
+  2. What a worker found joins the state only at a checkpoint boundary
+     (``checkpoint_coordinator``), as the split framework's discovery does (sources/
+     enumerator.py rule 2): answers to requests are a function of the checkpointed state and
+     the logged requests, so a restore that replays a batch's requests answers the same. The
+     planners' frontiers, the pending chunks and each table's chunk boundaries change
+     together there, so a restore neither loses nor repeats a chunk: pending chunks go out
+     again from the state, chunks in flight stay with the readers that have them (their
+     state), planning resumes at the frontier.
+  3. A reader reports a finished chunk with its high watermark in a later batch's request
+     (splits.py rule 3); the enumerator records it in the table's :class:`ChunkProgress`
+     (watermarks.py rule 6). At the first boundary ``k`` after every chunk of every table is
+     planned and reported, the state builds the :class:`StreamSplit` (the map, and the least
+     high watermark as the start) and drops the per-chunk progress; the stream goes out to
+     the first reader that asks in a batch after ``k`` (``epoch > k``): Spark runs batch
+     ``k + 1`` only after batch ``k`` committed, so the checkpoint holding the complete
+     snapshot completed first (Flink CDC waits for the same). Once handed out, the map lives
+     in the reader only; the enumerator's state is a few numbers (watermarks.py rule 5).
+     Startup mode ``latest`` reads no snapshot: the stream (no map, from the slot's confirmed
+     position) goes out after the first boundary at which the slot exists.
+  4. The slot is confirmed (``replication.advance``) only in ``notify_checkpoint_complete``:
+     a :class:`StreamProgress` reported in the batch of epoch ``e`` (the position the reader's
+     previous batch read to) is confirmed once a checkpoint ``>= e`` is notified committed,
+     never before. The stream reader reports at every batch, also when the tables are idle
+     (its peek then reads to the WAL flush position: replication.py rule 4), so a quiet
+     publication holds WAL for no longer than about two batches. Nothing is confirmed during
+     the snapshot: chunk reads peek the slot from the position it had when the source
+     started, and the stream needs every transaction after the least high watermark. The
+     batch that hands the stream out confirms its start (the least high watermark) once it
+     commits: everything before it is in the snapshot, committed before that batch ran, and
+     a peek reads from the confirmed position, so a stream that starts far behind would
+     otherwise re-read what it skips at every batch.
+  5. A task retry that withdraws requests (``handle_items_withdrawn``) puts what their
+     answers handed out back: chunks to the front of the pending list, the stream split to be
+     handed out again; finished reports it withdrew are undone (the chunk is in flight to the
+     subtask again, which reports it again). A withdrawn progress report is forgotten (its
+     epoch's position is then confirmed by a later report: never too far).
+
+Thread model: every callback on the coordinator's mailbox; the :class:`EnumeratorIO`'s
+``set_up``/``plan`` on the planning runner and ``advance`` on the slot runner, each one call at
+a time, their results posted back to the mailbox.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from sparkcoord.coordinator import CoordinatorContext, OperatorCoordinator, Withdrawn
+from sparkcoord.sources.postgres.chunks import Chunk, PlannerState
+from sparkcoord.sources.postgres.names import TableName
+from sparkcoord.sources.postgres.splits import (
+    NextChunk,
+    SnapshotChunk,
+    StreamProgress,
+    StreamSplit,
+)
+from sparkcoord.sources.postgres.watermarks import ChunkProgress, StreamFilter
+from sparkcoord.sources.splits import NoSplitNow
+
+log = logging.getLogger("sparkcoord.sources.postgres")
+
+INITIAL, LATEST = "initial", "latest"
+STARTUP_MODES = (INITIAL, LATEST)
+
+
+class EnumeratorIO(abc.ABC):
+    """The enumerator's I/O (rule 1). Thread model: ``set_up`` and ``plan`` on the planning
+    runner, ``advance`` on the slot runner; never two calls of one kind at once."""
+
+    @abc.abstractmethod
+    def set_up(self, tables: Sequence[TableName], snapshot: bool) -> dict[TableName, PlannerState]:
+        """Make sure the publication and the slot exist (replication.py rule 6); with
+        ``snapshot``, each table's fresh planner state (its chunk key checked)."""
+
+    @abc.abstractmethod
+    def plan(self, planners: dict[TableName, PlannerState], want: int
+             ) -> tuple[list[Chunk], dict[TableName, PlannerState]]:
+        """Up to ``want`` next chunks, the tables in order, and the planners after them."""
+
+    @abc.abstractmethod
+    def advance(self, lsn: int) -> int:
+        """Confirm the slot at ``lsn``; the confirmed position afterwards."""
+
+    def close(self) -> None:  # noqa: B027 - optional: an I/O without connections has none
+        """Release connections (any thread)."""
+
+
+@dataclass
+class CdcEnumeratorState:
+    """The enumerator's checkpointed state."""
+
+    tables: tuple[TableName, ...]
+    startup: str
+    set_up: bool = False
+    #: tables still being planned, in order
+    planners: dict[TableName, PlannerState] = field(default_factory=dict)
+    #: per table while the snapshot runs: boundaries and high watermarks (rule 3)
+    progress: dict[TableName, ChunkProgress] = field(default_factory=dict)
+    #: planned, not handed out, in key order
+    pending: list[SnapshotChunk] = field(default_factory=list)
+    #: split id -> (subtask, chunk), handed out and not reported finished
+    in_flight: dict[str, tuple[int, SnapshotChunk]] = field(default_factory=dict)
+    chunks_planned: int = 0
+    chunks_finished: int = 0
+    #: the checkpoint whose state first held the complete snapshot (rule 3)
+    snapshot_done_at: int | None = None
+    #: built, not handed out yet
+    stream: StreamSplit | None = None
+    stream_owner: int | None = None
+    #: epoch -> the stream position reported in its batch, not yet confirmed (rule 4)
+    reported: dict[int, int] = field(default_factory=dict)
+    #: the slot's position as last confirmed (for status; rule 4)
+    confirmed: int = 0
+
+
+def run_on_thread(work: Callable[[], None]) -> None:
+    """The default runner: a daemon thread per cycle."""
+    threading.Thread(target=work, name="sparkcoord-postgres", daemon=True).start()
+
+
+@dataclass
+class _Planned:
+    set_up: bool
+    planners: dict[TableName, PlannerState]
+    chunks: list[Chunk]
+
+
+class PostgresEnumerator(OperatorCoordinator):
+    """The coordinator of a PostgreSQL source (module rules).
+
+    Client requests: ``"status"`` (phase, chunks planned/finished/pending/in flight, whether the
+    stream is out, the confirmed slot position, the state's size in entries)."""
+
+    def __init__(self, context: CoordinatorContext, io: Callable[[], EnumeratorIO],
+                 tables: Sequence[TableName], *, startup: str = INITIAL,
+                 plan_ahead: int | None = None, max_chunks_per_batch: int | None = None,
+                 runner: Callable[[Callable[[], None]], None] = run_on_thread,
+                 slot_runner: Callable[[Callable[[], None]], None] = run_on_thread) -> None:
+        super().__init__(context)
+        if startup not in STARTUP_MODES:
+            raise ValueError(f"startup mode {startup!r}: expected one of "
+                             f"{', '.join(STARTUP_MODES)}")
+        if not tables:
+            raise ValueError("name at least one table to capture")
+        if max_chunks_per_batch is not None and max_chunks_per_batch < 1:
+            raise ValueError(f"max_chunks_per_batch must be >= 1 or None, got "
+                             f"{max_chunks_per_batch}")
+        self._make_io = io
+        self.tables = tuple(tables)
+        self.startup = startup
+        self.plan_ahead = plan_ahead or max(16, 4 * context.parallelism)
+        self.max_chunks_per_batch = max_chunks_per_batch
+        self._runner = runner
+        self._slot_runner = slot_runner
+        self.state = CdcEnumeratorState(self.tables, startup)
+        self._io: EnumeratorIO | None = None
+        self._io_lock = threading.Lock()
+        self._closed = False
+        self._planning = False
+        self._ready: list[_Planned] = []
+        self._epoch = -1
+        self._committed = -1
+        #: chunks handed out in the running batch (rule 5's per-batch limit)
+        self._batch_chunks = 0
+        #: chunks reported finished in the running batch, for a withdrawal (rule 5)
+        self._finished_now: dict[str, SnapshotChunk] = {}
+        self._advancing = False
+        self._advance_target = 0
+        self._confirmed = 0
+
+    # ------------------------------------------------------------------ lifecycle (mailbox)
+    def reset_to_checkpoint(self, checkpoint_id: int, state: Any) -> None:
+        if state is None:
+            state = CdcEnumeratorState(self.tables, self.startup)
+        if not isinstance(state, CdcEnumeratorState):
+            raise TypeError(f"enumerator {self.context.operator_id!r}: checkpointed state is a "
+                            f"{type(state).__name__}, not a CdcEnumeratorState")
+        if state.tables != self.tables or state.startup != self.startup:
+            raise ValueError(
+                f"enumerator {self.context.operator_id!r}: the checkpoint captures "
+                f"{', '.join(map(str, state.tables))} (startup {state.startup!r}), the source "
+                f"now {', '.join(map(str, self.tables))} (startup {self.startup!r}): start "
+                "with a new checkpoint location, or name the same tables")
+        self.state = state
+        self._epoch = checkpoint_id
+        self._committed = checkpoint_id - 1  # a restore point may be a batch that runs again
+        self._confirmed = state.confirmed
+
+    def start(self) -> None:
+        if self._work_left():
+            self.context.request_batch()
+        self._plan_more()
+
+    def close(self) -> None:
+        self._closed = True
+        io = self._io
+
+        def release() -> None:
+            if io is not None:
+                io.close()
+        self._runner(release)
+
+    def _get_io(self) -> EnumeratorIO:
+        # on a worker: connecting is I/O
+        with self._io_lock:
+            if self._io is None:
+                self._io = self._make_io()
+            return self._io
+
+    # ------------------------------------------------------------------ planning (rule 1)
+    def _wants_planning(self) -> bool:
+        if not self.state.set_up:
+            return not any(r.set_up for r in self._ready)
+        planners = self._ready[-1].planners if self._ready else self.state.planners
+        waiting = len(self.state.pending) + sum(len(r.chunks) for r in self._ready)
+        return bool(planners) and waiting < self.plan_ahead
+
+    def _plan_more(self) -> None:
+        """Start a planning cycle if one is due and none runs (mailbox thread)."""
+        if self._closed or self._planning or not self._wants_planning():
+            return
+        self._planning = True
+        set_up = self.state.set_up or any(r.set_up for r in self._ready)
+        planners = dict(self._ready[-1].planners if self._ready else self.state.planners)
+        waiting = len(self.state.pending) + sum(len(r.chunks) for r in self._ready)
+        want = max(1, self.plan_ahead - waiting)
+        post = self.context.run_in_coordinator_thread
+        snapshot = self.startup == INITIAL
+
+        def work() -> None:
+            try:
+                io = self._get_io()
+                fresh = not set_up
+                found = planners
+                if fresh:
+                    found = io.set_up(self.tables, snapshot)
+                    if not snapshot:
+                        found = {}
+                chunks: list[Chunk] = []
+                if found:
+                    chunks, found = io.plan(found, want)
+                result = _Planned(fresh, found, chunks)
+            except Exception as exc:  # noqa: BLE001 - reported on the mailbox
+                error = exc
+                post(lambda: self._failed("planning the snapshot", error))
+                return
+            post(lambda: self._planned(result))
+
+        self._runner(work)
+
+    def _planned(self, result: _Planned) -> None:
+        self._planning = False
+        if self._closed:
+            return
+        self._ready.append(result)
+        self.context.request_batch()  # a boundary applies it (rule 2); its batch hands it out
+
+    def _failed(self, what: str, error: BaseException) -> None:
+        self._planning = False
+        if self._closed:
+            return
+        self.context.fail_job(RuntimeError(
+            f"PostgreSQL source {self.context.operator_id!r}: {what} failed: "
+            f"{type(error).__name__}: {error}"))
+
+    # ------------------------------------------------------------------ checkpoints (rule 2)
+    def checkpoint_coordinator(self, checkpoint_id: int, result: Future[Any]) -> None:
+        state = self.state
+        for planned in self._ready:
+            if planned.set_up:
+                state.set_up = True
+                for table, planner in planned.planners.items():
+                    state.progress[table] = ChunkProgress(
+                        planner.key_column, integer_keys=False)
+                    state.planners[table] = planner
+            for chunk in planned.chunks:
+                progress = state.progress[chunk.table]
+                if chunk.index == 0 and not progress.planned:
+                    progress.integer_keys = isinstance(chunk.end, int)
+                progress.chunk_planned(chunk.index, chunk.end)
+                state.pending.append(SnapshotChunk.of(chunk))
+                state.chunks_planned += 1
+            state.planners = {t: p for t, p in planned.planners.items() if not p.done}
+        self._ready = []
+        if state.set_up and state.snapshot_done_at is None and self._snapshot_complete():
+            state.snapshot_done_at = checkpoint_id
+            if self.startup == INITIAL:
+                flt = StreamFilter.of({t: p.chunk_map() for t, p in state.progress.items()})
+                state.stream = StreamSplit(start=flt.min_hw, filter=flt)
+                log.info("PostgreSQL source %s: the snapshot is complete (%d chunks); the "
+                         "stream goes out after checkpoint %d", self.context.operator_id,
+                         state.chunks_finished, checkpoint_id)
+            else:
+                state.stream = StreamSplit()
+            state.progress = {}
+            self.context.request_batch()
+        state.reported = {e: p for e, p in state.reported.items() if e > self._committed}
+        state.confirmed = self._confirmed
+        self._epoch = checkpoint_id
+        self._batch_chunks = 0
+        self._finished_now = {}
+        self._plan_more()
+        result.set_result(state)
+
+    def _snapshot_complete(self) -> bool:
+        s = self.state
+        if self.startup == LATEST:
+            return True
+        return (not s.planners and not s.pending and not s.in_flight
+                and all(p.done for p in s.progress.values()))
+
+    # ------------------------------------------------------------------ requests (rules 3, 5)
+    def handle_request(self, subtask: int, attempt: int, request: Any) -> Any:
+        if not isinstance(request, NextChunk):
+            raise TypeError(f"PostgreSQL source {self.context.operator_id!r}: subtask {subtask} "
+                            f"sent {request!r}; readers ask with NextChunk")
+        state = self.state
+        for split_id, hw in request.finished:
+            entry = state.in_flight.pop(split_id, None)
+            if entry is None or entry[0] != subtask:
+                raise ValueError(f"PostgreSQL source {self.context.operator_id!r}: subtask "
+                                 f"{subtask} reports chunk {split_id!r} finished, which is not "
+                                 f"in flight to it")
+            chunk = entry[1]
+            state.progress[chunk.table].chunk_finished(chunk.index, hw)
+            state.chunks_finished += 1
+            self._finished_now[split_id] = chunk
+        stream = state.stream
+        if (stream is not None and state.snapshot_done_at is not None
+                and self._epoch > state.snapshot_done_at):
+            state.stream, state.stream_owner = None, subtask
+            if stream.start:
+                # rule 4: every transaction ending at or before the start is in the snapshot,
+                # whose batches committed before this one ran
+                previous = state.reported.get(self._epoch, 0)
+                state.reported[self._epoch] = max(previous, stream.start)
+            log.info("PostgreSQL source %s: the stream goes to subtask %d from %s",
+                     self.context.operator_id, subtask, stream.start)
+            return stream
+        if state.pending and (self.max_chunks_per_batch is None
+                              or self._batch_chunks < self.max_chunks_per_batch):
+            chunk = state.pending.pop(0)
+            state.in_flight[chunk.split_id] = (subtask, chunk)
+            self._batch_chunks += 1
+            if len(state.pending) < self.plan_ahead // 2:
+                self._plan_more()  # only starts a worker: its result waits for a boundary
+            return chunk
+        if self._work_left():
+            self.context.request_batch()
+        return NoSplitNow()
+
+    def _work_left(self) -> bool:
+        s = self.state
+        return bool(s.pending or s.planners or not s.set_up or s.stream is not None
+                    or self._ready)
+
+    def handle_event_from_operator(self, subtask: int, attempt: int, event: Any) -> None:
+        if isinstance(event, StreamProgress):
+            if subtask != self.state.stream_owner:
+                raise ValueError(f"PostgreSQL source {self.context.operator_id!r}: subtask "
+                                 f"{subtask} reports stream progress, but the stream is "
+                                 f"subtask {self.state.stream_owner}'s")
+            previous = self.state.reported.get(self._epoch, 0)
+            self.state.reported[self._epoch] = max(previous, event.read_to)
+
+    def handle_items_withdrawn(self, subtask: int, attempt: int,
+                               withdrawn: list[Withdrawn]) -> None:
+        state = self.state
+        back: list[SnapshotChunk] = []
+        for item in reversed(withdrawn):
+            request = item.item
+            if isinstance(request, StreamProgress) and not item.is_request:
+                state.reported.pop(self._epoch, None)
+                continue
+            if not item.is_request or not isinstance(request, NextChunk):
+                continue
+            answer = item.answer
+            if item.answered and isinstance(answer, SnapshotChunk):
+                state.in_flight.pop(answer.split_id, None)
+                self._batch_chunks = max(0, self._batch_chunks - 1)
+                back.append(answer)
+            elif item.answered and isinstance(answer, StreamSplit):
+                state.stream, state.stream_owner = answer, None
+            for split_id, _ in request.finished:
+                chunk = self._finished_now.pop(split_id)
+                state.progress[chunk.table].chunk_unfinished(chunk.index)
+                state.chunks_finished -= 1
+                state.in_flight[split_id] = (subtask, chunk)
+        state.pending[:0] = back[::-1]
+        if back or withdrawn:
+            self.context.request_batch()
+
+    # ------------------------------------------------------------------ the slot (rule 4)
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        self._committed = max(self._committed, checkpoint_id)
+        done = [p for e, p in self.state.reported.items() if e <= checkpoint_id]
+        if not done:
+            return
+        target = max(done)
+        if target <= max(self._confirmed, self._advance_target):
+            return
+        self._advance_target = target
+        self._advance()
+
+    def _advance(self) -> None:
+        if self._advancing or self._closed or self._advance_target <= self._confirmed:
+            return
+        self._advancing = True
+        target = self._advance_target
+        post = self.context.run_in_coordinator_thread
+
+        def work() -> None:
+            try:
+                confirmed = self._get_io().advance(target)
+            except Exception as exc:  # noqa: BLE001 - reported on the mailbox
+                error = exc
+                post(lambda: self._advance_failed(error))
+                return
+            post(lambda: self._advanced(confirmed))
+
+        self._slot_runner(work)
+
+    def _advanced(self, confirmed: int) -> None:
+        self._advancing = False
+        self._confirmed = max(self._confirmed, confirmed)
+        self._advance()  # a later target arrived meanwhile
+
+    def _advance_failed(self, error: BaseException) -> None:
+        self._advancing = False
+        if not self._closed:
+            self.context.fail_job(RuntimeError(
+                f"PostgreSQL source {self.context.operator_id!r}: confirming the replication "
+                f"slot failed: {type(error).__name__}: {error}"))
+
+    # ------------------------------------------------------------------ status
+    def handle_client_request(self, request: Any) -> Any:
+        if request == "status":
+            s = self.state
+            phase = ("setting up" if not s.set_up else
+                     "snapshot" if s.snapshot_done_at is None else
+                     "hand-over" if s.stream is not None else "stream")
+            return {"phase": phase, "chunks_planned": s.chunks_planned,
+                    "chunks_finished": s.chunks_finished, "pending": len(s.pending),
+                    "in_flight": len(s.in_flight), "planning_done": not s.planners,
+                    "stream_owner": s.stream_owner, "confirmed_lsn": self._confirmed,
+                    "state_entries": len(s.pending) + len(s.in_flight) + len(s.reported)
+                    + sum(p.planned for p in s.progress.values())}
+        raise ValueError(f"PostgreSQL source {self.context.operator_id!r}: unknown client "
+                         f"request {request!r} (ask 'status')")
+
+
+class PostgresEnumeratorIO(EnumeratorIO):
+    """The enumerator's I/O against a server: one connection for planning and one for the
+    slot, each opened on first use in the worker that uses it (rule 1). Driver side: the
+    options keep their password (connection.py rule 2)."""
+
+    def __init__(self, options: Any, slot: str, publication: str, chunk_size: int,
+                 chunk_key_columns: dict[TableName, str] | None = None) -> None:
+        self.options = options
+        self.slot = slot
+        self.publication = publication
+        self.chunk_size = chunk_size
+        self.chunk_key_columns = dict(chunk_key_columns or {})
+        self._planning: Any = None
+        self._slot: Any = None
+
+    def _planning_conn(self) -> Any:
+        if self._planning is None:
+            self._planning = self.options.connect(application_name="sparkcoord-cdc-planner")
+        return self._planning
+
+    def set_up(self, tables: Sequence[TableName], snapshot: bool) -> dict[TableName, PlannerState]:
+        from sparkcoord.sources.postgres import catalog, replication
+        from sparkcoord.sources.postgres.splits import TableShape
+
+        conn = self._planning_conn()
+        planners: dict[TableName, PlannerState] = {}
+        for table in tables:
+            shape = TableShape.of(catalog.table_info(conn, table),
+                                  self.chunk_key_columns.get(table))
+            planners[table] = PlannerState(table, shape.chunk_key_column, self.chunk_size)
+        replication.ensure_publication(conn, self.publication, list(tables))
+        replication.ensure_slot(conn, self.slot)
+        return planners if snapshot else {}
+
+    def plan(self, planners: dict[TableName, PlannerState], want: int
+             ) -> tuple[list[Chunk], dict[TableName, PlannerState]]:
+        from sparkcoord.sources.postgres import catalog
+        from sparkcoord.sources.postgres.chunks import ChunkPlanner
+
+        conn = self._planning_conn()
+        out: list[Chunk] = []
+        after = dict(planners)
+        for table, state in planners.items():
+            if state.done:
+                continue
+            planner = ChunkPlanner.restored(state)
+            while len(out) < want:
+                chunk = catalog.next_chunk(conn, planner)
+                if chunk is None:
+                    break
+                out.append(chunk)
+            after[table] = planner.state
+            if len(out) >= want:
+                break
+        return out, after
+
+    def advance(self, lsn: int) -> int:
+        from sparkcoord.sources.postgres import replication
+        from sparkcoord.sources.postgres.reader import while_slot_busy
+
+        if self._slot is None:
+            self._slot = self.options.connect(application_name="sparkcoord-cdc-slot")
+        conn = self._slot
+        confirmed: int = while_slot_busy(lambda: replication.advance(conn, self.slot, lsn),
+                                         60.0, "confirming the slot")
+        return confirmed
+
+    def close(self) -> None:
+        for conn in (self._planning, self._slot):
+            if conn is not None:
+                try:
+                    conn.close()
+                except Exception:  # noqa: BLE001 - closing is best effort
+                    log.debug("closing a PostgreSQL connection failed", exc_info=True)
+        self._planning = self._slot = None
+

@@ -1,0 +1,592 @@
+"""The PostgreSQL source's reader (the executor side): reads snapshot chunks with watermarks and the
+replication stream, and emits Arrow record batches.
+
+Rules:
+  1. A batch of a reader that has no stream: report the chunks finished in earlier batches
+     with their high watermarks (the first :class:`NextChunk`, from the checkpointed state:
+     splits.py rule 3), then take chunks until the answer is :class:`NoSplitNow` (or
+     ``max_chunks_per_batch``), reading each whole (watermarks.py rules 1 and 2:
+     :func:`read_chunk_watermarked`) and keeping its high watermark to report next batch. A
+     reader that finished chunks asks for another batch to report them.
+  2. The stream: the reader that got the :class:`StreamSplit` keeps a
+     :class:`StreamPosition` in its state (the split itself is not kept: its map lives in the
+     position until the stream is past it, watermarks.py rule 5). Every later batch first
+     sends :class:`StreamProgress` with the position its previous batch read to (the
+     enumerator confirms the slot there once this batch commits), then peeks the slot after
+     that position, at most ``max_changes_per_batch`` changes (whole transactions), and
+     asks for another batch when more are waiting. A peek is asked for up to three times
+     that many messages, as the slot's confirmed position trails the reader by one or two
+     batches and what was read but not yet confirmed comes back first. A peek that finds
+     the slot held by another session (readers peek it at once; the enumerator advances it)
+     tries again after a short random pause, for up to ``flush_wait_s``.
+  3. Rows are converted from their text form by values.py (a chunk is read as text too, so
+     both halves convert alike) and become record batches of :func:`arrow_schema`: the
+     operation and position columns, and ``key``, ``before`` and ``after`` structs of the
+     captured tables' columns (the union by name; one name with two different types in two
+     tables is an error naming both). Every conversion error names the table and the column.
+  4. A change of a captured table whose shape differs from the table's (a column added,
+     dropped, renamed or retyped while streaming) stops the reader with an error naming the
+     table and the change: never a row of the wrong shape.
+  5. Credentials (decision 64): the reader's :class:`ReaderConfig` holds the connection
+     options, which pickle without their password; an executor connects with libpq's own
+     environment (``PGPASSWORD``, ``PGPASSFILE`` or ``~/.pgpass``, a service file). A
+     deployment that needs a password gives it to the executors that way; the tests set
+     ``PGPASSWORD`` in the process that runs the reader.
+
+Thread model: one reader per subtask per batch, used from the Spark task's thread only; its
+connection is opened in that thread and closed in ``close``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from sparkcoord.operator import SubtaskContext, SubtaskOperator
+from sparkcoord.sources.postgres import values
+from sparkcoord.sources.postgres.catalog import composed
+from sparkcoord.sources.postgres.chunks import Chunk, chunk_sql
+from sparkcoord.sources.postgres.errors import (
+    PostgresSourceError,
+    SlotProblem,
+    ValueConversionError,
+)
+from sparkcoord.sources.postgres.names import TableName, quote_ident
+from sparkcoord.sources.postgres.pgoutput import (
+    POSTGRES_EPOCH_UNIX_US,
+    Delete,
+    Insert,
+    Relation,
+    Row,
+    Toast,
+    Transaction,
+    Truncate,
+    Update,
+    lsn_from_text,
+)
+from sparkcoord.sources.postgres.splits import (
+    NextChunk,
+    SnapshotChunk,
+    StreamProgress,
+    StreamSplit,
+    TableShape,
+)
+from sparkcoord.sources.postgres.watermarks import (
+    UNCHANGED,
+    Key,
+    OutRow,
+    RowChange,
+    RowValues,
+    StreamPosition,
+    TxChanges,
+    Visibility,
+    merge_window,
+    snapshot_rows,
+    stream_rows,
+    window_values,
+)
+from sparkcoord.sources.splits import NoSplitNow
+
+if TYPE_CHECKING:
+    from sparkcoord.sources.postgres.connection import ConnectionOptions
+
+log = logging.getLogger("sparkcoord.sources.postgres")
+
+#: the chunk key types Python orders as the server does (watermarks.py rule 8)
+INTEGER_KEYS = frozenset({values.INT2, values.INT4, values.INT8})
+_TEXT_CASTS = {values.TEXT: "text", values.VARCHAR: "varchar", values.BPCHAR: "bpchar"}
+
+
+class SchemaChanged(PostgresSourceError):
+    """A captured table's shape changed while streaming (rule 4)."""
+
+
+@dataclass(frozen=True)
+class ReaderConfig:
+    """What every reader is given (pickled to the executors: no password, rule 5)."""
+
+    options: ConnectionOptions
+    slot: str
+    publication: str
+    shapes: tuple[TableShape, ...]
+    max_changes_per_batch: int = 10_000
+    max_chunks_per_batch: int | None = None
+    fetch_rows: int = 10_000
+    #: how long a chunk read waits for the WAL to be flushed to its high watermark
+    flush_wait_s: float = 30.0
+
+    def shape(self, table: TableName) -> TableShape:
+        for shape in self.shapes:
+            if shape.table == table:
+                return shape
+        raise PostgresSourceError(f"table {table} is not captured by this source")
+
+
+# -- rule 3: the schema ------------------------------------------------------------------------
+
+
+def arrow_schema(shapes: Sequence[TableShape]) -> pa.Schema:
+    """The source's Arrow schema (rule 3). Any thread."""
+    columns: dict[str, tuple[pa.DataType, TableName]] = {}
+    keys: list[str] = []
+    for shape in shapes:
+        for column in shape.columns:
+            kind = values.arrow_type(column.type_oid, column.type_modifier)
+            seen = columns.get(column.name)
+            if seen is not None and seen[0] != kind:
+                raise PostgresSourceError(
+                    f"column {column.name!r} is {seen[0]} in table {seen[1]} and {kind} in table "
+                    f"{shape.table}: one source's before/after columns hold one type per name; "
+                    "capture these tables with two sources")
+            columns.setdefault(column.name, (kind, shape.table))
+        keys.extend(k for k in shape.key if k not in keys)
+    row = pa.struct([pa.field(name, kind) for name, (kind, _) in columns.items()])
+    key = pa.struct([pa.field(name, columns[name][0]) for name in keys])
+    return pa.schema([
+        pa.field("op", pa.string(), nullable=False),
+        pa.field("table", pa.string(), nullable=False),
+        pa.field("lsn", pa.int64(), nullable=False),
+        pa.field("commit_lsn", pa.int64()),
+        pa.field("seq", pa.int32()),
+        pa.field("commit_time", pa.timestamp("us", tz="UTC")),
+        pa.field("xid", pa.int64()),
+        pa.field("key", key),
+        pa.field("before", row),
+        pa.field("after", row),
+        pa.field("unchanged", pa.list_(pa.string())),
+    ])
+
+
+def record_batch(rows: Sequence[OutRow], schema: pa.Schema) -> pa.RecordBatch:
+    """``rows`` as a record batch of ``schema`` (rule 3); a value Arrow refuses is an error
+    naming its table and column. Any thread."""
+    def column(name: str, pick: Callable[[OutRow], Any]) -> pa.Array:
+        kind = schema.field(name).type
+        if pa.types.is_struct(kind):
+            parts = [pick(r) for r in rows]
+            children = [_array([p.get(f.name) if p is not None else None for p in parts],
+                               f.type, f"{name}.{f.name}", rows) for f in kind]
+            mask = pa.array([p is None for p in parts], pa.bool_())
+            return pa.StructArray.from_arrays(children, fields=list(kind), mask=mask)
+        return _array([pick(r) for r in rows], kind, name, rows)
+
+    arrays = [
+        column("op", lambda r: r.op),
+        column("table", lambda r: str(r.table)),
+        column("lsn", lambda r: r.lsn),
+        column("commit_lsn", lambda r: r.commit_lsn),
+        column("seq", lambda r: r.seq),
+        column("commit_time", lambda r: None if r.commit_time is None
+               else r.commit_time + POSTGRES_EPOCH_UNIX_US),
+        column("xid", lambda r: r.xid),
+        column("key", lambda r: None if r.key is None else _key_dict(r, schema)),
+        column("before", lambda r: r.before),
+        column("after", lambda r: r.after),
+        column("unchanged", lambda r: list(r.unchanged) if r.unchanged else None),
+    ]
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _key_dict(row: OutRow, schema: pa.Schema) -> dict[str, Any]:
+    image = row.after if row.after is not None else row.before
+    if image is not None:
+        return {f.name: image.get(f.name) for f in schema.field("key").type}
+    return {}
+
+
+def _array(items: list[Any], kind: pa.DataType, name: str, rows: Sequence[OutRow]) -> pa.Array:
+    try:
+        return pa.array(items, kind)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as e:
+        for item, row in zip(items, rows, strict=True):
+            try:
+                pa.array([item], kind)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+                raise ValueConversionError(f"table {row.table}, column {name!r}: value "
+                                           f"{str(item)[:64]!r} does not fit {kind}: {e}") from None
+        raise
+
+
+# -- rule 3: values from text ------------------------------------------------------------------
+
+
+class RowDecoder:
+    """Text forms to values for one table (rules 3 and 4). Any thread."""
+
+    def __init__(self, shape: TableShape) -> None:
+        self.shape = shape
+        self.names = shape.column_names
+        self.converters = [values.converter(c.type_oid, c.type_modifier) for c in shape.columns]
+
+    def row(self, texts: Sequence[Any]) -> RowValues:
+        out: RowValues = {}
+        for name, convert, text in zip(self.names, self.converters, texts, strict=True):
+            if text is None:
+                out[name] = None
+            elif isinstance(text, Toast):
+                out[name] = UNCHANGED
+            else:
+                try:
+                    out[name] = convert(text)
+                except ValueConversionError as e:
+                    raise ValueConversionError(
+                        f"table {self.shape.table}, column {name!r}: {e}") from None
+        return out
+
+    def key(self, row: RowValues) -> Key:
+        return tuple(row[k] for k in self.shape.key)
+
+    def check(self, relation: Relation) -> None:
+        """Rule 4: ``relation`` (pgoutput's description) has this table's columns."""
+        got = [(c.name, c.type_oid, c.type_modifier) for c in relation.columns]
+        want = [(c.name, c.type_oid, c.type_modifier) for c in self.shape.columns]
+        if got == want:
+            return
+        got_names, want_names = [g[0] for g in got], [w[0] for w in want]
+        added = [n for n in got_names if n not in want_names]
+        dropped = [n for n in want_names if n not in got_names]
+        retyped = [g[0] for g in got for w in want if g[0] == w[0] and g[1:] != w[1:]]
+        what = "; ".join(part for part in (
+            f"column(s) added: {', '.join(added)}" if added else "",
+            f"column(s) dropped: {', '.join(dropped)}" if dropped else "",
+            f"column(s) retyped: {', '.join(retyped)}" if retyped else "",
+            "columns reordered" if not (added or dropped or retyped) else "") if part)
+        raise SchemaChanged(
+            f"table {self.shape.table} changed while it was captured ({what}): the source "
+            "stops rather than emit rows of another shape. Start it again with a new "
+            "checkpoint location (and startup mode 'initial' to read the table again), or "
+            "undo the change")
+
+
+def decode_transaction(tx: Transaction, decoders: Mapping[TableName, RowDecoder]) -> TxChanges:
+    """A pgoutput transaction as values (changes of tables not captured are left out). Any
+    thread."""
+    changes: list[RowChange] = []
+    for index, change in enumerate(tx.changes):
+        relations = tx.relations[index]
+        if isinstance(change, Truncate):
+            for relation in relations:
+                table = TableName(relation.namespace or "pg_catalog", relation.name)
+                if table in decoders:
+                    changes.append(RowChange("t", table))
+            continue
+        relation = relations[0]
+        table = TableName(relation.namespace or "pg_catalog", relation.name)
+        decoder = decoders.get(table)
+        if decoder is None:
+            continue
+        decoder.check(relation)
+        column = decoder.shape.chunk_key_column
+        if isinstance(change, Insert):
+            after = decoder.row(change.new)
+            changes.append(RowChange("c", table, decoder.key(after), after, after[column]))
+        elif isinstance(change, Update):
+            after = decoder.row(change.new)
+            key = decoder.key(after)
+            before = _old_image(decoder, change.old, change.old_kind)
+            old_key = decoder.key(before) if before is not None else None
+            changes.append(RowChange(
+                "u", table, key, after, after[column], old_key,
+                before[column] if before is not None else after[column], before,
+                change.old_kind == "O"))
+        elif isinstance(change, Delete):
+            before = _old_image(decoder, change.old, change.old_kind)
+            assert before is not None
+            changes.append(RowChange("d", table, decoder.key(before), None, before[column],
+                                     before=before, full_before=change.old_kind == "O"))
+    return TxChanges(tx.xid, tx.commit_lsn, tx.end_lsn, tx.commit_time, tuple(changes))
+
+
+def _old_image(decoder: RowDecoder, old: Row | None, kind: str) -> RowValues | None:
+    if old is None:
+        return None
+    image = decoder.row(old)
+    if kind == "K":  # the old key's columns only (the others are sent as NULL)
+        return {k: image[k] for k in decoder.shape.key}
+    return image
+
+
+# -- rule 8 of watermarks.py: where keys fall, in the server's order -------------------------------
+
+
+class KeyOrder:
+    """Which chunk a chunk key value falls in: Python's order for integer keys, the server's
+    (one query per call) for text keys. Thread model: the reader's."""
+
+    def __init__(self, conn: Any, shapes: Iterable[TableShape]) -> None:
+        self.conn = conn
+        self.shapes = {s.table: s for s in shapes}
+        self._collations: dict[TableName, str] = {}
+
+    def positions(self, table: TableName, boundaries: Sequence[Any],
+                  keys: Sequence[Any]) -> list[int]:
+        """For each key, how many of the sorted ``boundaries`` are at or before it (NULL:
+        0)."""
+        shape = self.shapes[table]
+        column = shape.column(shape.chunk_key_column)
+        if column.type_oid in INTEGER_KEYS or not keys:
+            import bisect
+            return [0 if k is None else bisect.bisect_right(boundaries, k) for k in keys]
+        cast = _TEXT_CASTS.get(column.type_oid)
+        if cast is None:
+            raise PostgresSourceError(f"table {table}: chunk key column "
+                                      f"{shape.chunk_key_column!r} has a type the source cannot "
+                                      "order")
+        collation = self._collation(table, shape.chunk_key_column)
+        rows = self.conn.execute(composed(
+            f"SELECT (SELECT count(*) FROM unnest(%s::text[]) AS b(v) WHERE "
+            f"b.v::{cast} COLLATE {collation} <= k.v::{cast} COLLATE {collation}) "
+            "FROM unnest(%s::text[]) WITH ORDINALITY AS k(v, i) ORDER BY k.i"),
+            (list(boundaries), list(keys))).fetchall()
+        return [int(r[0]) for r in rows]
+
+    def _collation(self, table: TableName, column: str) -> str:
+        found = self._collations.get(table)
+        if found is None:
+            row = self.conn.execute(
+                "SELECT c.collname, n.nspname FROM pg_attribute a JOIN pg_collation c ON "
+                "c.oid = a.attcollation JOIN pg_namespace n ON n.oid = c.collnamespace "
+                "WHERE a.attrelid = to_regclass(%s) AND a.attname = %s",
+                (table.sql, column)).fetchone()
+            found = ('"default"' if row is None else
+                     f"{quote_ident(row[1])}.{quote_ident(row[0])}")
+            self._collations[table] = found
+        return found
+
+    def in_chunk(self, chunk: Chunk, keys: Sequence[Any]) -> Callable[[Any], bool]:
+        """Whether each of ``keys`` is in ``chunk``'s range, as a function of the key."""
+        bounds = [b for b in (chunk.start, chunk.end) if b is not None]
+        target = 1 if chunk.start is not None else 0
+        distinct = list(dict.fromkeys(k for k in keys if k is not None))
+        inside = {k: p == target for k, p in
+                  zip(distinct, self.positions(chunk.table, bounds, distinct), strict=True)}
+        return lambda k: chunk.start is None if k is None else inside[k]
+
+    def locate(self, flt: Any) -> Callable[[TableName, Sequence[Any]], Sequence[int]]:
+        """watermarks.py's ``locate`` for a stream filter: a query per transaction for text
+        keys, only while the stream still holds the map (watermarks.py rule 5)."""
+        def locate(table: TableName, keys: Sequence[Any]) -> Sequence[int]:
+            return self.positions(table, flt.table(table).boundaries, keys)
+        return locate
+
+
+# -- the slot, shared --------------------------------------------------------------------------
+
+
+def slot_in_use(error: BaseException) -> bool:
+    """Whether ``error`` says another session holds the slot right now (a peek or an advance
+    acquires it for its duration: PostgreSQL's "replication slot ... is active for PID")."""
+    return isinstance(error, SlotProblem) and "in use by another process" in str(error)
+
+
+def while_slot_busy(action: Callable[[], Any], timeout_s: float, what: str) -> Any:
+    """``action()``, again after a short random pause while another session holds the slot
+    (several readers peek it at once during the snapshot, and the enumerator advances it
+    while the stream reader peeks), until ``timeout_s``. Any thread."""
+    import random
+
+    deadline = time.monotonic() + timeout_s
+    pause = 0.005
+    while True:
+        try:
+            return action()
+        except SlotProblem as e:
+            if not slot_in_use(e) or time.monotonic() > deadline:
+                raise
+            log.debug("%s: the slot is busy, trying again", what)
+            time.sleep(pause * (0.5 + random.random()))
+            pause = min(pause * 2, 0.2)
+
+
+# -- watermarks.py rules 1 and 2: a chunk read --------------------------------------------------
+
+
+def wait_for_flush(conn: Any, lsn: int, timeout_s: float) -> None:
+    """Until the WAL is flushed to ``lsn`` (a peek reads flushed WAL only)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        row = conn.execute("SELECT pg_current_wal_flush_lsn()::text").fetchone()
+        if row is not None and lsn_from_text(row[0]) >= lsn:
+            return
+        if time.monotonic() > deadline:
+            raise PostgresSourceError(f"the WAL was not flushed to the chunk's high watermark "
+                                      f"within {timeout_s} s")
+        time.sleep(0.01)
+
+
+def read_chunk_watermarked(conn: Any, config: ReaderConfig, chunk: SnapshotChunk,
+                           order: KeyOrder | None = None) -> tuple[dict[Key, RowValues], int]:
+    """``chunk``'s rows as of its high watermark, and the high watermark (watermarks.py rules
+    1 and 2). ``conn``: an autocommit connection of the reader's thread."""
+    from psycopg.types.string import TextLoader
+
+    from sparkcoord.sources.postgres import replication
+
+    shape = config.shape(chunk.table)
+    decoder = RowDecoder(shape)
+    rows: dict[Key, RowValues] = {}
+    statement, params = chunk_sql(chunk.chunk, list(shape.column_names))
+    with conn.transaction():
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+        row = conn.execute("SELECT pg_current_snapshot()::text").fetchone()  # takes S
+        assert row is not None
+        visible = Visibility.parse(row[0])
+        with conn.cursor(name=f"sparkcoord_chunk_{chunk.index}") as cursor:
+            for column in shape.columns:  # rule 3: text forms, as pgoutput sends them
+                cursor.adapters.register_loader(column.type_oid, TextLoader)
+            cursor.execute(composed(statement), params)
+            while batch := cursor.fetchmany(config.fetch_rows):
+                for texts in batch:
+                    values_ = decoder.row(texts)
+                    rows[decoder.key(values_)] = values_
+        row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
+        assert row is not None
+        high = lsn_from_text(row[0])  # H: after every commit S sees
+    wait_for_flush(conn, high, config.flush_wait_s)
+    peek = while_slot_busy(
+        lambda: replication.peek(conn, config.slot, config.publication, upto_lsn=high),
+        config.flush_wait_s, f"reading chunk {chunk.split_id}")
+    decoders = {chunk.table: decoder}
+    window = [decode_transaction(tx, decoders) for tx in peek.transactions
+              if tx.end_lsn <= high and not visible.sees(tx.xid)]
+    order = order or KeyOrder(conn, config.shapes)
+    in_chunk = order.in_chunk(chunk.chunk, window_values(chunk.table, window, visible, high))
+    return merge_window(chunk.table, rows, window, visible=visible, high=high,
+                        in_chunk=in_chunk), high
+
+
+# -- the stream ---------------------------------------------------------------------------------
+
+
+@dataclass
+class StreamRead:
+    rows: list[OutRow]
+    position: StreamPosition
+    more: bool
+    transactions: int
+
+
+def read_stream(conn: Any, config: ReaderConfig, position: StreamPosition,
+                order: KeyOrder | None = None) -> StreamRead:
+    """The changes after ``position``, at most about ``max_changes_per_batch`` (rule 2)."""
+    from sparkcoord.sources.postgres import replication
+
+    limit = config.max_changes_per_batch
+    after = position.after
+    peek = while_slot_busy(
+        lambda: replication.peek(conn, config.slot, config.publication,
+                                 upto_nchanges=3 * limit, after_lsn=after),
+        config.flush_wait_s, "reading the stream")
+    decoders = {s.table: RowDecoder(s) for s in config.shapes}
+    order = order or KeyOrder(conn, config.shapes)
+    rows: list[OutRow] = []
+    taken = 0
+    read_to, more = peek.read_to, peek.cut_short
+    count = 0
+    for tx in peek.transactions:
+        if taken and taken + len(tx.changes) + 2 > limit:
+            read_to, more = position.after, True
+            break
+        changes = decode_transaction(tx, decoders)
+        flt = position.filter
+        rows.extend(stream_rows(changes, flt, order.locate(flt) if flt is not None else None))
+        taken += len(tx.changes) + 2
+        count += 1
+        position = position.moved_to(tx.end_lsn)
+    else:
+        position = position.moved_to(read_to)
+    return StreamRead(rows, position, more, count)
+
+
+# -- the operator (rules 1 and 2) --------------------------------------------------------------
+
+
+@dataclass
+class PostgresReaderState:
+    #: chunks finished in earlier batches and not yet reported: (split id, high watermark)
+    unreported: list[tuple[str, int]] = field(default_factory=list)
+    #: the stream's position, once this reader has it
+    position: StreamPosition | None = None
+
+
+class PostgresReader(SubtaskOperator):
+    """The reader of one subtask (module rules). Thread model: the Spark task's thread."""
+
+    def __init__(self, config: ReaderConfig, connect: Callable[[], Any] | None = None) -> None:
+        self.config = config
+        self._connect = connect
+        self.schema = arrow_schema(config.shapes)
+        self._conn: Any = None
+
+    def open(self, context: SubtaskContext, state: Any) -> None:
+        super().open(context, state)
+        if state is not None and not isinstance(state, PostgresReaderState):
+            raise TypeError(f"reader {context.operator_id}[{context.subtask}]: restored state is "
+                            f"a {type(state).__name__}, not a PostgresReaderState")
+        self.state = state if state is not None else PostgresReaderState()
+        self.rows = 0
+
+    def _connection(self) -> Any:
+        if self._conn is None:
+            self._conn = (self._connect() if self._connect is not None
+                          else self.config.options.connect(application_name="sparkcoord-cdc"))
+        return self._conn
+
+    def process(self) -> Iterator[Any]:
+        state = self.state
+        if state.position is not None:
+            self.context.send_event(StreamProgress(state.position.after))
+            yield from self._stream()
+            return
+        report = tuple(state.unreported)
+        state.unreported = []
+        taken = 0
+        while True:
+            answer = self.context.request(NextChunk(report))
+            report = ()
+            if isinstance(answer, NoSplitNow) or answer is None:
+                break
+            if isinstance(answer, StreamSplit):
+                state.position = StreamPosition(answer.start, answer.filter)
+                yield from self._stream()
+                break
+            if not isinstance(answer, SnapshotChunk):
+                raise TypeError(f"reader {self.context.operator_id}: the enumerator answered "
+                                f"{answer!r}")
+            rows, high = read_chunk_watermarked(self._connection(), self.config, answer)
+            out = snapshot_rows(answer.table, rows, high)
+            self.rows += len(out)
+            if out:
+                yield record_batch(out, self.schema)
+            state.unreported.append((answer.split_id, high))
+            taken += 1
+            if (self.config.max_chunks_per_batch is not None
+                    and taken >= self.config.max_chunks_per_batch):
+                break
+        if state.unreported:
+            self.context.request_batch()  # rule 1: report them
+
+    def _stream(self) -> Iterator[Any]:
+        assert self.state.position is not None
+        read = read_stream(self._connection(), self.config, self.state.position)
+        self.state.position = read.position
+        self.rows += len(read.rows)
+        if read.rows:
+            yield record_batch(read.rows, self.schema)
+        if read.more:
+            self.context.request_batch()
+
+    def snapshot_state(self) -> Any:
+        if not self.state.unreported and self.state.position is None:
+            return None
+        return self.state
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None

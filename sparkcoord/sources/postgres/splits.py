@@ -1,0 +1,128 @@
+"""What flows between the PostgreSQL source's enumerator and its readers: the snapshot chunks, the
+one stream split, the readers' requests and progress reports, and the captured tables' shapes.
+
+Rules:
+  1. A :class:`SnapshotChunk` is a table's key range (chunks.py's :class:`~.chunks.Chunk` as a
+     split): small and picklable, a few dozen bytes; its id is ``schema.table#index``.
+  2. The :class:`StreamSplit` goes out once, after the snapshot (or at once for the
+     ``latest`` startup mode): it carries where the stream starts (every transaction ending
+     at or before ``start`` is in the snapshot) and the high-watermark map the stream filters
+     with until it is past it (watermarks.py rules 4 and 5; None without a snapshot).
+  3. A reader asks with :class:`NextChunk`, carrying the chunks it finished *in an earlier
+     batch* with their high watermarks, read from its checkpointed state. A chunk read is not
+     repeatable (a task retry reads the chunk again, at a later high watermark), and
+     every item a subtask sends is compared byte for byte when a retry sends it again
+     (decision 36): so nothing a read returns is sent in the batch that read it. The same
+     holds for :class:`StreamProgress`, the stream reader's report of the position its
+     previous batch read to, sent at the start of the next batch.
+  4. A :class:`TableShape` is what a reader needs of a captured table: its columns (name,
+     type oid, type modifier), its row key (the primary key, or the chunk key column for a
+     table without one) and its chunk key column, which must be one of the row key's columns
+     (watermarks.py rule 3).
+
+Thread model: none (immutable values).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sparkcoord.sources.postgres import chunks
+from sparkcoord.sources.postgres.catalog import TableInfo
+from sparkcoord.sources.postgres.chunks import Key, choose_chunk_key
+from sparkcoord.sources.postgres.errors import ChunkKeyError
+from sparkcoord.sources.postgres.names import TableName
+from sparkcoord.sources.postgres.watermarks import StreamFilter
+from sparkcoord.sources.splits import Split
+
+STREAM_SPLIT_ID = "stream"
+
+
+@dataclass(frozen=True, kw_only=True)
+class SnapshotChunk(Split):
+    """Rows of ``table`` whose ``key_column`` is in ``[start, end)`` (rule 1)."""
+
+    table: TableName
+    key_column: str
+    index: int
+    start: Key | None
+    end: Key | None
+
+    @classmethod
+    def of(cls, chunk: chunks.Chunk) -> SnapshotChunk:
+        return cls(split_id=chunk.split_id, table=chunk.table, key_column=chunk.key_column,
+                   index=chunk.index, start=chunk.start, end=chunk.end)
+
+    @property
+    def chunk(self) -> chunks.Chunk:
+        return chunks.Chunk(self.table, self.key_column, self.index, self.start, self.end)
+
+
+@dataclass(frozen=True, kw_only=True)
+class StreamSplit(Split):
+    """The replication stream (rule 2): ``start`` is the position to read after (0: the
+    slot's confirmed position), ``filter`` the map it filters with (None: none)."""
+
+    split_id: str = STREAM_SPLIT_ID
+    start: int = 0
+    filter: StreamFilter | None = None
+
+
+@dataclass(frozen=True)
+class NextChunk:
+    """A reader's request (rule 3): ``(split id, high watermark)`` of each chunk it finished in
+    an earlier batch, and "give me a chunk, or the stream"."""
+
+    finished: tuple[tuple[str, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class StreamProgress:
+    """The stream reader's report (rule 3): its previous batch read every transaction ending
+    before ``read_to`` (replication.py's ``Peek.read_to``); the slot may be confirmed there
+    once the batch this report arrives in commits."""
+
+    read_to: int
+
+
+@dataclass(frozen=True)
+class ShapeColumn:
+    name: str
+    type_oid: int
+    type_modifier: int
+
+
+@dataclass(frozen=True)
+class TableShape:
+    """A captured table as the reader sees it (rule 4)."""
+
+    table: TableName
+    columns: tuple[ShapeColumn, ...]
+    key: tuple[str, ...]
+    chunk_key_column: str
+
+    @classmethod
+    def of(cls, info: TableInfo, chunk_key_column: str | None = None) -> TableShape:
+        """The shape of a table the catalog described; a :class:`ChunkKeyError` naming the
+        table when its chunk key column is not part of its primary key (rule 4). Any
+        thread."""
+        column = choose_chunk_key(info.table, info.primary_key, info.column_types,
+                                  chunk_key_column)
+        key = info.primary_key or (column,)
+        if column not in key:
+            raise ChunkKeyError(
+                f"table {info.table}: the chunk key column {column!r} is not part of its primary "
+                f"key ({', '.join(key)}); the snapshot can hand over to the stream exactly only "
+                "when each key stays in one chunk: name a primary key column")
+        return cls(info.table, tuple(ShapeColumn(c.name, c.type_oid, c.type_modifier)
+                                     for c in info.columns), key, column)
+
+    @property
+    def column_names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.columns)
+
+    def column(self, name: str) -> ShapeColumn:
+        for c in self.columns:
+            if c.name == name:
+                return c
+        raise KeyError(name)

@@ -1,0 +1,336 @@
+"""The PostgreSQL source's enumerator (sparkcoord/sources/postgres/enumerator.py) under the
+CoordinatorHarness (manual mailboxes, manual workers, no server): chunk planning runs on a
+worker and never on the mailbox, the stream goes out only in a batch after the checkpoint that
+holds the complete snapshot, the slot is confirmed only after the batch holding the reported
+position committed, and a restore from a checkpoint taken in the middle of the snapshot neither
+loses nor repeats a chunk."""
+
+from __future__ import annotations
+
+import functools
+import pickle
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from sparkcoord.core.restore import RestorePoint
+from sparkcoord.sources.postgres.chunks import Chunk, ChunkPlanner, PlannerState
+from sparkcoord.sources.postgres.enumerator import EnumeratorIO, PostgresEnumerator
+from sparkcoord.sources.postgres.names import TableName
+from sparkcoord.sources.postgres.splits import (
+    NextChunk,
+    SnapshotChunk,
+    StreamProgress,
+    StreamSplit,
+)
+from sparkcoord.sources.splits import NoSplitNow
+from sparkcoord.testing import CoordinatorHarness
+
+ORDERS, USERS = TableName("public", "orders"), TableName("public", "users")
+
+
+class ManualRunner:
+    """Work handed to a worker waits here until the test runs it (on the test's thread)."""
+
+    def __init__(self) -> None:
+        self.queued: list[Callable[[], None]] = []
+
+    def __call__(self, work: Callable[[], None]) -> None:
+        self.queued.append(work)
+
+    def run_all(self) -> int:
+        n = 0
+        while self.queued:
+            self.queued.pop(0)()
+            n += 1
+        return n
+
+
+class FakeIO(EnumeratorIO):
+    """Tables of integer keys; records where planning ran and what the slot was confirmed at."""
+
+    def __init__(self, keys: dict[TableName, list[int]], chunk_size: int) -> None:
+        self.keys = keys
+        self.chunk_size = chunk_size
+        self.harness: CoordinatorHarness | None = None
+        self.on_mailbox: list[bool] = []
+        self.set_ups = 0
+        self.advanced: list[int] = []
+
+    def _mailbox(self) -> bool:
+        assert self.harness is not None
+        return any(m.in_mailbox_thread() for m in self.harness.mailboxes.all)
+
+    def set_up(self, tables: Sequence[TableName], snapshot: bool) -> dict[TableName, PlannerState]:
+        self.on_mailbox.append(self._mailbox())
+        self.set_ups += 1
+        return {t: PlannerState(t, "id", self.chunk_size) for t in tables} if snapshot else {}
+
+    def plan(self, planners: dict[TableName, PlannerState], want: int
+             ) -> tuple[list[Chunk], dict[TableName, PlannerState]]:
+        self.on_mailbox.append(self._mailbox())
+        out: list[Chunk] = []
+        after = dict(planners)
+        for table, state in planners.items():
+            planner = ChunkPlanner.restored(state)
+            while len(out) < want and (query := planner.next_query()) is not None:
+                keys = [k for k in self.keys[table] if query.after is None
+                        or (k >= query.after if query.inclusive else k > query.after)]
+                found = keys[query.offset] if query.offset < len(keys) else None
+                chunk = planner.boundary_found(query, found)
+                if chunk is not None:
+                    out.append(chunk)
+            after[table] = planner.state
+            if len(out) >= want:
+                break
+        return out, after
+
+    def advance(self, lsn: int) -> int:
+        self.on_mailbox.append(self._mailbox())
+        self.advanced.append(lsn)
+        return lsn
+
+
+class Readers:
+    """What the readers keep between batches (their checkpointed state): chunks finished and
+    not yet reported, with their high watermarks; and what each committed batch read."""
+
+    def __init__(self, parallelism: int) -> None:
+        self.unreported: dict[int, list[tuple[str, int]]] = {s: [] for s in range(parallelism)}
+        self.read: list[str] = []  # chunks read by batches that committed
+        self.lsn = 1000
+
+    def copy(self) -> Readers:
+        other = Readers(len(self.unreported))
+        other.unreported = {s: list(v) for s, v in self.unreported.items()}
+        other.read, other.lsn = list(self.read), self.lsn
+        return other
+
+    def batch(self, h: CoordinatorHarness, chunks_each: int = 2) -> tuple[list[str], list[Any]]:
+        """One batch: each reader reports what it finished before and reads up to
+        ``chunks_each`` chunks. Returns the chunks read and every answer."""
+        read: list[str] = []
+        answers: list[Any] = []
+        for subtask in sorted(self.unreported):
+            report = tuple(self.unreported[subtask])
+            self.unreported[subtask] = []
+            for _ in range(chunks_each):
+                answer = h.request_from_subtask(subtask, NextChunk(report))
+                report = ()
+                answers.append(answer)
+                if not isinstance(answer, SnapshotChunk):
+                    break
+                self.lsn += 7
+                self.unreported[subtask].append((answer.split_id, self.lsn))
+                read.append(answer.split_id)
+        return read, answers
+
+
+def harness(io: FakeIO, runner: ManualRunner, slot_runner: ManualRunner, *, url: str,
+            parallelism: int = 2, tables: Sequence[TableName] = (ORDERS,),
+            startup: str = "initial") -> CoordinatorHarness:
+    provider = functools.partial(PostgresEnumerator, io=lambda: io, tables=tuple(tables),
+                                 startup=startup, plan_ahead=4, runner=runner,
+                                 slot_runner=slot_runner)
+    h = CoordinatorHarness(provider, parallelism, storage_url=url)
+    io.harness = h
+    return h
+
+
+def status(h: CoordinatorHarness) -> dict[str, Any]:
+    result: dict[str, Any] = h.ask_as_client("status").result()
+    return result
+
+
+def test_chunk_planning_runs_on_a_worker_never_on_the_mailbox_and_never_delays_a_checkpoint(
+        tmp_path: Any) -> None:
+    io = FakeIO({ORDERS: list(range(1000))}, chunk_size=10)
+    runner, slot_runner = ManualRunner(), ManualRunner()
+    h = harness(io, runner, slot_runner, url=f"file://{tmp_path}/ckpt")
+    h.start()
+    assert io.set_ups == 0 and len(runner.queued) == 1  # handed to the worker, not run
+    assert h.checkpoint() is not None  # the checkpoint completes while planning waits
+    assert h.request_from_subtask(0, NextChunk()) == NoSplitNow()
+    runner.run_all()  # set-up and the first chunks, on the worker (here: the test's thread)
+    h.run()
+    assert io.on_mailbox == [False, False] and io.set_ups == 1  # set-up, then planning
+    # a worker's result joins the state only at a boundary (a replayed request answers the same)
+    assert h.request_from_subtask(1, NextChunk()) == NoSplitNow()
+    h.commit()
+    h.checkpoint()
+    first = h.request_from_subtask(0, NextChunk())
+    assert isinstance(first, SnapshotChunk) and (first.index, first.start, first.end) == (0, None, 10)
+    # planning follows the readers: a few chunks ahead, never the whole table at once
+    assert status(h)["chunks_planned"] == 4
+    assert not runner.queued  # three pending: enough for now
+    h.commit()
+    h.checkpoint()  # below plan_ahead: a cycle for one more chunk goes to the worker
+    assert status(h)["chunks_planned"] == 4 and len(runner.queued) == 1
+    runner.run_all()
+    h.run()
+    assert status(h)["chunks_planned"] == 4  # nothing joins before the next boundary
+    h.commit()
+    h.checkpoint()
+    assert status(h)["chunks_planned"] == 5 and status(h)["pending"] == 4
+    assert not any(io.on_mailbox)
+
+
+def drive(h: CoordinatorHarness, runner: ManualRunner, readers: Readers,
+          stop: Callable[[list[Any]], bool], limit: int = 200) -> list[Any]:
+    """Batches until ``stop(answers of the batch)``; each committed."""
+    for _ in range(limit):
+        runner.run_all()
+        h.run()
+        h.checkpoint()
+        read, answers = readers.batch(h)
+        h.commit()
+        readers.read.extend(read)
+        if stop(answers):
+            return answers
+    raise AssertionError("the enumerator never got there")
+
+
+def test_the_stream_goes_out_only_in_a_batch_after_the_checkpoint_holding_the_whole_snapshot(
+        tmp_path: Any) -> None:
+    io = FakeIO({ORDERS: list(range(50)), USERS: list(range(0, 300, 7))}, chunk_size=10)
+    runner, slot_runner = ManualRunner(), ManualRunner()
+    h = harness(io, runner, slot_runner, url=f"file://{tmp_path}/ckpt", tables=(ORDERS, USERS))
+    h.start()
+    readers = Readers(2)
+    # read every chunk; the last reports travel in a later batch
+    drive(h, runner, readers, lambda answers: status(h)["chunks_finished"] == 10)
+    assert len(readers.read) == len(set(readers.read)) == 10  # 5 + 5 chunks, each once
+    # the batch whose requests completed the snapshot got no stream: its checkpoint is not taken
+    assert status(h)["phase"] == "snapshot"
+    h.checkpoint()  # the boundary that holds the complete snapshot
+    done_at = h.epoch
+    assert status(h)["phase"] == "hand-over"
+    assert h.request_from_subtask(0, NextChunk()) == NoSplitNow()  # still that checkpoint's batch
+    h.commit()
+    h.checkpoint()
+    assert h.epoch > done_at
+    stream = h.request_from_subtask(1, NextChunk())
+    assert isinstance(stream, StreamSplit) and stream.filter is not None
+    hws = dict(hw for hws in [readers.unreported[0], readers.unreported[1]] for hw in hws)
+    assert hws == {}  # everything was reported
+    orders = stream.filter.table(ORDERS)
+    assert tuple(orders.boundaries) == (10, 20, 30, 40) and len(orders.hws) == 5
+    assert stream.start == stream.filter.min_hw > 1000
+    assert h.request_from_subtask(0, NextChunk()) == NoSplitNow()  # one stream, once
+    assert status(h)["phase"] == "stream"
+    # the stream's start is confirmed once the batch that handed it out committed
+    assert io.advanced == [] and not slot_runner.queued
+    h.commit()
+    slot_runner.run_all()
+    h.run()
+    assert io.advanced == [stream.start]
+    # the map left the enumerator with the stream: its state is a few numbers now
+    h.checkpoint()
+    assert status(h)["state_entries"] == 0
+    assert len(pickle.dumps(h.coordinator.state)) < 1_000  # type: ignore[attr-defined]
+    assert not any(io.on_mailbox)
+
+
+def test_the_slot_is_confirmed_only_after_the_batch_holding_the_reported_position_committed(
+        tmp_path: Any) -> None:
+    io = FakeIO({ORDERS: []}, chunk_size=10)
+    runner, slot_runner = ManualRunner(), ManualRunner()
+    h = harness(io, runner, slot_runner, url=f"file://{tmp_path}/ckpt", startup="latest")
+    h.start()
+    runner.run_all()
+    h.run()
+    h.checkpoint()  # the slot exists at this boundary
+    assert h.request_from_subtask(0, NextChunk()) == NoSplitNow()
+    h.commit()
+    h.checkpoint()
+    stream = h.request_from_subtask(0, NextChunk())
+    assert stream == StreamSplit()  # latest: no map, from the slot's confirmed position
+    h.commit()
+    h.checkpoint()
+    h.send_from_subtask(0, StreamProgress(5000))  # what the previous batch read to
+    slot_runner.run_all()
+    h.run()
+    assert io.advanced == []  # the batch holding it has not committed
+    h.commit()
+    assert len(slot_runner.queued) == 1 and io.advanced == []  # on the slot worker, not here
+    slot_runner.run_all()
+    h.run()
+    assert io.advanced == [5000] and status(h)["confirmed_lsn"] == 5000
+    # idle tables: the reader reports the flush position it peeked to; the slot follows
+    h.checkpoint()
+    h.send_from_subtask(0, StreamProgress(5100))
+    h.commit()
+    slot_runner.run_all()
+    h.run()
+    assert io.advanced == [5000, 5100]
+    assert not any(io.on_mailbox)
+
+
+def test_a_restore_from_a_checkpoint_mid_snapshot_neither_loses_nor_repeats_a_chunk(
+        tmp_path: Any) -> None:
+    url = f"file://{tmp_path}/ckpt"
+    keys = {ORDERS: list(range(200))}
+    io = FakeIO(keys, chunk_size=10)
+    runner, slot_runner = ManualRunner(), ManualRunner()
+    h = harness(io, runner, slot_runner, url=url)
+    h.start()
+    readers = Readers(2)
+    drive(h, runner, readers, lambda answers: len(readers.read) >= 7)
+    committed_epoch = h.epoch
+    kept = readers.copy()  # the readers' state of the last committed batch
+    # the next batch hands out more chunks, and the driver dies before it commits
+    runner.run_all()
+    h.run()
+    h.checkpoint()
+    lost, _ = readers.batch(h)
+    assert lost
+    h.service.close()
+    h.run()
+    # restart from the last committed batch; the readers restore its state too
+    io2 = FakeIO(keys, chunk_size=10)
+    runner2, slot_runner2 = ManualRunner(), ManualRunner()
+    h2 = harness(io2, runner2, slot_runner2, url=url)
+    h2.start(RestorePoint(committed_epoch, committed=True))
+    readers = kept
+    answers = drive(h2, runner2, readers, lambda answers: any(
+        isinstance(a, StreamSplit) for a in answers))
+    assert io2.set_ups == 0  # the slot and the publication were set up before the restore
+    assert sorted(readers.read, key=lambda s: int(s.split("#")[1])) == [
+        f"public.orders#{i}" for i in range(20)]  # every chunk once: none lost, none twice
+    stream = next(a for a in answers if isinstance(a, StreamSplit))
+    assert stream.filter is not None and len(stream.filter.table(ORDERS).hws) == 20
+    assert h2.service.failure is None
+
+
+def test_a_retry_that_asks_less_puts_its_chunks_back_and_its_finished_reports_in_flight_again(
+        tmp_path: Any) -> None:
+    io = FakeIO({ORDERS: list(range(100))}, chunk_size=10)
+    runner, slot_runner = ManualRunner(), ManualRunner()
+    h = harness(io, runner, slot_runner, url=f"file://{tmp_path}/ckpt")
+    h.start()
+    runner.run_all()
+    h.run()
+    h.checkpoint()
+    first = h.request_from_subtask(0, NextChunk())
+    assert first.split_id == "public.orders#0"
+    h.commit()
+    runner.run_all()
+    h.run()
+    h.checkpoint()
+    report = NextChunk(((first.split_id, 1234),))
+    assert h.request_from_subtask(0, report).split_id == "public.orders#1"
+    assert h.request_from_subtask(0, NextChunk()).split_id == "public.orders#2"
+    # the task fails; its retry asks the first request again (answered from the log) and ends
+    h.retry_task(0)
+    assert h.request_from_subtask(0, report, seq=0).split_id == "public.orders#1"
+    h.finish_task(0)
+    assert h.request_from_subtask(1, NextChunk()).split_id == "public.orders#2"  # back, first
+    # a retry that sends nothing at all: its report of chunk 0 is withdrawn too
+    h.retry_task(0)
+    h.finish_task(0)
+    assert status(h)["chunks_finished"] == 0
+    assert h.request_from_subtask(1, NextChunk()).split_id == "public.orders#1"
+    h.commit()
+    h.checkpoint()
+    # chunk 0 is in flight to subtask 0 again: it reports it in its next batch
+    assert h.request_from_subtask(0, report).split_id == "public.orders#3"
+    assert status(h)["chunks_finished"] == 1 and h.service.failure is None

@@ -1,0 +1,342 @@
+"""The snapshot and the stream against a real PostgreSQL 15 (tests/postgres_server.py), no Spark:
+the real enumerator (under the CoordinatorHarness, its workers run by hand) plans chunks of a
+20,000-row table, readers driven by hand read them with watermarks while a writer thread
+inserts, updates, deletes and changes keys, the stream takes over, and the snapshot rows plus
+the changes applied by key equal the table at the end; the slot is confirmed behind the
+readers, never ahead. The readers connect as an executor would: their options were pickled
+(no password, decision 64) and libpq finds the password in PGPASSWORD, which the test sets."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import pickle
+import random
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from sparkcoord.operator import SubtaskContext
+from sparkcoord.sources.postgres import catalog, replication
+from sparkcoord.sources.postgres.connection import ConnectionOptions
+from sparkcoord.sources.postgres.enumerator import PostgresEnumerator, PostgresEnumeratorIO
+from sparkcoord.sources.postgres.errors import ConnectionRefused, ValueConversionError
+from sparkcoord.sources.postgres.names import TableName
+from sparkcoord.sources.postgres.pgoutput import lsn_from_text
+from sparkcoord.sources.postgres.reader import (
+    KeyOrder,
+    PostgresReader,
+    PostgresReaderState,
+    ReaderConfig,
+    RowDecoder,
+    SchemaChanged,
+    read_chunk_watermarked,
+)
+from sparkcoord.sources.postgres.splits import SnapshotChunk, TableShape
+from sparkcoord.testing import CoordinatorHarness
+from tests.postgres.test_cdc_enumerator import ManualRunner
+from tests.postgres_server import ADMIN_PASSWORD
+
+_names = itertools.count()
+
+
+class Writer(threading.Thread):
+    """Random inserts, updates, deletes and key changes, a few per transaction."""
+
+    def __init__(self, options: ConnectionOptions, table: str, seed: int) -> None:
+        super().__init__(daemon=True)
+        self.options, self.table, self.rng = options, table, random.Random(seed)
+        self.stop = threading.Event()
+        self.transactions = 0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            with self.options.connect() as conn:
+                next_id = 1_000_000
+                while not self.stop.is_set():
+                    with conn.transaction():
+                        for _ in range(self.rng.randint(1, 4)):
+                            op, target = self.rng.random(), self.rng.randint(1, 20_000)
+                            if op < 0.3:
+                                next_id += 1
+                                conn.execute(f"INSERT INTO {self.table} VALUES (%s, %s, %s)",
+                                             (next_id, next_id, f"new {next_id}"))
+                            elif op < 0.7:
+                                conn.execute(f"UPDATE {self.table} SET v = v + 1, note = %s "
+                                             "WHERE id = %s", (f"u{self.transactions}", target))
+                            elif op < 0.85:
+                                conn.execute(f"DELETE FROM {self.table} WHERE id = %s", (target,))
+                            else:  # a key change, often into another chunk
+                                next_id += 1
+                                conn.execute(f"UPDATE {self.table} SET id = %s WHERE id = %s",
+                                             (next_id, target))
+                    self.transactions += 1
+                    self.stop.wait(0.002)
+        except BaseException as e:  # noqa: BLE001 - the test reports it
+            self.error = e
+
+
+def run_reader(h: CoordinatorHarness, config: ReaderConfig, subtask: int, state: Any
+               ) -> tuple[list[pa.RecordBatch], Any]:
+    """One Spark task of the reader, by hand."""
+    context = SubtaskContext(
+        h.name, subtask, h.parallelism, h.epoch, 0, 0,
+        send=lambda event: h.send_from_subtask(subtask, event),
+        request=lambda request, timeout: h.request_from_subtask(subtask, request))
+    reader = PostgresReader(config)
+    reader.open(context, state)
+    try:
+        batches = list(reader.process())
+        return batches, reader.snapshot_state()
+    finally:
+        reader.close()
+
+
+def applied(batches: list[pa.RecordBatch]) -> dict[int, tuple[int, str]]:
+    """The output applied by key in (lsn, seq) order."""
+    rows: list[dict[str, Any]] = []
+    for batch in batches:
+        rows.extend(batch.to_pylist())
+    rows.sort(key=lambda r: (r["lsn"], -1 if r["seq"] is None else r["seq"]))
+    table: dict[int, tuple[int, str]] = {}
+    for row in rows:
+        key = row["key"]["id"]
+        if row["op"] == "d":
+            table.pop(key, None)
+        else:
+            assert row["op"] in ("r", "c", "u"), row
+            table[key] = (row["after"]["v"], row["after"]["note"])
+    return table
+
+
+@pytest.fixture
+def executor_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Rule 5 of reader.py: an executor's libpq finds the password in its environment."""
+    monkeypatch.setenv("PGPASSWORD", ADMIN_PASSWORD)
+    yield
+
+
+def status(h: CoordinatorHarness) -> dict[str, Any]:
+    result: dict[str, Any] = h.ask_as_client("status").result()
+    return result
+
+
+def test_a_20000_row_table_written_during_its_snapshot_ends_equal_to_the_snapshot_plus_changes(
+        admin: Any, admin_options: ConnectionOptions, executor_env: None, tmp_path: Any) -> None:
+    n = next(_names)
+    name, slot, pub = f"cdc_big_{n}", f"cdc_big_slot_{n}", f"cdc_big_pub_{n}"
+    table = TableName("public", name)
+    admin.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, v int NOT NULL, note text)")
+    admin.execute(f"INSERT INTO {name} SELECT g, g, 'row ' || g FROM generate_series(1, 20000) g")
+    executor_options = pickle.loads(pickle.dumps(admin_options))  # what an executor gets
+    assert executor_options.secrets == () and executor_options.secrets_dropped
+    config = ReaderConfig(executor_options, slot, pub,
+                          (TableShape.of(catalog.table_info(admin, table)),),
+                          max_changes_per_batch=3000, max_chunks_per_batch=3)
+    io = PostgresEnumeratorIO(admin_options, slot, pub, chunk_size=1000)
+    runner, slot_runner = ManualRunner(), ManualRunner()
+    provider = functools.partial(PostgresEnumerator, io=lambda: io, tables=(table,),
+                                 plan_ahead=6, runner=runner, slot_runner=slot_runner)
+    h = CoordinatorHarness(provider, parallelism=2, storage_url=f"file://{tmp_path}/ckpt")
+    writer = Writer(admin_options, name, seed=n)
+    out: list[pa.RecordBatch] = []
+    states: dict[int, Any] = {0: None, 1: None}
+    seed = random.randrange(1 << 30)
+    print(f"real-server snapshot seed {seed}")
+    rng = random.Random(seed)
+    h.start()
+    try:
+        runner.run_all()  # the slot and the publication exist before the writer starts
+        h.run()
+        writer.start()
+        stopped_at: int | None = None
+        for batch_number in range(400):
+            runner.run_all()
+            h.run()
+            h.checkpoint()
+            for subtask in rng.sample([0, 1], 2):
+                batches, states[subtask] = run_reader(h, config, subtask, states[subtask])
+                out.extend(batches)
+            h.commit()
+            slot_runner.run_all()
+            h.run()
+            assert h.service.failure is None, h.service.failure
+            phase = status(h)["phase"]
+            if phase == "stream" and stopped_at is None and batch_number % 3 == 0:
+                writer.stop.set()  # a few stream batches with writes, then the writes stop
+                writer.join(30)
+                assert writer.error is None, writer.error
+                stopped_at = lsn_from_text(admin.execute(
+                    "SELECT pg_current_wal_flush_lsn()::text").fetchone()[0])
+            if stopped_at is not None:
+                position = next(s.position for s in states.values()
+                                if isinstance(s, PostgresReaderState) and s.position)
+                if position.after >= stopped_at and position.filter is None:
+                    break
+        else:
+            raise AssertionError(f"the stream never caught up (seed {seed}): {status(h)}")
+        assert writer.transactions > 50  # the snapshot really ran beside the writes
+        assert status(h)["chunks_finished"] >= 20
+        final = {r[0]: (r[1], r[2]) for r in admin.execute(
+            f"SELECT id, v, note FROM {name}").fetchall()}
+        got = applied(out)
+        missing = set(final) - set(got)
+        extra = set(got) - set(final)
+        wrong = [k for k in final if k in got and got[k] != final[k]]
+        assert not missing and not extra and not wrong, (
+            f"seed {seed}: {len(missing)} missing, {len(extra)} extra, {len(wrong)} wrong")
+        snapshot_keys = [r["key"]["id"] for b in out for r in b.to_pylist() if r["op"] == "r"]
+        assert len(snapshot_keys) == len(set(snapshot_keys))  # each key read by one chunk once
+        rows = [r for b in out for r in b.to_pylist()]
+        changes = [(r["lsn"], r["seq"], r["op"]) for r in rows if r["op"] != "r"]
+        assert len(changes) == len(set(changes))  # no change emitted twice
+        # and none that a chunk's rows already hold (its high watermark is at or after it)
+        read_at = {r["key"]["id"]: r["lsn"] for r in rows if r["op"] == "r"}
+        again = [r for r in rows if r["op"] != "r" and read_at.get(r["key"]["id"], -1) >= r["lsn"]]
+        assert not again, f"seed {seed}: {len(again)} change(s) emitted and in the snapshot too"
+        assert len(changes) > 100
+        # the slot was confirmed, and never ahead of what the readers read
+        info = replication.slot_info(admin, slot)
+        assert info is not None and info.confirmed_flush_lsn is not None
+        position = next(s.position for s in states.values()
+                        if isinstance(s, PostgresReaderState) and s.position)
+        assert 0 < info.confirmed_flush_lsn <= position.after
+    finally:
+        writer.stop.set()
+        writer.join(30)
+        h.service.close()
+        h.run()
+        runner.run_all()
+        replication.drop_slot(admin, slot)
+
+
+def test_a_chunk_read_applies_the_changes_committed_between_its_snapshot_and_its_high_watermark(
+        admin: Any, admin_options: ConnectionOptions) -> None:
+    n = next(_names)
+    name, slot, pub = f"cdc_win_{n}", f"cdc_win_slot_{n}", f"cdc_win_pub_{n}"
+    table = TableName("public", name)
+    admin.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, v int NOT NULL, note text)")
+    admin.execute(f"INSERT INTO {name} SELECT g, g, 'r' FROM generate_series(1, 10) g")
+    replication.ensure_publication(admin, pub, [table])
+    replication.ensure_slot(admin, slot)
+    config = ReaderConfig(admin_options, slot, pub,
+                          (TableShape.of(catalog.table_info(admin, table)),))
+    chunk = SnapshotChunk(split_id=f"{table}#0", table=table, key_column="id", index=0,
+                          start=None, end=6)
+    with admin_options.connect() as reader, admin_options.connect() as other:
+        # transactions that commit after the chunk's snapshot is taken and before its rows are
+        # read: invisible to the rows, before the high watermark, so in the window (rule 2)
+        original = reader.execute
+
+        def execute(statement: Any, params: Any = None, **kw: Any) -> Any:
+            result = original(statement, params, **kw)
+            if "pg_current_snapshot" in str(statement):
+                other.execute(f"UPDATE {name} SET v = 100 WHERE id = 2")
+                other.execute(f"DELETE FROM {name} WHERE id = 3")
+                other.execute(f"UPDATE {name} SET id = 60 WHERE id = 4")  # out of the chunk
+                other.execute(f"UPDATE {name} SET id = 5 + 0 * id WHERE id = 5")  # no-op key
+                other.execute(f"UPDATE {name} SET id = 0 WHERE id = 9")  # into the chunk
+            return result
+
+        reader.execute = execute  # type: ignore[method-assign]
+        rows, high = read_chunk_watermarked(reader, config, chunk, KeyOrder(reader,
+                                                                            config.shapes))
+    assert {k[0]: r["v"] for k, r in rows.items()} == {0: 9, 1: 1, 2: 100, 5: 5}
+    assert high > 0
+    replication.drop_slot(admin, slot)
+
+
+def test_text_keys_are_placed_in_chunks_by_the_servers_collation(admin: Any) -> None:
+    n = next(_names)
+    name = f"cdc_text_{n}"
+    admin.execute(f'CREATE TABLE {name} (k text COLLATE "en-x-icu" PRIMARY KEY)')
+    table = TableName("public", name)
+    shape = TableShape.of(catalog.table_info(admin, table))
+    order = KeyOrder(admin, [shape])
+    # ICU orders 'b' before 'C' (case-insensitive first); Python's code points do not
+    assert order.positions(table, ["b"], ["C", "a", None]) == [1, 0, 0]
+    chunk = SnapshotChunk(split_id="x", table=table, key_column="k", index=1, start="b",
+                          end="d").chunk
+    inside = order.in_chunk(chunk, ["C", "a", "D"])
+    assert [inside(k) for k in ["C", "a", "D", None]] == [True, False, False, False]
+
+
+def test_an_executor_without_the_password_is_refused_with_how_to_supply_it(
+        admin_options: ConnectionOptions, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PGPASSWORD", raising=False)
+    monkeypatch.setenv("PGPASSFILE", "/nonexistent")
+    executor_options = pickle.loads(pickle.dumps(admin_options))
+    with pytest.raises(ConnectionRefused, match="PGPASSWORD") as refused:
+        executor_options.connect()
+    assert ADMIN_PASSWORD not in str(refused.value)
+
+
+def test_a_value_that_cannot_be_converted_names_its_table_and_column() -> None:
+    from sparkcoord.sources.postgres.splits import ShapeColumn
+
+    shape = TableShape(TableName("public", "events"),
+                       (ShapeColumn("id", 23, -1), ShapeColumn("at", 1082, -1)), ("id",), "id")
+    with pytest.raises(ValueConversionError, match=r"table public.events, column 'at'"):
+        RowDecoder(shape).row(["1", "infinity"])
+
+
+def test_a_column_added_while_streaming_stops_the_reader_naming_the_table_and_the_change(
+        admin: Any, admin_options: ConnectionOptions) -> None:
+    from sparkcoord.sources.postgres.reader import decode_transaction
+
+    n = next(_names)
+    name, slot, pub = f"cdc_alter_{n}", f"cdc_alter_slot_{n}", f"cdc_alter_pub_{n}"
+    table = TableName("public", name)
+    admin.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, v int)")
+    shape = TableShape.of(catalog.table_info(admin, table))
+    replication.ensure_publication(admin, pub, [table])
+    replication.ensure_slot(admin, slot)
+    admin.execute(f"ALTER TABLE {name} ADD COLUMN extra text")
+    admin.execute(f"INSERT INTO {name} VALUES (1, 1, 'x')")
+    peek = replication.peek(admin, slot, pub)
+    with pytest.raises(SchemaChanged, match=rf"table public.{name} changed .*added: extra"):
+        for tx in peek.transactions:
+            decode_transaction(tx, {table: RowDecoder(shape)})
+    replication.drop_slot(admin, slot)
+
+
+def test_readers_reading_chunks_at_once_share_the_slot_and_get_every_row_once(
+        admin: Any, admin_options: ConnectionOptions) -> None:
+    n = next(_names)
+    name, slot, pub = f"cdc_par_{n}", f"cdc_par_slot_{n}", f"cdc_par_pub_{n}"
+    table = TableName("public", name)
+    admin.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, v int NOT NULL, note text)")
+    admin.execute(f"INSERT INTO {name} SELECT g, g, 'r' FROM generate_series(1, 4000) g")
+    replication.ensure_publication(admin, pub, [table])
+    replication.ensure_slot(admin, slot)
+    for i in range(300):  # WAL for every peek to decode, so that peeks overlap
+        admin.execute(f"UPDATE {name} SET v = v + 1 WHERE id = %s", (i + 1,))
+    config = ReaderConfig(admin_options, slot, pub,
+                          (TableShape.of(catalog.table_info(admin, table)),))
+    chunks = [SnapshotChunk(split_id=f"{table}#{i}", table=table, key_column="id", index=i,
+                            start=None if i == 0 else i * 500, end=None if i == 7 else (i + 1) * 500)
+              for i in range(8)]
+    results: dict[int, dict[Any, Any]] = {}
+    errors: list[BaseException] = []
+
+    def read(chunk: SnapshotChunk) -> None:
+        try:
+            with admin_options.connect() as conn:
+                for _ in range(2):
+                    results[chunk.index] = read_chunk_watermarked(conn, config, chunk)[0]
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=read, args=(c,)) for c in chunks]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    keys = [k[0] for rows in results.values() for k in rows]
+    assert sorted(keys) == list(range(1, 4001))
+    replication.drop_slot(admin, slot)
