@@ -16,6 +16,20 @@ The coordinators and subtasks are deterministic:
     applies the epoch's events before anything else, and sends ``("y", s, epoch, i, n)`` events
     back, where n is the length of its state (deterministic given its state).
 
+State parts (core/stored.py, docs/decisions.md 60): the "cross" and "split" coordinators keep
+the events they sent to each subtask and the events they took effect of as :class:`Chunks`,
+stored-once chunks of ``CHUNK_ITEMS`` events plus an inline tail; the oldest two chunks are
+merged when there are more than ``STORED_CHUNKS``, a chunk an event is taken out of is
+rewritten, and a per-subtask reset rewinds a subtask's sent events to the chunks of a snapshot,
+so parts are written at most boundaries (from the first one on) and become unreferenced,
+pruned and swept as epochs pass.
+(The "ask" coordinator's snapshot stays a plain pickle: scripts/soak.py reads it with
+``pickle.loads``.) Storage is a :class:`SimStorage` whose files can kill the driver inside a
+storage call (:data:`STORAGE_CRASH_POINTS`: between a part's write and the next part's or its
+record's, between the parts and the record, after the record, and inside pruning), and the
+checks hold parts to storage rule 3 and restores to the state that was sealed
+(:meth:`Simulation.check_storage`, :meth:`Simulation.check_restored`).
+
 Steps are picked by a seeded ``random.Random``; every failure the contract covers can be
 injected between any two steps. ``check_invariants`` asserts the exactly-once outcome.
 """
@@ -23,9 +37,11 @@ injected between any two steps. ``check_invariants`` asserts the exactly-once ou
 from __future__ import annotations
 
 import pickle
+import posixpath
 import random
 import uuid
 from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,14 +50,20 @@ import fsspec
 
 from sparkcoord.coordinator import CoordinatorContext, OperatorCoordinator
 from sparkcoord.core.entries import DriverClient, FinishedEntry, RequestEntry
+from sparkcoord.core.errors import CorruptRecord
 from sparkcoord.core.ids import NO_EPOCH, SubtaskId, TaskAttempt
 from sparkcoord.core.inbound import RunDecision, Verdict
+from sparkcoord.core.records import CheckpointRecord
+from sparkcoord.core.stored import StoredOnce, load_snapshot, snapshot_parts
+from sparkcoord.runtime import layout
 from sparkcoord.runtime.config import ServiceConfig
+from sparkcoord.runtime.files import Files
 from sparkcoord.runtime.service import (
     CheckpointDeclined,
     CoordinationService,
     CoordinatorSpec,
     JobFailed,
+    PreparedCheckpoint,
 )
 from sparkcoord.runtime.storage import CheckpointStorage
 from sparkcoord.testing import ManualClock, ManualMailboxes
@@ -70,9 +92,233 @@ class World:
     client_answered: list[int] = field(default_factory=list)
     # (operator, epoch) -> coordinator effects seen by each notify_checkpoint_complete(epoch)
     completions: dict[tuple[str, int], list[list[Any]]] = field(default_factory=dict)
+    # epoch -> operator -> the state its record holds (``plain``: parts as (digest, value)),
+    # taken from what the coordinators handed over, when its seal returned
+    sealed: dict[int, dict[str, Any]] = field(default_factory=dict)
 
     def last_batch(self) -> int | None:
         return max(self.offsets) if self.offsets else None
+
+
+# ------------------------------------------------------------------ state parts
+CHUNK_ITEMS = 2    # events per stored chunk
+STORED_CHUNKS = 3  # more stored chunks than this: the oldest two are merged into one
+
+
+class Chunks:
+    """A list kept as :class:`StoredOnce` chunks (each a state part) plus an inline tail, as
+    the enumerator's backlog and the file discovery's seen files are (decision 60). Chunks are
+    immutable: taking an item out of one, or merging two, makes a new chunk, and the old one's
+    part is pruned once no record present names it. Mailbox thread only."""
+
+    __slots__ = ("chunks", "tail")
+
+    def __init__(self, state: Any = None) -> None:
+        # a snapshot (chunks, tail), or a plain list (the initial state)
+        chunks, tail = state if isinstance(state, tuple) else ((), state or ())
+        self.chunks: list[StoredOnce[tuple[Any, ...]]] = list(chunks)
+        self.tail: list[Any] = list(tail)
+
+    def __iter__(self) -> Iterator[Any]:
+        for chunk in self.chunks:
+            yield from chunk.value
+        yield from self.tail
+
+    def __len__(self) -> int:
+        return sum(len(chunk.value) for chunk in self.chunks) + len(self.tail)
+
+    def append(self, item: Any) -> None:
+        self.tail.append(item)
+        if len(self.tail) >= CHUNK_ITEMS:
+            self.chunks.append(StoredOnce(tuple(self.tail)))
+            self.tail = []
+            if len(self.chunks) > STORED_CHUNKS:
+                first, second = self.chunks[0], self.chunks[1]
+                self.chunks[0:2] = [StoredOnce(first.value + second.value)]
+
+    def keep(self, wanted: Callable[[Any], bool]) -> None:
+        """Keep only the items ``wanted`` says; a chunk that loses items is rewritten."""
+        for i in reversed(range(len(self.chunks))):
+            items = self.chunks[i].value
+            kept = tuple(e for e in items if wanted(e))
+            if len(kept) == len(items):
+                continue
+            if kept:
+                self.chunks[i] = StoredOnce(kept)
+            else:
+                del self.chunks[i]
+        self.tail = [e for e in self.tail if wanted(e)]
+
+    def snapshot(self) -> tuple[tuple[StoredOnce[tuple[Any, ...]], ...], tuple[Any, ...]]:
+        return tuple(self.chunks), tuple(self.tail)
+
+
+def plain(value: Any) -> Any:
+    """``value`` with every part as ("part", digest, value): equal for equal states, parts
+    included (the digest is the part's name in storage)."""
+    if isinstance(value, StoredOnce):
+        return ("part", value.digest, plain(value.value))
+    if isinstance(value, dict):
+        return {k: plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(plain(v) for v in value)
+    return value
+
+
+def parts_in(value: Any) -> int:
+    """How many parts ``value`` holds (not counting parts inside parts)."""
+    if isinstance(value, StoredOnce):
+        return 1
+    if isinstance(value, dict):
+        return sum(parts_in(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return sum(parts_in(v) for v in value)
+    return 0
+
+
+# ---------------------------------------------------------------- crashing storage
+class DriverCrash(BaseException):
+    """The driver dies inside a storage call (a kill: no handler runs, hence not an
+    Exception). The simulation catches it around the driver step and starts a new run."""
+
+
+#: where a crash inside storage can be injected: (kind of file, operation, before/after it).
+#: A write of a part "after" is the crash between a part's write and the next part's or its
+#: record's; a record's write "before" comes after all its parts; "after" leaves a record of an
+#: epoch Spark never logged (its inbound log not started); removals happen only in pruning
+#: (records first, then the parts no record names). A part's write "before" is left out: before
+#: the first part it is an ordinary crash, before a later one it is the "after" of the one before.
+STORAGE_CRASH_POINTS = ("part write after", "record write before", "record write after",
+                        "part remove before", "part remove after", "record remove after")
+WRITE_CRASHES = {"part write after", "record write before", "record write after"}
+PRUNE_CRASHES = {"part remove before", "part remove after", "record remove after"}
+
+
+@dataclass
+class CrashPlan:
+    """Where the driver dies inside storage next: the ``skip``-th next operation at ``point``
+    (the simulation's random source picks both). It outlives runs until it fires."""
+
+    point: str
+    skip: int
+
+
+class CrashingFiles(Files):
+    """The storage's file operations, which kill the driver where the simulation's
+    :class:`CrashPlan` says (reads never: a restore's reads fail only on damage)."""
+
+    def __init__(self, inner: Files, root: str, sim: Simulation) -> None:
+        self.inner = inner
+        self.parts_dir = posixpath.join(root, layout.PARTS) + "/"
+        self.records_dir = posixpath.join(root, layout.RECORDS) + "/"
+        self.sim = sim
+        self.stats = sim.stats
+        self.mutations = 0        # writes and removals of records and parts
+        self.written_parts: set[str] = set()  # parts written since the last record
+
+    def _kind(self, path: str) -> str | None:
+        if path.startswith(self.parts_dir):
+            return "part"
+        if path.startswith(self.records_dir) and path.endswith(layout.RECORD_SUFFIX):
+            return "record"
+        return None
+
+    def _point(self, point: str) -> None:
+        plan = self.sim.storage_crash
+        if plan is None or plan.point != point:
+            return
+        if plan.skip > 0:
+            plan.skip -= 1
+            return
+        self.sim.storage_crash = None
+        raise DriverCrash(point)
+
+    def read(self, path: str) -> bytes:
+        if self._kind(path) == "part":
+            self.stats["part-files-read"] += 1
+        return self.inner.read(path)
+
+    def names(self, directory: str) -> list[str]:
+        return self.inner.names(directory)
+
+    def write_atomic(self, path: str, data: bytes, *, fsync: bool = False,
+                     private: bool = False) -> None:
+        kind = self._kind(path)
+        if kind is None:
+            self.inner.write_atomic(path, data, fsync=fsync, private=private)
+            return
+        self._point(f"{kind} write before")
+        self.inner.write_atomic(path, data, fsync=fsync, private=private)
+        self.mutations += 1
+        if kind == "part":
+            self.written_parts.add(posixpath.basename(path))
+            self.stats["parts-written"] += 1
+        else:
+            self.written_parts = set()
+        self._point(f"{kind} write after")
+
+    def remove(self, path: str) -> None:
+        kind = self._kind(path)
+        if kind is None:
+            self.inner.remove(path)
+            return
+        self._point(f"{kind} remove before")
+        self.inner.remove(path)
+        self.mutations += 1
+        if kind == "part":
+            self.stats["parts-deleted"] += 1
+        self._point(f"{kind} remove after")
+
+
+class SimStorage(CheckpointStorage):
+    """The real storage on files that can crash, keeping what the checks need to explain the
+    parts no record names (storage rule 3)."""
+
+    def __init__(self, url: str, sim: Simulation) -> None:
+        super().__init__(url, retain=2)
+        self.files = self.crashing = CrashingFiles(self.files, self.root, sim)
+        self.stats = sim.stats
+        #: this run completed a pruning (its first one swept the parts of no record)
+        self.pruned = False
+        #: the parts the records present named when the pruning under way began
+        self.pruning_names: set[str] = set()
+        #: parts only a record overwritten since the last pruning named (a record of an epoch
+        #: Spark never logged, left by an earlier run, replaced by this run's seal)
+        self.replaced_names: set[str] = set()
+
+    def parts_named(self) -> tuple[dict[int, set[str]], set[str]]:
+        """The parts each record present names, and the parts present (one listing each)."""
+        named = {}
+        for epoch in self.record_epochs():
+            record = self.read_record(epoch)  # raises if damaged: nothing here damages one
+            named[epoch] = {n for snapshot in record.snapshots.values()
+                            for n in snapshot_parts(snapshot)}
+        present = {n for n in self.files.names(self._path(layout.PARTS)) if not n.startswith(".")}
+        return named, present
+
+    def write_record(self, record: CheckpointRecord,
+                     parts: dict[str, StoredOnce[Any]] | None = None) -> None:
+        if record.epoch in self.record_epochs():
+            try:
+                old = self.read_record(record.epoch)
+            except CorruptRecord:
+                pass
+            else:
+                self.replaced_names |= {n for snapshot in old.snapshots.values()
+                                        for n in snapshot_parts(snapshot)}
+                self.stats["garbage-record-replaced"] += 1
+        super().write_record(record, parts)
+
+    def prune(self, committed_epoch: int, operators: Sequence[SubtaskId] = ()) -> None:
+        named, present = self.parts_named()
+        self.pruning_names = set().union(*named.values())
+        orphans = present - self.pruning_names
+        super().prune(committed_epoch, operators)
+        if not self.pruned and orphans:
+            self.stats["orphan-parts-swept"] += len(orphans)
+        self.pruned = True
+        self.pruning_names = set()
+        self.replaced_names = set()
 
 
 # ---------------------------------------------------------------------- the coordinators
@@ -84,19 +330,33 @@ class NumberingCoordinator(OperatorCoordinator):
         self.sim = sim
         self.deferred: tuple[int, Future[Any]] | None = None
 
+    #: what it sent and its effects are :class:`Chunks` (state parts), not plain lists
+    stored_parts = True
+
     # state: next number, sent events and effects, per subtask
     def reset_to_checkpoint(self, checkpoint_id: int, state: Any) -> None:
+        # the runtime hands over the state of the record it restored, parts read back (a new
+        # run's restore, or a reset to the running epoch's record inside a run: rule 7)
+        self.sim.check_restored(self.context.operator_id, checkpoint_id, state)
         p = self.context.parallelism
         if state is None:
             state = {"next": [0] * p, "sent": [[] for _ in range(p)], "effects": []}
         self.next = list(state["next"])
-        self.sent = [list(x) for x in state["sent"]]
-        self.effects = list(state["effects"])
+        self.sent = [self.items(x) for x in state["sent"]]
+        self.effects = self.items(state["effects"])
         self.snapshots = {checkpoint_id: self.snapshot()}
 
+    def items(self, state: Any) -> Any:
+        """A list of its state: :class:`Chunks` (``stored_parts``) or a plain list."""
+        return Chunks(state) if self.stored_parts else list(state)
+
+    @staticmethod
+    def items_snapshot(items: Any) -> Any:
+        return items.snapshot() if isinstance(items, Chunks) else list(items)
+
     def snapshot(self) -> dict[str, Any]:
-        return {"next": list(self.next), "sent": [list(x) for x in self.sent],
-                "effects": list(self.effects)}
+        return {"next": list(self.next), "sent": [self.items_snapshot(x) for x in self.sent],
+                "effects": self.items_snapshot(self.effects)}
 
     def _send(self, subtask: int, event: Any) -> None:
         fut = self.gateway(subtask).send_event(event)
@@ -146,7 +406,10 @@ class NumberingCoordinator(OperatorCoordinator):
 class AskingCoordinator(NumberingCoordinator):
     """Also answers requests: each gets the next unique id, and the answer is announced to the
     *next* subtask (an answer that another subtask acts on: a retry must not change it).
-    Every third answer comes later, from a parked future completed on the mailbox."""
+    Every third answer comes later, from a parked future completed on the mailbox.
+    Its snapshot has no parts (scripts/soak.py unpickles it as it is)."""
+
+    stored_parts = False
 
     def reset_to_checkpoint(self, checkpoint_id: int, state: Any) -> None:
         self.next_id = (state or {}).get("next_id", 0)
@@ -189,6 +452,7 @@ class AskingCoordinator(NumberingCoordinator):
         # the surviving attempt finished without these: undo their effects, and take back the
         # id each request was given (answered or still parked), to hand it out again
         for item in withdrawn:
+            assert isinstance(self.effects, list)
             self.effects.remove(item.item)
             if item.is_request:
                 given = next(a for r, a in self.answers if r == item.item)
@@ -216,8 +480,9 @@ class PerSubtaskCoordinator(NumberingCoordinator):
         # forget what the subtask did after the boundary; its held events failed: re-offer
         # them by rewinding the counter and the record of what was sent.
         self.next[subtask] = snap["next"][subtask]
-        self.sent[subtask] = list(snap["sent"][subtask])
-        self.effects = [e for e in self.effects if not (e[1] == subtask and e[2] >= checkpoint_id)]
+        self.sent[subtask] = self.items(snap["sent"][subtask])
+        assert isinstance(self.effects, Chunks)
+        self.effects.keep(lambda e: not (e[1] == subtask and e[2] >= checkpoint_id))
 
 
 # --------------------------------------------------------------------------- the tasks
@@ -271,6 +536,9 @@ class Simulation:
         self.runs = 0
         self.stats: Counter[str] = Counter()
         self.trace: list[str] = []
+        #: what a check on a mailbox found (an assertion there would only fail the job)
+        self.violations: list[str] = []
+        self.storage_crash: CrashPlan | None = None
         self._new_run()
 
     # --------------------------------------------------------------------------- runs
@@ -278,7 +546,8 @@ class Simulation:
         self.runs += 1
         self.mailboxes = ManualMailboxes()
         self.clock = ManualClock()
-        self.storage = CheckpointStorage(self.world.url, retain=2)
+        self.storage = SimStorage(self.world.url, self)
+        self._checked_mutations = -1  # the storage is checked after the run's first step
         self.service = CoordinationService(self.specs, self.storage, config=self.config,
                                            clock=self.clock, mailbox_factory=self.mailboxes,
                                            run_id=f"run{self.runs}")
@@ -291,9 +560,14 @@ class Simulation:
         self.failures_in_batch: Counter[SubtaskId] = Counter()
         self.zombies: list[Task] = []
 
-    def crash(self, why: str) -> None:
-        """The driver dies: everything volatile is lost. Spark restarts the query."""
+    def crash(self, why: str, storage_point: str | None = None) -> None:
+        """The driver dies: everything volatile is lost. Spark restarts the query.
+        ``storage_point``: it died inside a storage call (STORAGE_CRASH_POINTS)."""
         self.log(f"CRASH ({why}) in phase {self.phase}")
+        # the end of a run: what it leaves must hold parts to rule 3, and every record Spark
+        # logged that is left must restore to the state that was sealed in it
+        self.check_storage(storage_point)
+        self.check_logged_records()
         self.stats["crash"] += 1
         self._new_run()
         self.world.client_waiting = None  # its connection died: the client re-sends
@@ -307,7 +581,23 @@ class Simulation:
 
     # ------------------------------------------------------------------------ driver
     def driver_step(self, force_checkpoint: bool = False) -> None:
-        """Advance Spark's driver loop by one call."""
+        """Advance Spark's driver loop by one call (the driver may die inside a storage call
+        it makes). Only driver calls write or delete records and parts: the storage is checked
+        after each that did."""
+        storage = self.storage
+        try:
+            self._driver_step(force_checkpoint)
+        except DriverCrash as exc:
+            self.stats["storage-crash"] += 1
+            self.stats[f"storage-crash: {exc}"] += 1
+            self.crash(f"injected inside storage: {exc}", storage_point=str(exc))
+        else:
+            if self.storage is storage and storage.crashing.mutations != self._checked_mutations:
+                self._checked_mutations = storage.crashing.mutations
+                self.check_storage()
+        assert not self.violations, f"seed {self.seed}: {self.violations[0]}"
+
+    def _driver_step(self, force_checkpoint: bool) -> None:
         if self.service.failure is not None:
             self.crash(f"job failed: {self.service.failure}")
             return
@@ -358,7 +648,9 @@ class Simulation:
                 self.phase = "idle"
                 return
             assert exc is None, exc
-            self.record = self.service.seal(self.pending.result())
+            prepared = self.pending.result()
+            self.record = self.service.seal(prepared)
+            w.sealed[self.record.epoch] = self._handed_over(prepared)
             self.log(f"sealed epoch {self.record.epoch} with {self.record.event_count()} events")
             self.phase = "sealed"
         elif self.phase == "sealed":
@@ -652,7 +944,7 @@ class Simulation:
     def _inject_fault(self) -> None:
         rng = self.rng
         kind = rng.choice(["task", "task", "crash", "crash-idle", "crash-idle", "fail_job", "timeout",
-                           "zombie"])
+                           "zombie", "storage-crash"])
         if kind == "task" and self.phase == "running":
             running = [t for t in self.tasks.values() if not t.done]
             if running:
@@ -669,6 +961,13 @@ class Simulation:
                    for e in self.storage.read_uncommitted_inbound_log(self.cur_end)):
                 self.stats["withdrawal-replayed-after-commit"] += 1
             self.crash("injected after a commit")
+        elif (kind == "storage-crash" and self.stats["storage-crash-armed"] < 3
+              and self.storage_crash is None):
+            # the driver will die inside the next (or the one after, ...) storage call of this
+            # kind, in this run or a later one: writing a checkpoint's parts and record, or
+            # pruning
+            self.stats["storage-crash-armed"] += 1
+            self.storage_crash = CrashPlan(rng.choice(STORAGE_CRASH_POINTS), rng.randint(0, 2))
         elif kind == "fail_job" and self.stats["fail_job"] < 2:
             coord = self.coordinator(rng.choice(self.specs).name)
             if coord is not None:
@@ -696,7 +995,9 @@ class Simulation:
 
     # ------------------------------------------------------------------------- drain
     def drain(self, max_steps: int = 20_000) -> None:
-        """Run without faults until every number is delivered and the last batch completed."""
+        """Run without faults until every number is delivered and the last batch completed
+        (a crash inside storage planned before still comes: most checkpoints and prunings
+        of a simulation happen here)."""
         for _ in range(max_steps):
             self.mailboxes.run_all()
             self._complete_deferred(decline=False)
@@ -736,17 +1037,106 @@ class Simulation:
                 return False
         return True
 
+    # --------------------------------------------------------------------- state parts
+    @staticmethod
+    def _handed_over(prepared: PreparedCheckpoint) -> dict[str, Any]:
+        """The states the coordinators handed over for a record, parts included."""
+        return {name: plain(load_snapshot(snapshot, prepared.parts.__getitem__))
+                if snapshot is not None else None
+                for name, snapshot in prepared.snapshots.items()}
+
+    def check_restored(self, operator: str, checkpoint_id: int, state: Any) -> None:
+        """A coordinator is reset to ``checkpoint_id`` with ``state`` (its mailbox): the state
+        must be the one sealed in that record, every part read back equal to the one written
+        (same name, same value)."""
+        self.stats["restores-checked"] += 1
+        if checkpoint_id == NO_EPOCH:
+            want = None
+        else:
+            sealed = self.world.sealed.get(checkpoint_id)
+            if sealed is None:
+                self.violations.append(f"{operator} reset to {checkpoint_id}, never sealed")
+                return
+            want = sealed.get(operator)
+        got = plain(state)
+        if got != want:
+            self.violations.append(f"{operator} reset to {checkpoint_id} with {got}, but its "
+                                   f"record was sealed with {want}")
+        elif parts_in(state):
+            self.stats["restores-with-parts"] += 1
+
+    def check_storage(self, crashed_inside: str | None = None) -> None:
+        """Storage rule 3 at a step boundary (or where the driver died, ``crashed_inside``):
+        no record present names a missing part, ever; and once this run pruned (its first
+        pruning sweeps the parts of no record), no part is left that no record present names,
+        but for the ones explained below."""
+        ctx = f"seed {self.seed}"
+        storage = self.storage
+        named, present = storage.parts_named()
+        for epoch, names in named.items():
+            missing = names - present
+            assert not missing, (f"{ctx}: the record of epoch {epoch} names parts "
+                                 f"{sorted(missing)}, which are gone")
+        if not storage.pruned:
+            # parts of no record may be left by an earlier run that died between a part and
+            # its record, or while pruning: this run's first pruning sweeps them (checked
+            # right after it), and a restore does not read them
+            return
+        # explained: parts only a garbage record (an epoch Spark never logged) named, which
+        # this run's seal of that epoch replaced: the next pruning deletes them
+        explained = set(storage.replaced_names)
+        if crashed_inside in WRITE_CRASHES:
+            # died between the parts of a record and the record: they are named by nothing
+            # until the next run's first pruning sweeps them ("record write after" left the
+            # record itself, a garbage record naming them, so none is left here)
+            explained |= storage.crashing.written_parts
+        if crashed_inside in PRUNE_CRASHES:
+            # died while pruning: the records it deleted went first, their parts may be left
+            # (no part was deleted while a record present named it: checked above); the next
+            # run's first pruning sweeps them
+            explained |= storage.pruning_names
+        orphans = present - set().union(*named.values()) - explained
+        assert not orphans, (f"{ctx}: parts {sorted(orphans)} are left that no record present "
+                             f"names (records {sorted(named)}, after a pruning of run {self.runs}"
+                             f"{'; died inside ' + crashed_inside if crashed_inside else ''})")
+
+    def check_logged_records(self) -> None:
+        """Every record of an epoch Spark logged that is left restores, read by a storage that
+        caches nothing (every part read from its file and checked against its name), to the
+        state sealed in it; the newest one (the next run's restore point) is left."""
+        w = self.world
+        last = w.last_batch()
+        if last is None:
+            return
+        fresh = CheckpointStorage(w.url, retain=2)
+        present = set(fresh.record_epochs())
+        newest = w.offsets[last][1]
+        assert newest in present, f"seed {self.seed}: the record of logged epoch {newest} is gone"
+        for epoch in sorted({end for _, end in w.offsets.values()} & present):
+            record = fresh.read_record(epoch)
+            for name, want in w.sealed[epoch].items():
+                snapshot = record.snapshots[name]
+                got = plain(load_snapshot(snapshot, fresh.read_part, f"{name} of {epoch}")
+                            if snapshot is not None else None)
+                assert got == want, (f"seed {self.seed}: the record of epoch {epoch} reads "
+                                     f"back {name} as {got}, sealed as {want}")
+
     # --------------------------------------------------------------------- invariants
     def check_invariants(self) -> None:
         """Assert the exactly-once outcome in both directions (see the module docstring)."""
         w = self.world
         ctx = f"seed {self.seed}"
+        assert not self.violations, f"{ctx}: {self.violations}"
+        self.check_storage()
+        self.check_logged_records()
         committed = sorted(w.commits)
         assert committed, f"{ctx}: nothing committed"
         last_epoch = w.offsets[committed[-1]][1]
         record = self.storage.read_record(last_epoch)
         for spec in self.specs:
-            snap = pickle.loads(record.snapshots[spec.name])
+            snapshot = record.snapshots[spec.name]
+            assert snapshot is not None
+            snap = load_snapshot(snapshot, self.storage.read_part)
             coord = self.coordinator(spec.name)
             assert coord is not None
             for s in range(spec.parallelism):
@@ -757,8 +1147,8 @@ class Simulation:
                 # surviving snapshot says it sent before the boundary, once each, in order
                 # (and, for "ask", the answers it consumed: checked below)
                 received = [e for e in state if e[0] != "ans"]
-                assert received == snap["sent"][s], (
-                    f"{ctx}: {sid} holds {received}, coordinator sent {snap['sent'][s]}")
+                sent = list(Chunks(snap["sent"][s]))
+                assert received == sent, f"{ctx}: {sid} holds {received}, coordinator sent {sent}"
                 numbers = [e[2] for e in state if e[0] == "x"]
                 assert numbers == list(range(self.numbers_per_subtask)), (
                     f"{ctx}: {sid} numbers {numbers}")

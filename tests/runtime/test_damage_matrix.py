@@ -2,9 +2,10 @@
 older epoch. Each case ends in a clear error naming the file, or in a correct restore; never in
 a silent loss (issue 11; storage rule 4, subtask-state rule 4, docs/decisions.md 33).
 
-The job: a coordinator that keeps every event it received as its state, two subtasks that each
-send 3 events per batch and keep the events they sent as their state, 4 epochs (0..3), each
-sealed, run and committed. Then the checkpoint directory is damaged while quiesced, and a new
+The job: a coordinator that keeps every event it received as its state (the events of each
+batch in a state part of their own: core/stored.py, docs/decisions.md 60), two subtasks that
+each send 3 events per batch and keep the events they sent as their state, 4 epochs (0..3),
+each sealed, run and committed. Then the checkpoint directory is damaged while quiesced, and a new
 run restores from committed epoch 3 on a real local directory: the coordinator must hold all
 24 events (snapshot 3 + the replayed inbound log of batch 3), each subtask its 12.
 """
@@ -21,11 +22,13 @@ from typing import Any
 
 import pytest
 
-from sparkcoord import OperatorCoordinator
+from sparkcoord import OperatorCoordinator, StoredOnce
 from sparkcoord.core.errors import CorruptRecord
 from sparkcoord.core.ids import SubtaskId
 from sparkcoord.core.records import encode_log_entry
 from sparkcoord.core.restore import RestorePoint
+from sparkcoord.core.stored import snapshot_parts
+from sparkcoord.runtime.storage import CheckpointStorage
 from sparkcoord.runtime.subtask_state import SubtaskStateStore
 from sparkcoord.testing import CoordinatorHarness
 
@@ -36,20 +39,27 @@ NAME = "coordinator"
 
 
 class Keeper(OperatorCoordinator):
-    """Its state is every event it received, in order."""
+    """Its state is every event it received, in order: at each checkpoint, the events received
+    since the one before become a stored-once chunk (a state part), so a record names the
+    parts of every earlier batch and the newest record one part no older record names."""
 
     def __init__(self, context: Any) -> None:
         super().__init__(context)
         self.seen: list[Any] = []
+        self.chunks: list[StoredOnce[tuple[Any, ...]]] = []
 
     def reset_to_checkpoint(self, checkpoint_id: int, state: Any) -> None:
-        self.seen = list(state or [])
+        self.chunks = list(state or [])
+        self.seen = [e for chunk in self.chunks for e in chunk.value]
 
     def handle_event_from_operator(self, subtask: int, attempt: int, event: Any) -> None:
         self.seen.append(event)
 
     def checkpoint_coordinator(self, checkpoint_id: int, result: Future[Any]) -> None:
-        result.set_result(list(self.seen))
+        stored = sum(len(chunk.value) for chunk in self.chunks)
+        if len(self.seen) > stored:
+            self.chunks.append(StoredOnce(tuple(self.seen[stored:])))
+        result.set_result(list(self.chunks))
 
 
 def sid(subtask: int) -> SubtaskId:
@@ -120,11 +130,24 @@ def delete(path: Path) -> None:
 
 DAMAGE: dict[str, Callable[[Path], None]] = {"flip": flip, "truncate": truncate, "delete": delete}
 
-FILES: dict[str, Callable[[int], str]] = {
-    "record": lambda e: f"records/{e}.ckpt",
-    "inbound log": lambda e: f"inbound/{e}.log",
-    "log seal": lambda e: f"inbound/{e}.sealed",
-    "subtask state": lambda e: f"state/{NAME}/0/{e}.state",
+def first_part_of(root: Path, epoch: int) -> str:
+    """The state part the record of ``epoch`` names that the one before does not (the chunk of
+    the batch before it): every later record names it too, so a restore from 3 reads it."""
+    storage = CheckpointStorage(str(root))
+
+    def names(e: int) -> set[str]:
+        return set(snapshot_parts(storage.read_record(e).snapshots[NAME]))
+
+    (name,) = names(epoch) - names(epoch - 1)
+    return f"parts/{name}"
+
+
+FILES: dict[str, Callable[[Path, int], str]] = {
+    "record": lambda root, e: f"records/{e}.ckpt",
+    "inbound log": lambda root, e: f"inbound/{e}.log",
+    "log seal": lambda root, e: f"inbound/{e}.sealed",
+    "subtask state": lambda root, e: f"state/{NAME}/0/{e}.state",
+    "state part": first_part_of,
 }
 
 # what each case must end in: an error matching the pattern (which names the file), or a
@@ -153,6 +176,11 @@ EXPECTED: dict[tuple[str, str, str], str] = {
     ("subtask state", "older", "flip"): "restores",
     ("subtask state", "older", "truncate"): "restores",
     ("subtask state", "older", "delete"): "restores",
+    # the restore checks every part its record names against its name ({part}: the digest)
+    ("state part", "*", "flip"): r"parts/{part}: state part {part}: its bytes hash to [0-9a-f]{64}",
+    ("state part", "*", "truncate"):
+        r"parts/{part}: state part {part}: its bytes hash to [0-9a-f]{64}",
+    ("state part", "*", "delete"): r"state part {part} not found at .*parts/{part}",
 }
 
 
@@ -183,8 +211,9 @@ def test_a_damaged_file_is_a_clear_error_or_restores_correctly_never_a_silent_lo
         pristine: Path, tmp_path: Path, kind: str, which: str, damage: str) -> None:
     root = copy_of(pristine, tmp_path)
     epoch = NEWEST if which == "newest" else NEWEST - 1
-    path = root / FILES[kind](epoch)
-    expected = EXPECTED.get((kind, which, damage)) or EXPECTED[(kind, which, "*")]
+    path = root / FILES[kind](root, epoch)
+    expected = (EXPECTED.get((kind, which, damage)) or EXPECTED.get((kind, which, "*"))
+                or EXPECTED[(kind, "*", damage)]).replace("{part}", path.name)
     if expected == "pruned":
         assert not path.exists()
         return
@@ -271,3 +300,15 @@ def test_a_subtask_that_never_kept_state_restores_none_without_a_marker(tmp_path
     store = SubtaskStateStore.for_url(str(tmp_path))
     assert store.read_before(sid(0), 5, 4) is None
     assert not (tmp_path / "state" / NAME / "0" / "lineage").exists()
+
+
+def test_a_damaged_part_no_record_names_is_not_read_and_is_swept(
+        pristine: Path, tmp_path: Path) -> None:
+    # a run that died between writing a part and its record left it (storage rule 3): the
+    # restore does not read it, and the run's first pruning deletes it
+    root = copy_of(pristine, tmp_path)
+    stray = root / "parts" / ("ab" * 32)
+    stray.write_bytes(b"not a pickle, and not what its name hashes")
+    assert restore(str(root)) == expected_restore()
+    assert not stray.exists()
+    assert len(os.listdir(root / "parts")) == NEWEST  # the chunks of batches 0..2

@@ -1,8 +1,13 @@
 """Property: under random interleavings of sends, requests, checkpoints, declines, timeouts,
 task retries, lost acknowledgements and answers, late events of failed attempts, fail_job and
-driver crashes, the state that survives holds every event exactly once, in order, in both
+driver crashes (also inside storage: between a state part's write and its record's, and while
+pruning), the state that survives holds every event exactly once, in order, in both
 directions, and every answer a task saw stays the answer (retries and replayed batches get
-the logged one; every id handed out is consumed exactly once).
+the logged one; every id handed out is consumed exactly once). Coordinators keep state parts
+(core/stored.py) that change over time; every restore hands them the state sealed in the
+record it restored, parts read back included, no record present ever names a missing part,
+and after a run's first pruning no part is left that no record names (beyond what a crash
+inside storage explains: tests/runtime/simulation.py, ``check_storage``).
 
 The seed of every example is printed when it fails; replay one with
 ``SPARKCOORD_SEED=<seed> SPARKCOORD_STEPS=<steps> SPARKCOORD_PARALLELISM=<p>
@@ -17,7 +22,7 @@ from collections import Counter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.runtime.simulation import Simulation
+from tests.runtime.simulation import STORAGE_CRASH_POINTS, Simulation
 
 EXAMPLES = int(os.environ.get("SPARKCOORD_EXAMPLES", "500"))
 
@@ -58,5 +63,10 @@ def test_the_simulation_really_injects_every_kind_of_failure() -> None:
     for kind in ("crash", "task-failure", "fail_job", "declined", "timeout", "resend",
                  "zombie-refused", "batches", "answers", "lost-response", "retry-adopted",
                  "requests-replayed", "requests-replayed-after-commit", "resumed-with-history",
-                 "client-requests", "withdrawn", "crash-after-withdrawal"):
+                 "client-requests", "withdrawn", "crash-after-withdrawal",
+                 # state parts: written, read back at restores, pruned, swept as orphans, and
+                 # named by a garbage record that a later run's seal replaced
+                 "parts-written", "part-files-read", "restores-with-parts", "parts-deleted",
+                 "orphan-parts-swept", "garbage-record-replaced",
+                 *(f"storage-crash: {point}" for point in STORAGE_CRASH_POINTS)):
         assert totals[kind] > 0, f"no {kind} in 60 seeds: {dict(totals)}"
