@@ -39,21 +39,36 @@ NAME = "coordinator"
 
 
 class Keeper(OperatorCoordinator):
-    """Its state is every event it received, in order: at each checkpoint, the events received
-    since the one before become a stored-once chunk (a state part), so a record names the
-    parts of every earlier batch and the newest record one part no older record names."""
+    """Its state is every event it received, in order (one plain pickle; tests/test_inspect.py
+    builds on it)."""
 
     def __init__(self, context: Any) -> None:
         super().__init__(context)
         self.seen: list[Any] = []
+
+    def reset_to_checkpoint(self, checkpoint_id: int, state: Any) -> None:
+        self.seen = list(state or [])
+
+    def handle_event_from_operator(self, subtask: int, attempt: int, event: Any) -> None:
+        self.seen.append(event)
+
+    def checkpoint_coordinator(self, checkpoint_id: int, result: Future[Any]) -> None:
+        result.set_result(list(self.seen))
+
+
+class ChunkKeeper(Keeper):
+    """The damage matrix's coordinator: a :class:`Keeper` whose state at each checkpoint holds
+    the events received since the one before as a stored-once chunk (a state part), so a
+    record names the parts of every earlier batch and the newest record one part no older
+    record names."""
+
+    def __init__(self, context: Any) -> None:
+        super().__init__(context)
         self.chunks: list[StoredOnce[tuple[Any, ...]]] = []
 
     def reset_to_checkpoint(self, checkpoint_id: int, state: Any) -> None:
         self.chunks = list(state or [])
         self.seen = [e for chunk in self.chunks for e in chunk.value]
-
-    def handle_event_from_operator(self, subtask: int, attempt: int, event: Any) -> None:
-        self.seen.append(event)
 
     def checkpoint_coordinator(self, checkpoint_id: int, result: Future[Any]) -> None:
         stored = sum(len(chunk.value) for chunk in self.chunks)
@@ -72,7 +87,7 @@ def events_of(subtask: int, upto: int = EPOCHS) -> list[str]:
 
 def build_job(root: Path) -> str:
     url = str(root / "ckpt")
-    h = CoordinatorHarness(Keeper, P, storage_url=url)
+    h = CoordinatorHarness(ChunkKeeper, P, storage_url=url)
     h.start()
     store = SubtaskStateStore.for_url(url)
     previous: int | None = None
@@ -94,10 +109,10 @@ def build_job(root: Path) -> str:
 
 def restore(url: str) -> tuple[list[Any], list[Any]]:
     """A new run from committed epoch 3: the coordinator's events and each subtask's state."""
-    h = CoordinatorHarness(Keeper, P, storage_url=url)
+    h = CoordinatorHarness(ChunkKeeper, P, storage_url=url)
     h.start(RestorePoint(NEWEST, committed=True))
     coordinator = h.coordinator
-    assert isinstance(coordinator, Keeper)
+    assert isinstance(coordinator, ChunkKeeper)
     store = SubtaskStateStore.for_url(url)
     states = []
     for s in range(P):
