@@ -132,11 +132,20 @@ def test_the_file_source_checks_see_the_package() -> None:
 
 #: packages that have no Spark layer yet: they import neither pyspark nor the adapter (their
 #: builders will, as the file source's stream.py does, and only those)
-NO_SPARK_YET = (PACKAGE / "sources" / "postgres", PACKAGE / "sinks")
+NO_SPARK_YET = (PACKAGE / "sinks",)
+#: the PostgreSQL source reaches Spark only through its builder (sources/postgres/stream.py),
+#: which imports pyspark inside its functions only (the package runs in Spark's processes too)
+POSTGRES_SOURCE = PACKAGE / "sources" / "postgres"
+POSTGRES_TO_SPARK = ("stream",)
 
 
-@pytest.mark.parametrize("path", sorted(p for d in NO_SPARK_YET for p in d.rglob("*.py")),
-                         ids=lambda p: str(p.relative_to(PACKAGE)))
+def no_spark_modules() -> list[pathlib.Path]:
+    return sorted([*(p for d in NO_SPARK_YET for p in d.rglob("*.py")),
+                   *(p for p in POSTGRES_SOURCE.rglob("*.py")
+                     if p.stem not in POSTGRES_TO_SPARK)])
+
+
+@pytest.mark.parametrize("path", no_spark_modules(), ids=lambda p: str(p.relative_to(PACKAGE)))
 def test_the_postgres_source_and_the_lake_sinks_import_no_spark_and_no_file_source(
         path: pathlib.Path) -> None:
     for module in imported_modules(path, nested=True):
@@ -147,7 +156,21 @@ def test_the_postgres_source_and_the_lake_sinks_import_no_spark_and_no_file_sour
                     and parts[2] in FILE_SOURCE), f"{path.relative_to(PACKAGE)} imports {module}"
 
 
+@pytest.mark.parametrize("name", POSTGRES_TO_SPARK)
+def test_the_postgres_builder_imports_pyspark_only_inside_functions_and_no_file_source(
+        name: str) -> None:
+    path = POSTGRES_SOURCE / f"{name}.py"
+    top = {m for m in imported_modules(path, nested=False) if m.split(".")[0] == "pyspark"}
+    assert not top, f"sources/postgres/{name}.py imports {sorted(top)} at its top"
+    for module in imported_modules(path, nested=True):
+        parts = module.split(".")
+        assert not (parts[:2] == ["sparkcoord", "sources"] and len(parts) > 2
+                    and parts[2] in FILE_SOURCE), f"sources/postgres/{name}.py imports {module}"
+
+
 def test_the_no_spark_checks_see_the_postgres_source_and_the_sinks() -> None:
     # guard against a glob that silently finds nothing
-    names = {p.name for d in NO_SPARK_YET for p in d.rglob("*.py")}
+    names = {p.name for p in no_spark_modules()}
     assert {"pgoutput.py", "watermarks.py", "enumerator.py", "delta.py", "iceberg.py"} <= names
+    assert "stream.py" not in names
+    assert "sparkcoord.spark.spec" in imported_modules(POSTGRES_SOURCE / "stream.py")

@@ -24,3 +24,14 @@ def parse_seconds(name: str, value: str) -> float:
         3600.0 if unit.startswith("h") else 86400.0 if unit.startswith("d") else (
             604800.0 if unit.startswith("w") else 1.0))
     return float(match[1]) * scale
+
+
+def parse_int(name: str, value: str) -> int:
+    """A whole number >= 1; an error naming option ``name`` otherwise. Any thread."""
+    try:
+        number = int(str(value).strip())
+    except ValueError:
+        raise ValueError(f"option {name!r}: expected an integer, got {value!r}") from None
+    if number < 1:
+        raise ValueError(f"option {name!r}: must be >= 1, got {value!r}")
+    return number

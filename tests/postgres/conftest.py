@@ -43,7 +43,7 @@ def plain_options(postgres_server: PostgresServer, database: str) -> ConnectionO
 
 @pytest.fixture
 def admin(admin_options: ConnectionOptions) -> Iterator[Any]:
-    """A superuser session with the source's session settings (connection.py rule 4)."""
+    """A superuser session with the source's session settings (connection.py rule 5)."""
     conn = admin_options.connect()
     try:
         yield conn

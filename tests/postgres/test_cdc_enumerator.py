@@ -2,8 +2,9 @@
 CoordinatorHarness (manual mailboxes, manual workers, no server): chunk planning runs on a
 worker and never on the mailbox, the stream goes out only in a batch after the checkpoint that
 holds the complete snapshot, the slot is confirmed only after the batch holding the reported
-position committed, and a restore from a checkpoint taken in the middle of the snapshot neither
-loses nor repeats a chunk."""
+position committed, the stream reads up to a bound learned off the mailbox that joins the state
+at a boundary, an availableNow run reads to the position it started at and ends, and a restore
+from a checkpoint taken in the middle of the snapshot neither loses nor repeats a chunk."""
 
 from __future__ import annotations
 
@@ -12,14 +13,18 @@ import pickle
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import pytest
+
+from sparkcoord.core.errors import RequestFailed
 from sparkcoord.core.restore import RestorePoint
 from sparkcoord.sources.postgres.chunks import Chunk, ChunkPlanner, PlannerState
 from sparkcoord.sources.postgres.enumerator import EnumeratorIO, PostgresEnumerator
 from sparkcoord.sources.postgres.names import TableName
 from sparkcoord.sources.postgres.splits import (
     NextChunk,
+    NextStreamRead,
     SnapshotChunk,
-    StreamProgress,
+    StreamBound,
     StreamSplit,
 )
 from sparkcoord.sources.splits import NoSplitNow
@@ -55,6 +60,7 @@ class FakeIO(EnumeratorIO):
         self.on_mailbox: list[bool] = []
         self.set_ups = 0
         self.advanced: list[int] = []
+        self.insert_lsn = 5000
 
     def _mailbox(self) -> bool:
         assert self.harness is not None
@@ -88,6 +94,10 @@ class FakeIO(EnumeratorIO):
         self.on_mailbox.append(self._mailbox())
         self.advanced.append(lsn)
         return lsn
+
+    def insert_position(self) -> int:
+        self.on_mailbox.append(self._mailbox())
+        return self.insert_lsn
 
 
 class Readers:
@@ -127,11 +137,11 @@ class Readers:
 
 def harness(io: FakeIO, runner: ManualRunner, slot_runner: ManualRunner, *, url: str,
             parallelism: int = 2, tables: Sequence[TableName] = (ORDERS,),
-            startup: str = "initial") -> CoordinatorHarness:
+            startup: str = "initial", available_now: bool = False) -> CoordinatorHarness:
     provider = functools.partial(PostgresEnumerator, io=lambda: io, tables=tuple(tables),
                                  startup=startup, plan_ahead=4, runner=runner,
-                                 slot_runner=slot_runner)
-    h = CoordinatorHarness(provider, parallelism, storage_url=url)
+                                 slot_runner=slot_runner, poll_interval_s=0.5)
+    h = CoordinatorHarness(provider, parallelism, storage_url=url, available_now=available_now)
     io.harness = h
     return h
 
@@ -230,12 +240,8 @@ def test_the_stream_goes_out_only_in_a_batch_after_the_checkpoint_holding_the_wh
     assert not any(io.on_mailbox)
 
 
-def test_the_slot_is_confirmed_only_after_the_batch_holding_the_reported_position_committed(
-        tmp_path: Any) -> None:
-    io = FakeIO({ORDERS: []}, chunk_size=10)
-    runner, slot_runner = ManualRunner(), ManualRunner()
-    h = harness(io, runner, slot_runner, url=f"file://{tmp_path}/ckpt", startup="latest")
-    h.start()
+def stream_out(h: CoordinatorHarness, runner: ManualRunner) -> StreamSplit:
+    """A ``latest`` source's stream, handed to subtask 0."""
     runner.run_all()
     h.run()
     h.checkpoint()  # the slot exists at this boundary
@@ -243,10 +249,21 @@ def test_the_slot_is_confirmed_only_after_the_batch_holding_the_reported_positio
     h.commit()
     h.checkpoint()
     stream = h.request_from_subtask(0, NextChunk())
+    assert isinstance(stream, StreamSplit)
+    return stream
+
+
+def test_the_slot_is_confirmed_only_after_the_batch_holding_the_reported_position_committed(
+        tmp_path: Any) -> None:
+    io = FakeIO({ORDERS: []}, chunk_size=10)
+    runner, slot_runner = ManualRunner(), ManualRunner()
+    h = harness(io, runner, slot_runner, url=f"file://{tmp_path}/ckpt", startup="latest")
+    h.start()
+    stream = stream_out(h, runner)
     assert stream == StreamSplit()  # latest: no map, from the slot's confirmed position
     h.commit()
     h.checkpoint()
-    h.send_from_subtask(0, StreamProgress(5000))  # what the previous batch read to
+    h.request_from_subtask(0, NextStreamRead(5000))  # what the previous batch read to
     slot_runner.run_all()
     h.run()
     assert io.advanced == []  # the batch holding it has not committed
@@ -255,14 +272,79 @@ def test_the_slot_is_confirmed_only_after_the_batch_holding_the_reported_positio
     slot_runner.run_all()
     h.run()
     assert io.advanced == [5000] and status(h)["confirmed_lsn"] == 5000
-    # idle tables: the reader reports the flush position it peeked to; the slot follows
+    # idle tables: the reader reports the bound it read to; the slot follows
     h.checkpoint()
-    h.send_from_subtask(0, StreamProgress(5100))
+    h.request_from_subtask(0, NextStreamRead(5100))
     h.commit()
     slot_runner.run_all()
     h.run()
     assert io.advanced == [5000, 5100]
     assert not any(io.on_mailbox)
+
+
+def test_the_stream_reads_up_to_a_bound_learned_off_the_mailbox_that_joins_at_a_boundary(
+        tmp_path: Any) -> None:
+    io = FakeIO({ORDERS: []}, chunk_size=10)
+    runner, slot_runner = ManualRunner(), ManualRunner()
+    h = harness(io, runner, slot_runner, url=f"file://{tmp_path}/ckpt", startup="latest")
+    h.start()
+    stream_out(h, runner)
+    assert h.request_from_subtask(0, NextStreamRead()) == StreamBound(0)  # nothing learned yet
+    h.commit()
+    io.insert_lsn = 7000
+    h.clock.advance(0.5)  # a poll tick: the insert position is asked for on the slot worker
+    h.run()
+    assert len(slot_runner.queued) == 1
+    slot_runner.run_all()
+    h.run()
+    # learned, but the running batch's answers stay what the checkpointed state says
+    h.checkpoint()
+    assert h.request_from_subtask(0, NextStreamRead(0)) == StreamBound(7000)
+    # a retry of the task asks again and gets the logged answer, whatever was learned since
+    io.insert_lsn = 9000
+    h.clock.advance(0.5)
+    h.run()
+    slot_runner.run_all()
+    h.run()
+    h.retry_task(0)
+    assert h.request_from_subtask(0, NextStreamRead(0), seq=0) == StreamBound(7000)
+    h.finish_task(0)
+    h.commit()
+    h.checkpoint()
+    assert h.request_from_subtask(0, NextStreamRead(7000)) == StreamBound(9000)
+    # only the stream's reader reads it
+    with pytest.raises(RequestFailed, match="the stream is subtask 0's"):
+        h.request_from_subtask(1, NextStreamRead(7000))
+    assert h.service.failure is not None
+    assert not any(io.on_mailbox)
+
+
+def test_an_available_now_run_reads_the_stream_to_where_it_started_and_then_asks_no_batch(
+        tmp_path: Any) -> None:
+    io = FakeIO({ORDERS: []}, chunk_size=10)
+    io.insert_lsn = 8000
+    runner, slot_runner = ManualRunner(), ManualRunner()
+    h = harness(io, runner, slot_runner, url=f"file://{tmp_path}/ckpt", startup="latest",
+                available_now=True)
+    h.start()
+    slot_runner.run_all()  # the run's end, learned once at start
+    h.run()
+    stream_out(h, runner)
+    assert h.request_from_subtask(0, NextStreamRead()) == StreamBound(8000)
+    h.commit()
+    h.clock.advance(5.0)  # no polling in an availableNow run
+    h.run()
+    assert not slot_runner.queued
+    h.checkpoint()
+    h.request_from_subtask(0, NextStreamRead(6000))  # short of the end: another batch
+    h.commit()
+    assert h.coordinator._work_left()  # type: ignore[attr-defined]
+    h.checkpoint()
+    h.request_from_subtask(0, NextStreamRead(8000))  # at the end: nothing more is asked
+    h.commit()
+    slot_runner.run_all()
+    h.run()
+    assert not h.coordinator._work_left()  # type: ignore[attr-defined]
 
 
 def test_a_restore_from_a_checkpoint_mid_snapshot_neither_loses_nor_repeats_a_chunk(

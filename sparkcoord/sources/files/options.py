@@ -18,7 +18,7 @@ from typing import Any
 from sparkcoord.sources.alignment import OPTION_NAMES, AlignmentOptions
 from sparkcoord.sources.files.metadata import METADATA_COLUMN, metadata_field
 from sparkcoord.sources.parsing import MODES, corrupt_column_problem
-from sparkcoord.sources.values import parse_seconds
+from sparkcoord.sources.values import parse_int, parse_seconds
 
 FORMATS = ("parquet", "csv", "json")
 DISCOVERY_MODES = ("listing", "lexical")
@@ -74,16 +74,6 @@ def parse_bool(name: str, value: str) -> bool:
     if text in ("false", "0", "no"):
         return False
     raise ValueError(f"option {name!r}: expected true or false, got {value!r}")
-
-
-def parse_int(name: str, value: str) -> int:
-    try:
-        number = int(str(value).strip())
-    except ValueError:
-        raise ValueError(f"option {name!r}: expected an integer, got {value!r}") from None
-    if number < 1:
-        raise ValueError(f"option {name!r}: must be >= 1, got {value!r}")
-    return number
 
 
 def parse_bytes(name: str, value: str) -> int:

@@ -1,4 +1,5 @@
-"""PostgreSQL change data capture (issue 27): its layers without Spark.
+"""PostgreSQL change data capture (issue 27): ``PostgresCDC(job).option("tables", ...).load(url)``
+gives a streaming DataFrame of the tables' changes (docs/cdc.md).
 
 - ``pgoutput.py``: the sans-IO decoder of pgoutput's messages (protocol version 1).
 - ``values.py``: column values from their text form, and their Arrow types.
@@ -13,7 +14,16 @@
 - ``enumerator.py``: the coordinator: chunk planning off the mailbox, the hand-over to the
   stream, the slot confirmed after the batch commits.
 - ``reader.py``: the executor side: watermarked chunk reads, the stream, Arrow record batches.
+- ``stream.py``: the builder, :class:`PostgresCDC`: options, the tables' shapes read in the
+  driver program, the coordinated operator; the only module that reaches the Spark adapter.
 
-Nothing here imports pyspark; psycopg (the ``postgres`` extra) is imported by the I/O modules
-only (connection.py and reader.py lazily, replication.py at its top).
+Nothing here imports pyspark at a module's top (stream.py does inside its functions); psycopg
+(the ``postgres`` extra) is imported by the I/O modules only (connection.py and reader.py
+lazily, replication.py at its top).
 """
+
+from __future__ import annotations
+
+from sparkcoord.sources.postgres.stream import PostgresCDC
+
+__all__ = ["PostgresCDC"]

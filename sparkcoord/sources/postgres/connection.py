@@ -19,7 +19,13 @@ Rules:
      connection is a :class:`ConnectionRefused` naming host, port, database and user and the
      server's reason, with any secret's text replaced by ``***`` and the driver's exception
      not chained.
-  4. Every session sets ``DateStyle=ISO``, ``TimeZone=UTC``, ``bytea_output=hex``,
+  4. A server that cannot be reached, or is starting up or shutting down (a restart), is
+     waited for when the caller asks (``retry_s``; the enumerator's and the readers'
+     connections wait :data:`RECONNECT_S`): :meth:`ConnectionOptions.connect` tries again,
+     pausing 0.2 s doubling to 5 s, logging one WARNING; a refused login (a wrong password,
+     an unknown role or database) fails at once. libpq gives no SQLSTATE for a failed
+     connection, so which is which is told by its message (:func:`transient_refusal`).
+  5. Every session sets ``DateStyle=ISO``, ``TimeZone=UTC``, ``bytea_output=hex``,
      ``extra_float_digits=3`` and ``client_encoding=UTF8`` (after the user's own
      ``options``, so they win): values.py reads the text forms these give.
 
@@ -43,10 +49,25 @@ log = logging.getLogger(__name__)
 SECRET_KEYWORDS = frozenset({"password", "sslpassword"})
 #: option names accepted besides libpq's own keywords
 ALIASES = {"database": "dbname", "username": "user"}
-#: rule 4
+#: rule 5
 SESSION_SETTINGS = ("-c DateStyle=ISO -c TimeZone=UTC -c bytea_output=hex "
                     "-c extra_float_digits=3")
 MASK = "***"
+#: how long the enumerator's and the readers' connections wait for a server that is down
+RECONNECT_S = 60.0
+#: libpq's messages for a server that is not there (yet): rule 4
+_TRANSIENT = ("connection refused", "could not connect", "starting up", "shutting down",
+              "in recovery mode", "too many clients", "closed the connection unexpectedly",
+              "no such file or directory", "timeout expired", "connection timed out",
+              "terminating connection", "server closed the connection")
+
+
+def transient_refusal(message: str) -> bool:
+    """Whether libpq's ``message`` for a failed connection says the server was not reachable
+    or not accepting connections yet (rule 4), rather than that it refused the login. Any
+    thread."""
+    text = message.lower()
+    return any(needle in text for needle in _TRANSIENT)
 
 
 class Secret:
@@ -166,10 +187,31 @@ class ConnectionOptions:
         return make_conninfo(**dict(self.params))
 
     def connect(self, *, autocommit: bool = True, application_name: str = "sparkcoord",
-                **extra: Any) -> Any:
-        """A psycopg connection with the session settings of rule 4, or a
-        :class:`ConnectionRefused` (rule 3). Called in the process and thread that will use
-        the connection: the coordinator's reader thread, an executor's task."""
+                retry_s: float = 0.0, **extra: Any) -> Any:
+        """A psycopg connection with the session settings of rule 5, or a
+        :class:`ConnectionRefused` (rule 3), waiting up to ``retry_s`` for a server that is
+        not reachable yet (rule 4). Called in the process and thread that will use the
+        connection: the enumerator's workers, an executor's task."""
+        import random
+        import time
+
+        deadline = time.monotonic() + retry_s
+        pause = 0.2
+        warned = False
+        while True:
+            try:
+                return self._connect_once(autocommit, application_name, extra)
+            except ConnectionRefused as e:
+                if not e.transient or time.monotonic() + pause > deadline:
+                    raise
+                if not warned:
+                    log.warning("%s; trying again for up to %.0f s", e, retry_s)
+                    warned = True
+                time.sleep(pause * (0.75 + random.random() / 2))
+                pause = min(pause * 2, 5.0)
+
+    def _connect_once(self, autocommit: bool, application_name: str,
+                      extra: dict[str, Any]) -> Any:
         import psycopg
 
         kwargs: dict[str, Any] = dict(self.params)
@@ -184,9 +226,9 @@ class ConnectionOptions:
         try:
             return psycopg.connect(autocommit=autocommit, **kwargs)
         except psycopg.OperationalError as e:
-            raise self.refused(str(e)) from None
+            raise self.refused(str(e), transient=transient_refusal(str(e))) from None
 
-    def refused(self, reason: str) -> ConnectionRefused:
+    def refused(self, reason: str, transient: bool = False) -> ConnectionRefused:
         """The error for a connection the server refused or could not be made (rule 3). Any
         thread."""
         t = self.target()
@@ -197,7 +239,7 @@ class ConnectionOptions:
             message += (" (the password given in the options stays in the driver program and "
                         "is never sent to other processes or checkpoints: supply it here "
                         "through PGPASSWORD or a passfile)")
-        return ConnectionRefused(message)
+        return ConnectionRefused(message, transient)
 
     def scrub(self, text: str) -> str:
         """``text`` with every secret's value replaced by ``***``. Any thread."""

@@ -30,26 +30,40 @@ Rules:
      Startup mode ``latest`` reads no snapshot: the stream (no map, from the slot's confirmed
      position) goes out after the first boundary at which the slot exists.
   4. The slot is confirmed (``replication.advance``) only in ``notify_checkpoint_complete``:
-     a :class:`StreamProgress` reported in the batch of epoch ``e`` (the position the reader's
-     previous batch read to) is confirmed once a checkpoint ``>= e`` is notified committed,
-     never before. The stream reader reports at every batch, also when the tables are idle
-     (its peek then reads to the WAL flush position: replication.py rule 4), so a quiet
-     publication holds WAL for no longer than about two batches. Nothing is confirmed during
+     the position a :class:`NextStreamRead` reported in the batch of epoch ``e`` (where the
+     reader's previous batch read to) is confirmed once a checkpoint ``>= e`` is notified
+     committed, never before. The stream reader reports at every batch, also when the
+     tables are idle (it then read to the bound it was given: replication.py rule 4), so a
+     quiet publication holds WAL for no longer than about two batches. Nothing is confirmed during
      the snapshot: chunk reads peek the slot from the position it had when the source
      started, and the stream needs every transaction after the least high watermark. The
      batch that hands the stream out confirms its start (the least high watermark) once it
      commits: everything before it is in the snapshot, committed before that batch ran, and
      a peek reads from the confirmed position, so a stream that starts far behind would
      otherwise re-read what it skips at every batch.
-  5. A task retry that withdraws requests (``handle_items_withdrawn``) puts what their
+  5. How far the stream reads (splits.py rule 5): every ``poll_interval_s`` once the stream
+     is built, the enumerator learns the WAL insert position on the slot runner (a record
+     boundary, so confirming it never skips a commit record that straddles it) and asks for
+     a batch; the position joins the state at the next boundary (rule 2) as the stream's
+     bound, and each :class:`NextStreamRead` is answered with it (a :class:`StreamBound`).
+     So changes arrive within about a poll interval plus a batch, an idle publication still
+     confirms the slot (rule 4), and a batch that runs again reads the same transactions.
+     The stream reader asks for the next batch itself when its read stopped short of the
+     bound (``max_changes_per_batch``). In an ``availableNow`` run
+     (``CoordinatorContext.available_now``) there is no polling: the enumerator learns the
+     insert position once, when the run starts, and that is the bound; it asks for batches
+     until the stream reader reports a position at or past it (a report arrives a batch
+     after its read, rule 4), so a run that ends has read every transaction committed before
+     it started. The confirmation of the run's last batch then waits for the next run.
+  6. A task retry that withdraws requests (``handle_items_withdrawn``) puts what their
      answers handed out back: chunks to the front of the pending list, the stream split to be
      handed out again; finished reports it withdrew are undone (the chunk is in flight to the
-     subtask again, which reports it again). A withdrawn progress report is forgotten (its
+     subtask again, which reports it again). A withdrawn stream report is forgotten (its
      epoch's position is then confirmed by a later report: never too far).
 
 Thread model: every callback on the coordinator's mailbox; the :class:`EnumeratorIO`'s
-``set_up``/``plan`` on the planning runner and ``advance`` on the slot runner, each one call at
-a time, their results posted back to the mailbox.
+``set_up``/``plan`` on the planning runner and ``advance``/``insert_position`` on the slot
+runner, each one call at a time, their results posted back to the mailbox.
 """
 
 from __future__ import annotations
@@ -67,8 +81,9 @@ from sparkcoord.sources.postgres.chunks import Chunk, PlannerState
 from sparkcoord.sources.postgres.names import TableName
 from sparkcoord.sources.postgres.splits import (
     NextChunk,
+    NextStreamRead,
     SnapshotChunk,
-    StreamProgress,
+    StreamBound,
     StreamSplit,
 )
 from sparkcoord.sources.postgres.watermarks import ChunkProgress, StreamFilter
@@ -97,6 +112,10 @@ class EnumeratorIO(abc.ABC):
     @abc.abstractmethod
     def advance(self, lsn: int) -> int:
         """Confirm the slot at ``lsn``; the confirmed position afterwards."""
+
+    @abc.abstractmethod
+    def insert_position(self) -> int:
+        """The WAL insert position now: the stream's next bound (rule 5)."""
 
     def close(self) -> None:  # noqa: B027 - optional: an I/O without connections has none
         """Release connections (any thread)."""
@@ -128,6 +147,8 @@ class CdcEnumeratorState:
     reported: dict[int, int] = field(default_factory=dict)
     #: the slot's position as last confirmed (for status; rule 4)
     confirmed: int = 0
+    #: how far the stream may read (rule 5): a WAL insert position learned before a boundary
+    stream_bound: int = 0
 
 
 def run_on_thread(work: Callable[[], None]) -> None:
@@ -151,6 +172,7 @@ class PostgresEnumerator(OperatorCoordinator):
     def __init__(self, context: CoordinatorContext, io: Callable[[], EnumeratorIO],
                  tables: Sequence[TableName], *, startup: str = INITIAL,
                  plan_ahead: int | None = None, max_chunks_per_batch: int | None = None,
+                 poll_interval_s: float = 0.5,
                  runner: Callable[[Callable[[], None]], None] = run_on_thread,
                  slot_runner: Callable[[Callable[[], None]], None] = run_on_thread) -> None:
         super().__init__(context)
@@ -162,7 +184,10 @@ class PostgresEnumerator(OperatorCoordinator):
         if max_chunks_per_batch is not None and max_chunks_per_batch < 1:
             raise ValueError(f"max_chunks_per_batch must be >= 1 or None, got "
                              f"{max_chunks_per_batch}")
+        if poll_interval_s <= 0:
+            raise ValueError(f"poll_interval_s must be positive, got {poll_interval_s}")
         self._make_io = io
+        self.poll_interval_s = poll_interval_s
         self.tables = tuple(tables)
         self.startup = startup
         self.plan_ahead = plan_ahead or max(16, 4 * context.parallelism)
@@ -177,13 +202,19 @@ class PostgresEnumerator(OperatorCoordinator):
         self._ready: list[_Planned] = []
         self._epoch = -1
         self._committed = -1
-        #: chunks handed out in the running batch (rule 5's per-batch limit)
+        #: chunks handed out in the running batch (``max_chunks_per_batch``)
         self._batch_chunks = 0
-        #: chunks reported finished in the running batch, for a withdrawal (rule 5)
+        #: chunks reported finished in the running batch, for a withdrawal (rule 6)
         self._finished_now: dict[str, SnapshotChunk] = {}
         self._advancing = False
         self._advance_target = 0
         self._confirmed = 0
+        self._poll: Any = None
+        self._learning = False
+        #: the newest insert position learned, joining the state at the next boundary (rule 5)
+        self._learned_bound = 0
+        #: an availableNow run's end: the WAL insert position when it started (rule 5)
+        self._run_end: int | None = None
 
     # ------------------------------------------------------------------ lifecycle (mailbox)
     def reset_to_checkpoint(self, checkpoint_id: int, state: Any) -> None:
@@ -207,9 +238,15 @@ class PostgresEnumerator(OperatorCoordinator):
         if self._work_left():
             self.context.request_batch()
         self._plan_more()
+        if self.context.available_now:
+            self._learn_bound()
+        else:
+            self._poll = self.context.call_periodically(self.poll_interval_s, self._polled)
 
     def close(self) -> None:
         self._closed = True
+        if self._poll is not None:
+            self._poll.cancel()
         io = self._io
 
         def release() -> None:
@@ -311,12 +348,15 @@ class PostgresEnumerator(OperatorCoordinator):
                 state.stream = StreamSplit()
             state.progress = {}
             self.context.request_batch()
+        state.stream_bound = max(state.stream_bound, self._learned_bound)
         state.reported = {e: p for e, p in state.reported.items() if e > self._committed}
         state.confirmed = self._confirmed
         self._epoch = checkpoint_id
         self._batch_chunks = 0
         self._finished_now = {}
         self._plan_more()
+        if self._stream_behind_run_end():
+            self.context.request_batch()
         result.set_result(state)
 
     def _snapshot_complete(self) -> bool:
@@ -326,11 +366,13 @@ class PostgresEnumerator(OperatorCoordinator):
         return (not s.planners and not s.pending and not s.in_flight
                 and all(p.done for p in s.progress.values()))
 
-    # ------------------------------------------------------------------ requests (rules 3, 5)
+    # ------------------------------------------------------------------ requests (rules 3, 6)
     def handle_request(self, subtask: int, attempt: int, request: Any) -> Any:
+        if isinstance(request, NextStreamRead):
+            return self._stream_read(subtask, request)
         if not isinstance(request, NextChunk):
             raise TypeError(f"PostgreSQL source {self.context.operator_id!r}: subtask {subtask} "
-                            f"sent {request!r}; readers ask with NextChunk")
+                            f"sent {request!r}; readers ask with NextChunk or NextStreamRead")
         state = self.state
         for split_id, hw in request.finished:
             entry = state.in_flight.pop(split_id, None)
@@ -369,16 +411,68 @@ class PostgresEnumerator(OperatorCoordinator):
     def _work_left(self) -> bool:
         s = self.state
         return bool(s.pending or s.planners or not s.set_up or s.stream is not None
-                    or self._ready)
+                    or self._ready or self._stream_behind_run_end())
+
+    # ------------------------------------------------------------------ the stream (rule 5)
+    def _stream_read(self, subtask: int, request: NextStreamRead) -> StreamBound:
+        state = self.state
+        if subtask != state.stream_owner:
+            raise ValueError(f"PostgreSQL source {self.context.operator_id!r}: subtask "
+                             f"{subtask} reads the stream, but the stream is subtask "
+                             f"{state.stream_owner}'s")
+        if request.read_to is not None:
+            previous = state.reported.get(self._epoch, 0)
+            state.reported[self._epoch] = max(previous, request.read_to)
+        return StreamBound(state.stream_bound)
+
+    def _polled(self) -> None:
+        """A poll tick (mailbox): once the stream is built, learn a new bound; a batch
+        follows."""
+        if self.state.stream_owner is not None or self.state.stream is not None:
+            self._learn_bound()
+
+    def _learn_bound(self) -> None:
+        if self._learning or self._closed:
+            return
+        self._learning = True
+        post = self.context.run_in_coordinator_thread
+
+        def work() -> None:
+            try:
+                position = self._get_io().insert_position()
+            except Exception as exc:  # noqa: BLE001 - reported on the mailbox
+                error = exc
+                post(lambda: self._failed("reading the WAL insert position", error))
+                return
+            post(lambda: self._bound_learned(position))
+
+        self._slot_runner(work)
+
+    def _bound_learned(self, position: int) -> None:
+        self._learning = False
+        if self._closed:
+            return
+        self._learned_bound = max(self._learned_bound, position)
+        if self.context.available_now and self._run_end is None:
+            self._run_end = position
+            log.info("PostgreSQL source %s: this availableNow run reads the stream to %s",
+                     self.context.operator_id, position)
+        if self._work_left() or self.state.stream_owner is not None:
+            self.context.request_batch()
+
+    def _stream_behind_run_end(self) -> bool:
+        """An availableNow run's stream has not yet been reported past the run's end (or the
+        end is not known yet)."""
+        if not self.context.available_now or self.state.stream_owner is None:
+            return False
+        if self._run_end is None:
+            return True
+        read = max([self.state.confirmed, self._confirmed, *self.state.reported.values()])
+        return read < self._run_end
 
     def handle_event_from_operator(self, subtask: int, attempt: int, event: Any) -> None:
-        if isinstance(event, StreamProgress):
-            if subtask != self.state.stream_owner:
-                raise ValueError(f"PostgreSQL source {self.context.operator_id!r}: subtask "
-                                 f"{subtask} reports stream progress, but the stream is "
-                                 f"subtask {self.state.stream_owner}'s")
-            previous = self.state.reported.get(self._epoch, 0)
-            self.state.reported[self._epoch] = max(previous, event.read_to)
+        raise TypeError(f"PostgreSQL source {self.context.operator_id!r}: subtask {subtask} "
+                        f"sent event {event!r}; its readers send requests only")
 
     def handle_items_withdrawn(self, subtask: int, attempt: int,
                                withdrawn: list[Withdrawn]) -> None:
@@ -386,8 +480,9 @@ class PostgresEnumerator(OperatorCoordinator):
         back: list[SnapshotChunk] = []
         for item in reversed(withdrawn):
             request = item.item
-            if isinstance(request, StreamProgress) and not item.is_request:
-                state.reported.pop(self._epoch, None)
+            if isinstance(request, NextStreamRead):
+                if request.read_to is not None:
+                    state.reported.pop(self._epoch, None)
                 continue
             if not item.is_request or not isinstance(request, NextChunk):
                 continue
@@ -468,8 +563,11 @@ class PostgresEnumerator(OperatorCoordinator):
 
 class PostgresEnumeratorIO(EnumeratorIO):
     """The enumerator's I/O against a server: one connection for planning and one for the
-    slot, each opened on first use in the worker that uses it (rule 1). Driver side: the
-    options keep their password (connection.py rule 2)."""
+    slot, each opened on first use in the worker that uses it (rule 1). A connection the
+    server closed (a restart) is opened again and the call made again, once: every call here
+    is idempotent (ensure, read, advance never backwards), and opening waits for the server
+    (connection.py rule 4). Where the options were unpickled (Spark's source runner) they hold
+    no password: libpq's environment supplies it (connection.py rule 2)."""
 
     def __init__(self, options: Any, slot: str, publication: str, chunk_size: int,
                  chunk_key_columns: dict[TableName, str] | None = None) -> None:
@@ -478,67 +576,99 @@ class PostgresEnumeratorIO(EnumeratorIO):
         self.publication = publication
         self.chunk_size = chunk_size
         self.chunk_key_columns = dict(chunk_key_columns or {})
-        self._planning: Any = None
-        self._slot: Any = None
+        self._conns: dict[str, Any] = {}
 
-    def _planning_conn(self) -> Any:
-        if self._planning is None:
-            self._planning = self.options.connect(application_name="sparkcoord-cdc-planner")
-        return self._planning
+    def _call(self, role: str, action: Callable[[Any], Any]) -> Any:
+        """``action(connection)`` on the ``role`` connection ("planner" or "slot"), again on a
+        new connection if the server closed this one."""
+        import psycopg
+
+        from sparkcoord.sources.postgres.connection import RECONNECT_S
+
+        for attempt in (1, 2):
+            conn = self._conns.get(role)
+            if conn is None or conn.closed:
+                conn = self._conns[role] = self.options.connect(
+                    application_name=f"sparkcoord-cdc-{role}", retry_s=RECONNECT_S)
+            try:
+                return action(conn)
+            except psycopg.OperationalError as e:
+                self._drop(role)
+                if attempt == 2:
+                    raise
+                log.warning("PostgreSQL source: the %s connection to %s was lost (%s); "
+                            "connecting again", role, self.options.describe(),
+                            self.options.scrub(str(e)).strip().splitlines()[0])
+        raise AssertionError("unreachable")
+
+    def _drop(self, role: str) -> None:
+        conn = self._conns.pop(role, None)
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:  # noqa: BLE001 - closing is best effort
+                log.debug("closing a PostgreSQL connection failed", exc_info=True)
 
     def set_up(self, tables: Sequence[TableName], snapshot: bool) -> dict[TableName, PlannerState]:
         from sparkcoord.sources.postgres import catalog, replication
         from sparkcoord.sources.postgres.splits import TableShape
 
-        conn = self._planning_conn()
-        planners: dict[TableName, PlannerState] = {}
-        for table in tables:
-            shape = TableShape.of(catalog.table_info(conn, table),
-                                  self.chunk_key_columns.get(table))
-            planners[table] = PlannerState(table, shape.chunk_key_column, self.chunk_size)
-        replication.ensure_publication(conn, self.publication, list(tables))
-        replication.ensure_slot(conn, self.slot)
-        return planners if snapshot else {}
+        def work(conn: Any) -> dict[TableName, PlannerState]:
+            planners: dict[TableName, PlannerState] = {}
+            for table in tables:
+                shape = TableShape.of(catalog.table_info(conn, table),
+                                      self.chunk_key_columns.get(table))
+                planners[table] = PlannerState(table, shape.chunk_key_column, self.chunk_size)
+            replication.ensure_publication(conn, self.publication, list(tables))
+            replication.ensure_slot(conn, self.slot)
+            return planners if snapshot else {}
+
+        result: dict[TableName, PlannerState] = self._call("planner", work)
+        return result
 
     def plan(self, planners: dict[TableName, PlannerState], want: int
              ) -> tuple[list[Chunk], dict[TableName, PlannerState]]:
         from sparkcoord.sources.postgres import catalog
         from sparkcoord.sources.postgres.chunks import ChunkPlanner
 
-        conn = self._planning_conn()
-        out: list[Chunk] = []
-        after = dict(planners)
-        for table, state in planners.items():
-            if state.done:
-                continue
-            planner = ChunkPlanner.restored(state)
-            while len(out) < want:
-                chunk = catalog.next_chunk(conn, planner)
-                if chunk is None:
+        def work(conn: Any) -> tuple[list[Chunk], dict[TableName, PlannerState]]:
+            out: list[Chunk] = []
+            after = dict(planners)
+            for table, state in planners.items():
+                if state.done:
+                    continue
+                planner = ChunkPlanner.restored(state)
+                while len(out) < want:
+                    chunk = catalog.next_chunk(conn, planner)
+                    if chunk is None:
+                        break
+                    out.append(chunk)
+                after[table] = planner.state
+                if len(out) >= want:
                     break
-                out.append(chunk)
-            after[table] = planner.state
-            if len(out) >= want:
-                break
-        return out, after
+            return out, after
+
+        result: tuple[list[Chunk], dict[TableName, PlannerState]] = self._call("planner", work)
+        return result
 
     def advance(self, lsn: int) -> int:
         from sparkcoord.sources.postgres import replication
         from sparkcoord.sources.postgres.reader import while_slot_busy
 
-        if self._slot is None:
-            self._slot = self.options.connect(application_name="sparkcoord-cdc-slot")
-        conn = self._slot
-        confirmed: int = while_slot_busy(lambda: replication.advance(conn, self.slot, lsn),
-                                         60.0, "confirming the slot")
-        return confirmed
+        def work(conn: Any) -> int:
+            confirmed: int = while_slot_busy(
+                lambda: replication.advance(conn, self.slot, lsn), 60.0, "confirming the slot")
+            return confirmed
+
+        result: int = self._call("slot", work)
+        return result
+
+    def insert_position(self) -> int:
+        from sparkcoord.sources.postgres import replication
+
+        result: int = self._call("slot", replication.current_insert_lsn)
+        return result
 
     def close(self) -> None:
-        for conn in (self._planning, self._slot):
-            if conn is not None:
-                try:
-                    conn.close()
-                except Exception:  # noqa: BLE001 - closing is best effort
-                    log.debug("closing a PostgreSQL connection failed", exc_info=True)
-        self._planning = self._slot = None
-
+        for role in list(self._conns):
+            self._drop(role)

@@ -2,22 +2,27 @@
 replication stream, and emits Arrow record batches.
 
 Rules:
-  1. A batch of a reader that has no stream: report the chunks finished in earlier batches
-     with their high watermarks (the first :class:`NextChunk`, from the checkpointed state:
-     splits.py rule 3), then take chunks until the answer is :class:`NoSplitNow` (or
+  1. A batch of a reader that has no stream: emit the rows of the chunks the previous batch
+     read (kept in the checkpointed state as Arrow IPC bytes: splits.py rule 5) and report
+     those chunks with their high watermarks (the first :class:`NextChunk`: splits.py rule
+     3), then take chunks until the answer is :class:`NoSplitNow` (or
      ``max_chunks_per_batch``), reading each whole (watermarks.py rules 1 and 2:
-     :func:`read_chunk_watermarked`) and keeping its high watermark to report next batch. A
-     reader that finished chunks asks for another batch to report them.
+     :func:`read_chunk_watermarked`) into the state, to be emitted and reported by the next
+     batch. A reader that read chunks asks for that batch.
   2. The stream: the reader that got the :class:`StreamSplit` keeps a
      :class:`StreamPosition` in its state (the split itself is not kept: its map lives in the
-     position until the stream is past it, watermarks.py rule 5). Every later batch first
-     sends :class:`StreamProgress` with the position its previous batch read to (the
-     enumerator confirms the slot there once this batch commits), then peeks the slot after
-     that position, at most ``max_changes_per_batch`` changes (whole transactions), and
-     asks for another batch when more are waiting. A peek is asked for up to three times
-     that many messages, as the slot's confirmed position trails the reader by one or two
-     batches and what was read but not yet confirmed comes back first. A peek that finds
-     the slot held by another session (readers peek it at once; the enumerator advances it)
+     position until the stream is past it, watermarks.py rule 5). Each batch that reads the
+     stream first asks :class:`NextStreamRead` with the position its previous batch read to
+     (the enumerator confirms the slot there once this batch commits) and gets the
+     :class:`StreamBound` ``U``; it waits until the WAL is flushed to ``U`` and reads the
+     transactions ending after its position and at or before ``U``, in commit order, whole
+     transactions while they keep it within ``max_changes_per_batch`` changes (at least
+     one): :func:`read_stream`. So what it reads depends only on the position, ``U`` and the
+     WAL (splits.py rule 5). It asks for another batch when it stopped short of ``U``. A peek
+     counts the messages from the slot's confirmed position, which trails the reader by a
+     batch or two, so it is asked for three times the limit, and for four times as many
+     again while it was cut short before the reader's limit or ``U``. A peek that finds the
+     slot held by another session (readers peek it at once; the enumerator advances it)
      tries again after a short random pause, for up to ``flush_wait_s``.
   3. Rows are converted from their text form by values.py (a chunk is read as text too, so
      both halves convert alike) and become record batches of :func:`arrow_schema`: the
@@ -71,8 +76,9 @@ from sparkcoord.sources.postgres.pgoutput import (
 )
 from sparkcoord.sources.postgres.splits import (
     NextChunk,
+    NextStreamRead,
     SnapshotChunk,
-    StreamProgress,
+    StreamBound,
     StreamSplit,
     TableShape,
 )
@@ -471,36 +477,53 @@ class StreamRead:
     transactions: int
 
 
-def read_stream(conn: Any, config: ReaderConfig, position: StreamPosition,
+def read_stream(conn: Any, config: ReaderConfig, position: StreamPosition, upto: int,
                 order: KeyOrder | None = None) -> StreamRead:
-    """The changes after ``position``, at most about ``max_changes_per_batch`` (rule 2)."""
+    """The transactions ending after ``position`` and at or before ``upto``, in commit order,
+    whole ones while they keep the read within ``max_changes_per_batch`` changes (at least
+    one): a function of the position, ``upto`` and the WAL (rule 2)."""
     from sparkcoord.sources.postgres import replication
 
+    if upto <= position.after:
+        return StreamRead([], position, False, 0)
+    wait_for_flush(conn, upto, config.flush_wait_s)
     limit = config.max_changes_per_batch
     after = position.after
-    peek = while_slot_busy(
-        lambda: replication.peek(conn, config.slot, config.publication,
-                                 upto_nchanges=3 * limit, after_lsn=after),
-        config.flush_wait_s, "reading the stream")
+    messages = 3 * limit
+
+    def peek_up_to(messages: int) -> Any:
+        return while_slot_busy(
+            lambda: replication.peek(conn, config.slot, config.publication,
+                                     upto_nchanges=messages, upto_lsn=upto, after_lsn=after),
+            config.flush_wait_s, "reading the stream")
+
+    while True:
+        peek = peek_up_to(messages)
+        taken: list[Transaction] = []
+        size, full, past = 0, False, False
+        for tx in peek.transactions:
+            if tx.end_lsn > upto:
+                past = True
+                break
+            if taken and size + len(tx.changes) + 2 > limit:
+                full = True
+                break
+            taken.append(tx)
+            size += len(tx.changes) + 2
+        if full or past or not peek.cut_short:
+            break
+        messages *= 4  # cut short before the reader's limit or the bound: ask for more
     decoders = {s.table: RowDecoder(s) for s in config.shapes}
     order = order or KeyOrder(conn, config.shapes)
     rows: list[OutRow] = []
-    taken = 0
-    read_to, more = peek.read_to, peek.cut_short
-    count = 0
-    for tx in peek.transactions:
-        if taken and taken + len(tx.changes) + 2 > limit:
-            read_to, more = position.after, True
-            break
+    for tx in taken:
         changes = decode_transaction(tx, decoders)
         flt = position.filter
         rows.extend(stream_rows(changes, flt, order.locate(flt) if flt is not None else None))
-        taken += len(tx.changes) + 2
-        count += 1
         position = position.moved_to(tx.end_lsn)
-    else:
-        position = position.moved_to(read_to)
-    return StreamRead(rows, position, more, count)
+    if not full:
+        position = position.moved_to(upto)
+    return StreamRead(rows, position, full, len(taken))
 
 
 # -- the operator (rules 1 and 2) --------------------------------------------------------------
@@ -508,8 +531,10 @@ def read_stream(conn: Any, config: ReaderConfig, position: StreamPosition,
 
 @dataclass
 class PostgresReaderState:
-    #: chunks finished in earlier batches and not yet reported: (split id, high watermark)
+    #: chunks read by the previous batch, to be reported: (split id, high watermark)
     unreported: list[tuple[str, int]] = field(default_factory=list)
+    #: their rows, to be emitted with the report (Arrow IPC streams; splits.py rule 5)
+    staged: list[bytes] = field(default_factory=list)
     #: the stream's position, once this reader has it
     position: StreamPosition | None = None
 
@@ -524,6 +549,7 @@ class PostgresReader(SubtaskOperator):
         self._conn: Any = None
 
     def open(self, context: SubtaskContext, state: Any) -> None:
+        """Spark task's thread, before the batch's rows: the state of the previous epoch."""
         super().open(context, state)
         if state is not None and not isinstance(state, PostgresReaderState):
             raise TypeError(f"reader {context.operator_id}[{context.subtask}]: restored state is "
@@ -533,18 +559,25 @@ class PostgresReader(SubtaskOperator):
 
     def _connection(self) -> Any:
         if self._conn is None:
+            from sparkcoord.sources.postgres.connection import RECONNECT_S
+
             self._conn = (self._connect() if self._connect is not None
-                          else self.config.options.connect(application_name="sparkcoord-cdc"))
+                          else self.config.options.connect(application_name="sparkcoord-cdc",
+                                                           retry_s=RECONNECT_S))
         return self._conn
 
     def process(self) -> Iterator[Any]:
+        """The batch's rows (Spark task's thread): rules 1 and 2."""
         state = self.state
         if state.position is not None:
-            self.context.send_event(StreamProgress(state.position.after))
-            yield from self._stream()
+            yield from self._stream(state.position.after)
             return
+        for staged in state.staged:  # rule 1: what the previous batch read
+            for batch in pa.ipc.open_stream(staged):
+                self.rows += batch.num_rows
+                yield batch
         report = tuple(state.unreported)
-        state.unreported = []
+        state.unreported, state.staged = [], []
         taken = 0
         while True:
             answer = self.context.request(NextChunk(report))
@@ -553,27 +586,33 @@ class PostgresReader(SubtaskOperator):
                 break
             if isinstance(answer, StreamSplit):
                 state.position = StreamPosition(answer.start, answer.filter)
-                yield from self._stream()
+                yield from self._stream(None)
                 break
             if not isinstance(answer, SnapshotChunk):
                 raise TypeError(f"reader {self.context.operator_id}: the enumerator answered "
                                 f"{answer!r}")
             rows, high = read_chunk_watermarked(self._connection(), self.config, answer)
             out = snapshot_rows(answer.table, rows, high)
-            self.rows += len(out)
             if out:
-                yield record_batch(out, self.schema)
+                sink = pa.BufferOutputStream()
+                with pa.ipc.new_stream(sink, self.schema) as writer:
+                    writer.write_batch(record_batch(out, self.schema))
+                state.staged.append(sink.getvalue().to_pybytes())
             state.unreported.append((answer.split_id, high))
             taken += 1
             if (self.config.max_chunks_per_batch is not None
                     and taken >= self.config.max_chunks_per_batch):
                 break
         if state.unreported:
-            self.context.request_batch()  # rule 1: report them
+            self.context.request_batch()  # rule 1: emit and report them
 
-    def _stream(self) -> Iterator[Any]:
+    def _stream(self, read_to: int | None) -> Iterator[Any]:
         assert self.state.position is not None
-        read = read_stream(self._connection(), self.config, self.state.position)
+        bound = self.context.request(NextStreamRead(read_to))
+        if not isinstance(bound, StreamBound):
+            raise TypeError(f"reader {self.context.operator_id}: the enumerator answered "
+                            f"{bound!r} to NextStreamRead")
+        read = read_stream(self._connection(), self.config, self.state.position, bound.upto)
         self.state.position = read.position
         self.rows += len(read.rows)
         if read.rows:
@@ -582,11 +621,14 @@ class PostgresReader(SubtaskOperator):
             self.context.request_batch()
 
     def snapshot_state(self) -> Any:
-        if not self.state.unreported and self.state.position is None:
+        """Spark task's thread, after the batch's rows: what the next batch starts from."""
+        state = self.state
+        if not state.unreported and not state.staged and state.position is None:
             return None
-        return self.state
+        return state
 
     def close(self) -> None:
+        """Spark task's thread, at the task's end."""
         if self._conn is not None:
             self._conn.close()
             self._conn = None

@@ -130,6 +130,13 @@ def current_wal_lsn(conn: psycopg.Connection[Any]) -> int:
     return lsn_from_text(_one(conn, "SELECT pg_current_wal_lsn()::text")[0])
 
 
+def current_insert_lsn(conn: psycopg.Connection[Any]) -> int:
+    """The WAL insert position (``pg_current_wal_insert_lsn()``): the end of the last WAL
+    record reserved, a record boundary, so no commit record starts before it and ends after
+    it; what the stream reads up to (enumerator.py rule 5)."""
+    return lsn_from_text(_one(conn, "SELECT pg_current_wal_insert_lsn()::text")[0])
+
+
 def current_flush_lsn(conn: psycopg.Connection[Any]) -> int:
     """The WAL flush position (``pg_current_wal_flush_lsn()``), the most a peek reads
     (rule 3)."""

@@ -13,12 +13,20 @@ Rules:
      repeatable (a task retry reads the chunk again, at a later high watermark), and
      every item a subtask sends is compared byte for byte when a retry sends it again
      (decision 36): so nothing a read returns is sent in the batch that read it. The same
-     holds for :class:`StreamProgress`, the stream reader's report of the position its
+     holds for :class:`NextStreamRead`, the stream reader's report of the position its
      previous batch read to, sent at the start of the next batch.
   4. A :class:`TableShape` is what a reader needs of a captured table: its columns (name,
      type oid, type modifier), its row key (the primary key, or the chunk key column for a
      table without one) and its chunk key column, which must be one of the row key's columns
      (watermarks.py rule 3).
+  5. What a batch emits is a function of what is durable before it runs (its subtask's state
+     of the previous epoch and its logged answers), so a batch that runs again after a
+     restart (Spark re-runs the last batch whose commit it did not log, also when the sink
+     had already committed it) emits exactly what it emitted before: a chunk's rows are
+     emitted by the batch *after* the one that read them, from the reader's checkpointed
+     state, together with the chunk's high-watermark report; the stream is read after the
+     position in that state and up to the :class:`StreamBound` the enumerator answered
+     (logged), at most ``max_changes_per_batch`` changes in whole transactions, in order.
 
 Thread model: none (immutable values).
 """
@@ -77,12 +85,23 @@ class NextChunk:
 
 
 @dataclass(frozen=True)
-class StreamProgress:
-    """The stream reader's report (rule 3): its previous batch read every transaction ending
-    before ``read_to`` (replication.py's ``Peek.read_to``); the slot may be confirmed there
-    once the batch this report arrives in commits."""
+class NextStreamRead:
+    """The stream reader's request at the start of each of its batches (rules 3 and 5):
+    its previous batch read every transaction ending at or before ``read_to`` (None in the
+    batch that got the stream), so the slot may be confirmed there once this batch commits;
+    and "how far may this batch read?"."""
 
-    read_to: int
+    read_to: int | None = None
+
+
+@dataclass(frozen=True)
+class StreamBound:
+    """The enumerator's answer to :class:`NextStreamRead` (rule 5): read the transactions
+    ending after your position and at or before ``upto``, a WAL insert position (a record
+    boundary: no commit record starts before it and ends after it) the enumerator learned
+    before this batch; 0: nothing yet."""
+
+    upto: int
 
 
 @dataclass(frozen=True)
