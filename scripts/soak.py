@@ -16,6 +16,10 @@ Scenarios:
                fail_job at a split chosen by the seed (one local session; ~10 s per seed)
   files-kill   the same job killed with SIGKILL at a kill point and epoch chosen by the seed,
                a wave of files written while it is down, then restarted (~35 s per seed)
+  cdc          the PostgreSQL source (tests/spark/cdc_job.py) on a PostgreSQL started for the
+               scenario, two writer processes going on; by seed a task failure, a fail_job, or
+               a driver SIGKILL in the snapshot, at the hand-over, in the stream or at a sink
+               commit, then a restart (about 1-2 minutes per seed)
   aligned      watermark alignment: two directories at 1x and 20x in an aligned availableNow
                run into a windowed count, P readers, bounded or continuous, a task failure
                or a fail_job chosen by the seed (one local session; ~20 s per seed)
@@ -331,10 +335,100 @@ def soak_aligned(seeds: list[int]) -> dict[str, Any]:
 #: Requests (issue 12): only the simulation has a requesting operator so far.
 ANSWER_COLUMNS = ("answers", "lost answers", "duplicated answers", "diverging answers")
 
+def soak_cdc(seeds: list[int]) -> dict[str, Any]:
+    """The PostgreSQL source (tests/spark/cdc_job.py) on a PostgreSQL 15 of its own, two writer
+    processes going on, with, by seed: a task failure, a fail_job, or the driver killed with
+    SIGKILL in the snapshot, at the hand-over, in the stream or at a sink commit (then
+    restarted). Each run is judged by ``cdc_job.judge``."""
+    import pathlib
+    import random
+
+    from tests.postgres_server import PostgresServer
+    from tests.spark import cdc_job
+    from tests.spark.test_cdc_driver_kill import killed_and_restarted
+
+    kinds = ["task", "fail_job", "cdc-snapshot", "cdc-handover", "cdc-stream", "sink-committed"]
+    row = {"runs": 0, "passes": 0, "lost": 0, "duplicated": 0, "out of order": 0,
+           "failed seeds": []}
+    server = PostgresServer()
+    server.start()
+    try:
+        for seed in seeds:
+            rng = random.Random(seed)
+            kind = kinds[seed % len(kinds)]
+            workdir = pathlib.Path(tempfile.mkdtemp(prefix=f"soak-cdc-{kind}-{seed}-"))
+            error, verdict = None, None
+            try:
+                if kind in ("task", "fail_job"):
+                    verdict = _cdc_in_session(server, workdir, kind, seed)
+                else:
+                    epoch = {"cdc-snapshot": rng.randint(1, 6), "cdc-handover": 0,
+                             "cdc-stream": rng.randint(10, 20),
+                             "sink-committed": rng.randint(2, 20)}[kind]
+                    verdict = killed_and_restarted(server, workdir, kind, epoch, seed)
+                    kind = f"{kind}@{epoch}"
+            except Exception as exc:  # noqa: BLE001 - a failed seed, reported in the table
+                error = f"{type(exc).__name__}: {exc}"
+            row["runs"] += 1
+            if verdict is not None:
+                row["lost"] += (verdict["missing"] + verdict["wrong"]
+                                + verdict["transactions_missing"])
+                row["duplicated"] += (verdict["changes_twice"] + verdict["extra"]
+                                      + verdict["snapshot_rows_twice"]
+                                      + verdict["transactions_in_stream_and_snapshot"])
+                row["out of order"] += verdict["out_of_order"]
+            clean = verdict is not None and all(verdict[k] == 0 for k in cdc_job.CLEAN)
+            if error is None and clean:
+                row["passes"] += 1
+                shutil.rmtree(workdir, ignore_errors=True)
+            else:
+                row["failed seeds"].append(f"{seed} {kind} ({workdir}): "
+                                           f"{(error or str(verdict))[:120]}")
+    finally:
+        server.stop()
+    return row
+
+
+def _cdc_in_session(server: Any, workdir: Any, failure: str, seed: int) -> dict[str, int]:
+    """One run of the job as a process of its own (its Spark processes inherit PGPASSWORD)."""
+    import subprocess
+
+    env = dict(os.environ, PYTHONPATH=REPO)
+    database = server.create_database(f"t_soak_{failure}_{seed}")
+    from tests.postgres_server import ADMIN_PASSWORD, ADMIN_USER
+
+    url = server.url(database, ADMIN_USER, ADMIN_PASSWORD)
+    env["CDC_URL"] = url
+    import psycopg
+
+    from tests.spark import cdc_job
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        cdc_job.create_tables(conn)
+        writers = cdc_job.start_writers(url, str(workdir), [seed, seed + 1], transactions=500,
+                                        pause_s=0.06)
+        try:
+            run = subprocess.run([sys.executable, "-m", "tests.spark.cdc_job", "run",
+                                  str(workdir), failure, str(seed)], cwd=REPO, env=env,
+                                 start_new_session=True, timeout=600, capture_output=True,
+                                 text=True)
+        finally:
+            for w in writers:
+                w.wait(300)
+        if run.returncode != 0:
+            raise RuntimeError(f"the job exited {run.returncode}: {run.stderr[-300:]}")
+        if not os.listdir(os.path.join(str(workdir), "markers")):
+            raise RuntimeError("no failure was injected")
+        verdict: dict[str, int] = cdc_job.judge(str(workdir), conn)
+        conn.execute("SELECT pg_drop_replication_slot(%s)",
+                      ((workdir / "slot").read_text(),))
+    return verdict
+
+
 SCENARIOS = {"simulation": soak_simulation, "two-speeds": soak_two_speeds,
              "driver-kill": soak_driver_kill, "cluster": soak_cluster,
              "files-task": soak_files_task, "files-fail-job": soak_files_fail_job,
-             "files-kill": soak_files_kill, "aligned": soak_aligned}
+             "files-kill": soak_files_kill, "aligned": soak_aligned, "cdc": soak_cdc}
 
 
 def main() -> int:

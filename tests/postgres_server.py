@@ -159,6 +159,14 @@ class PostgresServer:
             conn.execute(f"CREATE ROLE {ADMIN_USER} LOGIN SUPERUSER PASSWORD '{ADMIN_PASSWORD}'")
             conn.execute(f"CREATE ROLE {PLAIN_USER} LOGIN PASSWORD '{PLAIN_PASSWORD}'")
 
+    def restart(self, down_s: float = 0.0) -> None:
+        """Stop the server (fast: every session is ended), stay down ``down_s`` seconds, start
+        it again on the same port and data: a PostgreSQL restart in the middle of a test."""
+        self._run("pg_ctl", "-D", str(self.data), "-w", "-t", "60", "stop", "-m", "fast")
+        time.sleep(down_s)
+        self._run("pg_ctl", "-D", str(self.data), "-l", str(self.root / "server.log"),
+                  "-w", "-t", "60", "start")
+
     def stop(self) -> None:
         """Rule 4: fast, then immediate, then SIGKILL; then the directory goes. Idempotent."""
         if self._started and self.data.exists():

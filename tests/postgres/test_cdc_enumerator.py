@@ -211,6 +211,9 @@ def test_the_stream_goes_out_only_in_a_batch_after_the_checkpoint_holding_the_wh
     assert len(readers.read) == len(set(readers.read)) == 10  # 5 + 5 chunks, each once
     # the batch whose requests completed the snapshot got no stream: its checkpoint is not taken
     assert status(h)["phase"] == "snapshot"
+    # but it asked for the next batch, whose boundary sees the snapshot complete (no reader
+    # has anything left to ask for)
+    assert h.service.wants_batch()
     h.checkpoint()  # the boundary that holds the complete snapshot
     done_at = h.epoch
     assert status(h)["phase"] == "hand-over"

@@ -384,6 +384,8 @@ class PostgresEnumerator(OperatorCoordinator):
             state.progress[chunk.table].chunk_finished(chunk.index, hw)
             state.chunks_finished += 1
             self._finished_now[split_id] = chunk
+        if request.finished and self._work_left():
+            self.context.request_batch()  # e.g. the last report: a boundary completes the snapshot
         stream = state.stream
         if (stream is not None and state.snapshot_done_at is not None
                 and self._epoch > state.snapshot_done_at):
@@ -409,9 +411,14 @@ class PostgresEnumerator(OperatorCoordinator):
         return NoSplitNow()
 
     def _work_left(self) -> bool:
+        """Whether another batch is needed: chunks to plan, hand out or hear back from, a
+        snapshot whose completion a boundary has yet to see (the last report arrives in a
+        batch, and only the next boundary builds the stream), the stream to hand out, or an
+        availableNow run's stream short of its end. Mailbox thread."""
         s = self.state
-        return bool(s.pending or s.planners or not s.set_up or s.stream is not None
-                    or self._ready or self._stream_behind_run_end())
+        return bool(s.pending or s.planners or not s.set_up or s.in_flight
+                    or (s.snapshot_done_at is None and self.startup == INITIAL)
+                    or s.stream is not None or self._ready or self._stream_behind_run_end())
 
     # ------------------------------------------------------------------ the stream (rule 5)
     def _stream_read(self, subtask: int, request: NextStreamRead) -> StreamBound:
