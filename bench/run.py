@@ -13,7 +13,9 @@ Spark's own file stream source: throughput, planning per trigger, skew, discover
 alignment (watermark alignment: aggregation state and batch time aligned vs unaligned, its cost
 when already aligned), backfill (many small files packed into few splits: local files
 against Spark's file source, objects on S3 against plain concurrent reads), backlog (what a
-trigger writes and plans while 100,000 files wait, against the same state written whole).
+trigger writes and plans while 100,000 files wait, against the same state written whole),
+cdc_state (the PostgreSQL source's enumerator state once its stream took over a snapshot of
+1,000 and 10,000 chunks, against keeping every chunk).
 Each measures its baseline in the same run; the report gives medians and ratios.
 """
 
@@ -30,7 +32,7 @@ from typing import Any
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
-IN_PROCESS = ["core", "seal", "durability", "memory", "backlog"]
+IN_PROCESS = ["core", "seal", "durability", "memory", "backlog", "cdc_state"]
 ON_SPARK = ["batches", "channel", "recovery", "filesource", "alignment", "backfill"]
 OWN_SESSION = ["requests"]  # starts a Spark session of its own, in a subprocess
 

@@ -422,17 +422,24 @@ def run_job(spark: Any, workdir: str, url: str, failure: str = "none", seed: int
     slot = default_slot_name(job.checkpoint_dir, SOURCE)
     with open(os.path.join(workdir, "slot"), "w") as f:
         f.write(slot)
-    conn = psycopg.connect(url, autocommit=True)
-
+    conns = [_connect(url)]
     started: list[bool] = []
 
     def until() -> bool:
         if on_running is not None and not started:
             started.append(True)
             on_running()
+        try:
+            return done(conns[0])
+        except psycopg.OperationalError:  # the server restarted (a test does that)
+            conns[0].close()
+            conns[0] = _connect(url)
+            return False
+
+    def done(conn: Any) -> bool:
         rows = record_sample(workdir, conn, slot)
-        logged, seen, done = writer_logs(workdir)
-        if not seen or done < seen:
+        logged, seen, finished = writer_logs(workdir)
+        if not seen or finished < seen:
             return False
         last_high = max((r["lsn"] for r in rows if r["op"] == "r"), default=0)
         xids = {r["xid"] for r in rows if r["op"] != "r"}
@@ -443,7 +450,7 @@ def run_job(spark: Any, workdir: str, url: str, failure: str = "none", seed: int
     try:
         return job.run(writer, until=until, poll_s=0.3, timeout_s=timeout_s)
     finally:
-        conn.close()
+        conns[0].close()
 
 
 def main() -> None:

@@ -21,8 +21,6 @@ from typing import Any
 import psycopg
 import pytest
 
-from sparkcoord.sources.postgres import PostgresCDC
-from sparkcoord.spark import CoordinatedJob
 from tests.postgres_server import ADMIN_PASSWORD, ADMIN_USER, PostgresServer, postgres_server
 from tests.spark import cdc_job
 
@@ -130,13 +128,3 @@ def test_a_postgresql_restart_in_the_middle_of_the_stream_is_survived_each_chang
     assert {k: verdict[k] for k in cdc_job.CLEAN} == dict.fromkeys(cdc_job.CLEAN, 0), (
         f"seed {seed}: {verdict}")
     assert verdict["transactions_streamed_whole"] > 20
-
-
-def test_a_missing_table_is_an_error_naming_it_when_the_source_is_built(
-        spark: Any, postgres_server: PostgresServer, database: str, tmp_path: Any) -> None:
-    url = postgres_server.url(database, ADMIN_USER, ADMIN_PASSWORD)
-    job = CoordinatedJob(spark, str(tmp_path / "ckpt"))
-    with pytest.raises(Exception, match=r"table public\.no_such_table does not exist"):
-        PostgresCDC(job).option("tables", "public.no_such_table").load(url)
-    with pytest.raises(ValueError, match="option 'startupMode'"):
-        PostgresCDC(job).options(tables="public.orders", startupMode="earliest").load(url)
