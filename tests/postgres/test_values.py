@@ -60,7 +60,17 @@ CASES: list[tuple[str, str, Any, pa.DataType]] = [
     ("bytea", "'\\x00ff10'::bytea", b"\x00\xff\x10", pa.binary()),
     ("bytea", "''::bytea", b"", pa.binary()),
     ("interval", "'1 day 02:00'", "1 day 02:00:00", pa.string()),  # not mapped: stays text
-    ("int4[]", "'{1,2,NULL}'", "{1,2,NULL}", pa.string()),
+    ("interval[]", "'{1 day}'", '{"1 day"}', pa.string()),  # an array of it: text too
+    ("int4[]", "'{1,2,NULL}'", [1, 2, None], pa.list_(pa.int32())),
+    ("text[]", """ARRAY['a,b', 'q"x', NULL, 'NULL', '']""", ["a,b", 'q"x', None, "NULL", ""],
+     pa.list_(pa.string())),
+    ("numeric(5,2)[]", "'{1.5,-2.25}'", [Decimal("1.50"), Decimal("-2.25")],
+     pa.list_(pa.decimal128(5, 2))),
+    ("timestamptz[]", "'{2026-01-02 03:04:05.678+01}'",
+     [datetime(2026, 1, 2, 2, 4, 5, 678000, tzinfo=timezone.utc)],
+     pa.list_(pa.timestamp("us", tz="UTC"))),
+    ("bytea[]", "ARRAY['\\x00ff'::bytea]", [b"\x00\xff"], pa.list_(pa.binary())),
+    ("bigint[]", "'{}'", [], pa.list_(pa.int64())),
 ]
 
 
@@ -149,3 +159,9 @@ def test_numeric_precision_and_scale_come_from_the_type_modifier() -> None:
 def test_uuids_are_their_canonical_text() -> None:
     value = values.from_text(values.UUID, UUID)
     assert uuid.UUID(value) == uuid.UUID(UUID) and value == UUID
+
+
+def test_a_multi_dimensional_array_is_an_error_naming_its_type(admin: Any) -> None:
+    text, oid, modifier = server_text(admin, "int4[]", "'{{1,2},{3,4}}'")
+    with pytest.raises(ValueConversionError, match=r"integer\[\] value .*multi-dimensional"):
+        values.from_text(oid, text, modifier)

@@ -17,7 +17,10 @@ Rules:
        bpchar 1042, name 19, char 18 -> str; date 1082 -> date, date32; timestamp 1114 ->
        naive datetime, timestamp[us]; timestamptz 1184 -> aware UTC datetime,
        timestamp[us, UTC]; uuid 2950 -> str; json 114, jsonb 3802 -> str (the JSON text);
-       bytea 17 -> bytes, binary.
+       bytea 17 -> bytes, binary; a one-dimensional array of any of these (the array types
+       in :data:`ARRAY_ELEMENTS`) -> a list of the element's values, list<element type>
+       (split by psycopg's array parser as text, each element then read as above; a
+       multi-dimensional array is an error naming the column).
   4. A value the Python type cannot hold is an error naming the type and the value, never a
      silent substitute: a numeric ``NaN`` or infinity as a decimal, a date or timestamp that
      is ``infinity``, before year 1 or after year 9999.
@@ -49,6 +52,13 @@ TYPE_NAMES = {BOOL: "boolean", BYTEA: "bytea", CHAR: '"char"', NAME: "name", INT
               TIMESTAMP: "timestamp without time zone", TIMESTAMPTZ: "timestamp with time zone",
               NUMERIC: "numeric", UUID: "uuid", JSONB: "jsonb"}
 
+#: array type oid -> element type oid (rule 3), the built-in arrays of the mapped types
+ARRAY_ELEMENTS = {1000: BOOL, 1001: BYTEA, 1002: CHAR, 1003: NAME, 1016: INT8, 1005: INT2,
+                  1007: INT4, 1009: TEXT, 1028: OID, 199: JSON, 1021: FLOAT4, 1022: FLOAT8,
+                  1014: BPCHAR, 1015: VARCHAR, 1182: DATE, 1115: TIMESTAMP, 1185: TIMESTAMPTZ,
+                  1231: NUMERIC, 2951: UUID, 3807: JSONB}
+TYPE_NAMES.update({oid: TYPE_NAMES[element] + "[]" for oid, element in ARRAY_ELEMENTS.items()})
+
 #: the largest decimal precision Arrow's decimal128 (and Spark's DecimalType) holds
 MAX_DECIMAL_PRECISION = 38
 
@@ -71,6 +81,9 @@ def _as_decimal(type_modifier: int) -> tuple[int, int] | None:
 
 def arrow_type(type_oid: int, type_modifier: int = -1) -> pa.DataType:
     """The Arrow type of a column (rule 3; string for a type not listed). Any thread."""
+    element = ARRAY_ELEMENTS.get(type_oid)
+    if element is not None:  # an array's type modifier is its element's
+        return pa.list_(arrow_type(element, type_modifier))
     if type_oid == BOOL:
         return pa.bool_()
     if type_oid == INT2:
@@ -206,9 +219,32 @@ def _text(text: str) -> str:
     return text
 
 
+def _array(type_oid: int, element: Callable[[str], Any]) -> Callable[[str], list[Any]]:
+    from psycopg import adapters
+    from psycopg.pq import Format
+
+    loader = adapters.get_loader(1009, Format.TEXT)  # text[]: the elements as text
+    assert loader is not None, "psycopg has a text[] loader"
+    texts = loader(1009, None)
+
+    def convert(text: str) -> list[Any]:
+        try:
+            parts = texts.load(text.encode())
+        except Exception as e:  # noqa: BLE001 - psycopg's parser error, named below
+            raise _fail(type_oid, text, f"not an array's text form ({e})") from None
+        if any(isinstance(p, list) for p in parts):
+            raise _fail(type_oid, text, "a multi-dimensional array (only one dimension is "
+                                        "mapped)")
+        return [None if p is None else element(p) for p in parts]
+    return convert
+
+
 def converter(type_oid: int, type_modifier: int = -1) -> Callable[[str], Any]:
     """The function from a column's text form to its Python value (rule 3), chosen once per
     column. Any thread."""
+    element = ARRAY_ELEMENTS.get(type_oid)
+    if element is not None:
+        return _array(type_oid, converter(element, type_modifier))
     if type_oid == BOOL:
         return _bool
     if type_oid in (INT2, INT4, INT8, OID):
