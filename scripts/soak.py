@@ -360,7 +360,9 @@ def soak_cdc(seeds: list[int]) -> dict[str, Any]:
             error, verdict = None, None
             try:
                 if kind in ("task", "fail_job"):
-                    verdict = _cdc_in_session(server, workdir, kind, seed)
+                    verdict = killed_and_restarted(server, workdir, "", 0, seed, kind)
+                    if not (workdir / "markers").is_dir() or not os.listdir(workdir / "markers"):
+                        error = "no failure was injected"
                 else:
                     epoch = {"cdc-snapshot": rng.randint(1, 6), "cdc-handover": 0,
                              "cdc-stream": rng.randint(10, 20),
@@ -387,42 +389,6 @@ def soak_cdc(seeds: list[int]) -> dict[str, Any]:
     finally:
         server.stop()
     return row
-
-
-def _cdc_in_session(server: Any, workdir: Any, failure: str, seed: int) -> dict[str, int]:
-    """One run of the job as a process of its own (its Spark processes inherit PGPASSWORD)."""
-    import subprocess
-
-    env = dict(os.environ, PYTHONPATH=REPO)
-    database = server.create_database(f"t_soak_{failure}_{seed}")
-    from tests.postgres_server import ADMIN_PASSWORD, ADMIN_USER
-
-    url = server.url(database, ADMIN_USER, ADMIN_PASSWORD)
-    env["CDC_URL"] = url
-    import psycopg
-
-    from tests.spark import cdc_job
-
-    with psycopg.connect(url, autocommit=True) as conn:
-        cdc_job.create_tables(conn)
-        writers = cdc_job.start_writers(url, str(workdir), [seed, seed + 1], transactions=500,
-                                        pause_s=0.06)
-        try:
-            run = subprocess.run([sys.executable, "-m", "tests.spark.cdc_job", "run",
-                                  str(workdir), failure, str(seed)], cwd=REPO, env=env,
-                                 start_new_session=True, timeout=600, capture_output=True,
-                                 text=True)
-        finally:
-            for w in writers:
-                w.wait(300)
-        if run.returncode != 0:
-            raise RuntimeError(f"the job exited {run.returncode}: {run.stderr[-300:]}")
-        if not os.listdir(os.path.join(str(workdir), "markers")):
-            raise RuntimeError("no failure was injected")
-        verdict: dict[str, int] = cdc_job.judge(str(workdir), conn)
-        conn.execute("SELECT pg_drop_replication_slot(%s)",
-                      ((workdir / "slot").read_text(),))
-    return verdict
 
 
 SCENARIOS = {"simulation": soak_simulation, "two-speeds": soak_two_speeds,

@@ -71,6 +71,40 @@ def _tail(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cdc(args: argparse.Namespace) -> int:
+    """``sparkcoord cdc`` (the command's main thread): exit code 0 (stopped by Ctrl-C, or a
+    ``--bounded`` run done), 1 (the source or the job failed), 2 (bad arguments). Nothing it
+    prints holds the URL's password."""
+    from sparkcoord.core.errors import SparkCoordError
+    from sparkcoord.sources.postgres.command import cdc_options, run_cdc
+    from sparkcoord.sources.postgres.connection import redacted
+
+    options = {}
+    for item in args.option:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            shown = "password..." if "password" in item.lower() else repr(item)  # a typo's secret
+            print(f"sparkcoord cdc: --option {shown} is not KEY=VALUE", file=sys.stderr)
+            return 2
+        options[key.strip()] = value
+    try:
+        cdc_options(args.url, args.tables, options)  # before Spark starts
+    except ValueError as exc:
+        print(f"sparkcoord cdc: {redacted(str(exc))}", file=sys.stderr)
+        return 2
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    try:
+        result = run_cdc(args.url, args.tables, args.out, args.checkpoint, options=options,
+                         bounded=args.bounded)
+    except (ValueError, SparkCoordError) as exc:
+        print(f"sparkcoord cdc: {redacted(str(exc))}", file=sys.stderr)
+        return 1
+    print(f"{result['rows']:,} rows read into {args.out}")
+    print(f"replication slot {result['slot']} holds WAL for this job until it runs again; when "
+          f"you retire the job: SELECT pg_drop_replication_slot('{result['slot']}')")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sparkcoord", description=sparkcoord.__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=sparkcoord.__version__)
@@ -116,9 +150,28 @@ def main(argv: list[str] | None = None) -> int:
                       help="read the files present at start, then stop")
     tail.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                       help="a file source option, e.g. maxFilesPerTrigger=10 (repeatable)")
+    cdc = sub.add_parser(
+        "cdc", help="mirror PostgreSQL tables into a parquet sink with the change data capture "
+                    "source (a snapshot, then the changes), showing progress, until Ctrl-C "
+                    "(or --bounded); docs/cdc.md")
+    cdc.add_argument("url", help="the database: postgresql://user@host:5432/db (a password in "
+                                 "it stays in this program: Spark's processes need PGPASSWORD "
+                                 "or a passfile)")
+    cdc.add_argument("--tables", required=True,
+                     help="the tables to capture: schema.table names separated by commas")
+    cdc.add_argument("--out", required=True, help="the parquet sink's directory")
+    cdc.add_argument("--checkpoint", required=True, help="the job's checkpoint directory")
+    cdc.add_argument("--bounded", action="store_true",
+                     help="read the snapshot and the changes committed before the run started, "
+                          "then stop (an availableNow run)")
+    cdc.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                     help="a source option (startupMode=latest, chunkSize=50000, ...) or a libpq "
+                          "keyword (sslmode=require, ...) (repeatable)")
     args = parser.parse_args(argv)
     if args.command == "tail":
         return _tail(args)
+    if args.command == "cdc":
+        return _cdc(args)
     if args.command == "inspect":
         return _inspect(args)
     if args.command == "env":

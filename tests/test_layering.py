@@ -133,10 +133,11 @@ def test_the_file_source_checks_see_the_package() -> None:
 #: packages that have no Spark layer yet: they import neither pyspark nor the adapter (their
 #: builders will, as the file source's stream.py does, and only those)
 NO_SPARK_YET = (PACKAGE / "sinks",)
-#: the PostgreSQL source reaches Spark only through its builder (sources/postgres/stream.py),
-#: which imports pyspark inside its functions only (the package runs in Spark's processes too)
+#: the PostgreSQL source reaches Spark only through its builder (sources/postgres/stream.py)
+#: and its command (command.py), which import pyspark inside their functions only (the
+#: package runs in Spark's processes too)
 POSTGRES_SOURCE = PACKAGE / "sources" / "postgres"
-POSTGRES_TO_SPARK = ("stream",)
+POSTGRES_TO_SPARK = ("stream", "command")
 
 
 def no_spark_modules() -> list[pathlib.Path]:

@@ -87,3 +87,24 @@ def test_a_missing_table_is_an_error_naming_it(postgres_server: PostgresServer,
     url = postgres_server.url(database, ADMIN_USER, ADMIN_PASSWORD)
     with pytest.raises(Exception, match=r"table public\.nowhere does not exist"):
         PostgresCDC(StubJob()).option("tables", "public.nowhere").operator_spec(url)
+
+
+def test_a_table_without_a_primary_key_is_taken_only_by_a_unique_not_null_chunk_key(
+        postgres_server: PostgresServer, database: str, admin: Any) -> None:
+    """Without a primary key the chunk key column is the row key: equal values would collapse
+    into one row, so it must be unique and NOT NULL."""
+    admin.execute("CREATE TABLE nokey (n int NOT NULL, u int NOT NULL, w int, note text)")
+    admin.execute("CREATE UNIQUE INDEX nokey_u ON nokey (u)")
+    admin.execute("CREATE UNIQUE INDEX nokey_w ON nokey (w)")
+    url = postgres_server.url(database, ADMIN_USER, ADMIN_PASSWORD)
+
+    def build(column: str) -> Any:
+        return (PostgresCDC(StubJob()).options(tables="public.nokey", chunkKeyColumn=
+                                               f"public.nokey:{column}").operator_spec(url))
+
+    for column in ("n", "w"):  # not unique; unique but nullable
+        with pytest.raises(Exception, match=rf"table public.nokey has no primary key, and its "
+                                            rf"chunk key column '{column}' is not a unique NOT NULL"):
+            build(column)
+    spec, _ = build("u")
+    assert spec.operator.args[0].shape(TableName("public", "nokey")).key == ("u",)

@@ -9,7 +9,7 @@ import re
 
 from rich.console import Console
 
-from sparkcoord.sources.tail import progress_line
+from sparkcoord.sources.console import progress_line
 
 
 def test_the_progress_line_ends_with_a_newline_when_the_output_is_not_a_terminal() -> None:

@@ -137,6 +137,21 @@ def start_writers(url: str, workdir: str, seeds: list[int], transactions: int,
             for seed in seeds]
 
 
+def when_running(workdir: str, process: Any, timeout_s: float = 180.0) -> bool:
+    """Wait until the job in ``process`` (a ``Popen`` of ``cdc_job run``) committed its first
+    batch (the sink has a file), so writers started then meet its snapshot; False if the
+    process ended first."""
+    sink = os.path.join(workdir, "sink")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if os.path.isdir(sink) and any(n.endswith(".json") for n in os.listdir(sink)):
+            return True
+        if process.poll() is not None:
+            return False
+        time.sleep(0.2)
+    raise TimeoutError(f"the job in {workdir} committed no batch within {timeout_s} s")
+
+
 def _one_change(conn: Any, rng: random.Random, n: int) -> int:
     """One insert, update, delete or key change; the rows the stream emits for it."""
     op = rng.random()

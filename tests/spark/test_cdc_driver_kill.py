@@ -17,6 +17,7 @@ import random
 import signal
 import subprocess
 import sys
+from typing import Any
 
 import psycopg
 import pytest
@@ -30,33 +31,49 @@ pytestmark = pytest.mark.spark
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
-def run_cdc_job(workdir: pathlib.Path, url: str, kill: str | None, seed: int
-                ) -> subprocess.CompletedProcess[str]:
+def start_cdc_job(workdir: pathlib.Path, url: str, kill: str | None, seed: int,
+                  failure: str = "kill") -> subprocess.Popen[str]:
     env = {k: v for k, v in os.environ.items() if k != "SPARKCOORD_TEST_KILL"}
     env.update(PYSPARK_PYTHON=sys.executable, CDC_URL=url, PYTHONPATH=str(REPO))
     if kill is not None:
         env["SPARKCOORD_TEST_KILL"] = kill
-    return subprocess.run([sys.executable, "-m", "tests.spark.cdc_job", "run", str(workdir),
-                           "kill", str(seed)], cwd=REPO, env=env, start_new_session=True,
-                          timeout=420, capture_output=True, text=True)
+    return subprocess.Popen([sys.executable, "-m", "tests.spark.cdc_job", "run", str(workdir),
+                             failure, str(seed)], cwd=REPO, env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def ended(process: subprocess.Popen[str], timeout_s: float = 420) -> tuple[int, str]:
+    try:
+        _, err = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        _, err = process.communicate()
+        raise
+    return process.returncode, err[-3000:]
 
 
 def killed_and_restarted(server: PostgresServer, workdir: pathlib.Path, point: str,
-                         min_epoch: int, seed: int) -> dict[str, int]:
-    """Run the job until the kill, then to the end, with writers going on; the verdict."""
-    database = server.create_database(f"t_kill_{seed % 100_000}_{point.replace('-', '_')}")
+                         min_epoch: int, seed: int, failure: str = "kill") -> dict[str, int]:
+    """Run the job until the kill (or, without a ``point``, with ``failure`` injected), then
+    to the end, with two writers started once its first batch committed; the verdict."""
+    database = server.create_database(f"t_kill_{seed % 100_000}_{(point or failure).replace('-', '_')}")
     url = server.url(database, ADMIN_USER, ADMIN_PASSWORD)
     markers = workdir / "markers"
     with psycopg.connect(url, autocommit=True) as conn:
         cdc_job.create_tables(conn)
-        writers = cdc_job.start_writers(url, str(workdir), [seed, seed + 1],
-                                        transactions=500, pause_s=0.06)
+        writers: list[Any] = []
         try:
-            first = run_cdc_job(workdir, url, f"{point}:{min_epoch}:{markers}", seed)
-            assert first.returncode == -signal.SIGKILL, first.stderr[-3000:]
-            assert (markers / f"killed-{point}").exists()
-            second = run_cdc_job(workdir, url, None, seed)
-            assert second.returncode == 0, second.stderr[-3000:]
+            first = start_cdc_job(workdir, url, f"{point}:{min_epoch}:{markers}" if point
+                                  else None, seed, failure)
+            if cdc_job.when_running(str(workdir), first):
+                writers = cdc_job.start_writers(url, str(workdir), [seed, seed + 1],
+                                                transactions=500, pause_s=0.06)
+            code, err = ended(first)
+            if point:
+                assert code == -signal.SIGKILL, err
+                assert (markers / f"killed-{point}").exists()
+                code, err = ended(start_cdc_job(workdir, url, None, seed))
+            assert code == 0, err
         finally:
             for w in writers:
                 w.wait(300)

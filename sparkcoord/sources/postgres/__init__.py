@@ -15,7 +15,8 @@ gives a streaming DataFrame of the tables' changes (docs/cdc.md).
   stream, the slot confirmed after the batch commits.
 - ``reader.py``: the executor side: watermarked chunk reads, the stream, Arrow record batches.
 - ``stream.py``: the builder, :class:`PostgresCDC`: options, the tables' shapes read in the
-  driver program, the coordinated operator; the only module that reaches the Spark adapter.
+  driver program, the coordinated operator.
+- ``command.py``: ``sparkcoord cdc``. These two are the modules that reach the Spark adapter.
 
 Nothing here imports pyspark at a module's top (stream.py does inside its functions); psycopg
 (the ``postgres`` extra) is imported by the I/O modules only (connection.py and reader.py

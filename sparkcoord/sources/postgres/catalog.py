@@ -47,6 +47,8 @@ class TableInfo:
     table: TableName
     columns: tuple[TableColumn, ...]
     primary_key: tuple[str, ...]
+    #: columns with a unique index of their own (valid, not partial, not on an expression)
+    unique_columns: frozenset[str] = frozenset()
 
     @property
     def column_types(self) -> dict[str, int]:
@@ -71,7 +73,11 @@ def table_info(conn: Connection[Any], table: TableName) -> TableInfo:
         "WITH ORDINALITY AS k(attnum, position) JOIN pg_attribute a "
         "ON a.attrelid = i.indrelid AND a.attnum = k.attnum "
         "WHERE i.indrelid = %s AND i.indisprimary ORDER BY k.position", (oid,)).fetchall())
-    return TableInfo(table, columns, key)
+    unique = frozenset(name for (name,) in conn.execute(
+        "SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
+        "AND a.attnum = i.indkey[0] WHERE i.indrelid = %s AND i.indisunique AND i.indisvalid "
+        "AND i.indnkeyatts = 1 AND i.indpred IS NULL AND i.indexprs IS NULL", (oid,)).fetchall())
+    return TableInfo(table, columns, key, unique)
 
 
 def planner_for(conn: Connection[Any], table: TableName, chunk_size: int,

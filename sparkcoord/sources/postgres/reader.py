@@ -266,7 +266,8 @@ class RowDecoder:
             f"table {self.shape.table} changed while it was captured ({what}): the source "
             "stops rather than emit rows of another shape. Start it again with a new "
             "checkpoint location (and startup mode 'initial' to read the table again), or "
-            "undo the change")
+            "undo the change if nothing was written to the table while it was in place (such "
+            "changes carry the other shape and stop the source again)")
 
 
 def decode_transaction(tx: Transaction, decoders: Mapping[TableName, RowDecoder]) -> TxChanges:

@@ -16,9 +16,9 @@ Rules:
      holds for :class:`NextStreamRead`, the stream reader's report of the position its
      previous batch read to, sent at the start of the next batch.
   4. A :class:`TableShape` is what a reader needs of a captured table: its columns (name,
-     type oid, type modifier), its row key (the primary key, or the chunk key column for a
-     table without one) and its chunk key column, which must be one of the row key's columns
-     (watermarks.py rule 3).
+     type oid, type modifier), its row key (the primary key, or, for a table without one, the
+     chunk key column, which must then be unique and NOT NULL) and its chunk key column, which
+     must be one of the row key's columns (watermarks.py rule 3).
   5. What a batch emits is a function of what is durable before it runs (its subtask's state
      of the previous epoch and its logged answers), so a batch that runs again after a
      restart (Spark re-runs the last batch whose commit it did not log, also when the sink
@@ -128,6 +128,14 @@ class TableShape:
         column = choose_chunk_key(info.table, info.primary_key, info.column_types,
                                   chunk_key_column)
         key = info.primary_key or (column,)
+        if not info.primary_key:
+            nullable = any(c.name == column and not c.not_null for c in info.columns)
+            if column not in info.unique_columns or nullable:
+                raise ChunkKeyError(
+                    f"table {info.table} has no primary key, and its chunk key column "
+                    f"{column!r} is not a unique NOT NULL column: it is then the row key, and "
+                    "rows with equal values could not be told apart. Add a primary key, or "
+                    "name a column with a unique index of its own and NOT NULL")
         if column not in key:
             raise ChunkKeyError(
                 f"table {info.table}: the chunk key column {column!r} is not part of its primary "

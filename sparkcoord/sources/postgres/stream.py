@@ -151,8 +151,9 @@ class PostgresCDC:
         """The streaming DataFrame of the changes of the tables named by option ``tables`` in
         the database at ``url`` (``postgresql://user@host:port/db``; None: libpq's
         environment). Connects from the driver program to read the tables' shapes (columns,
-        key, types): an error names a missing table, a column whose type has no Spark type,
-        a table without a primary key (name ``chunkKeyColumn``), or the refused login. Its
+        key, types; a type values.py does not map comes as its text): an error names a
+        missing table, a table without a primary key (name a unique NOT NULL
+        ``chunkKeyColumn``), or the refused login. Its
         coordinated operator (and source) is called ``name`` (``job.request(name,
         "status")``). Driver program thread."""
         spec, struct = self.operator_spec(url, name)
