@@ -15,7 +15,9 @@ when already aligned), backfill (many small files packed into few splits: local 
 against Spark's file source, objects on S3 against plain concurrent reads), backlog (what a
 trigger writes and plans while 100,000 files wait, against the same state written whole),
 cdc_state (the PostgreSQL source's enumerator state once its stream took over a snapshot of
-1,000 and 10,000 chunks, against keeping every chunk).
+1,000 and 10,000 chunks, against keeping every chunk), cdc_stream (the PostgreSQL source's
+commit-to-sink latency at 5,000 changes/s, the rate it keeps, the WAL its slot holds when the
+captured table is idle and another is busy).
 Each measures its baseline in the same run; the report gives medians and ratios.
 """
 
@@ -34,7 +36,7 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 IN_PROCESS = ["core", "seal", "durability", "memory", "backlog", "cdc_state"]
 ON_SPARK = ["batches", "channel", "recovery", "filesource", "alignment", "backfill"]
-OWN_SESSION = ["requests"]  # starts a Spark session of its own, in a subprocess
+OWN_SESSION = ["requests", "cdc_stream"]  # start a Spark session of their own, in a subprocess
 
 
 def main() -> int:

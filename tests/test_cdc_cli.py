@@ -287,6 +287,33 @@ def test_the_runner_writes_parquet_shows_no_password_and_reports_rows_and_the_sl
                      ("trigger", {"availableNow": True})]
 
 
+def test_an_own_session_gets_the_given_password_as_pgpassword_for_its_lifetime_only(
+        monkeypatch: Any) -> None:
+    """Rule 4: Spark's processes of a local session the command starts inherit PGPASSWORD."""
+    from contextlib import contextmanager
+    from threading import Event
+
+    fake_spark_side(monkeypatch)
+    monkeypatch.delenv("PGPASSWORD", raising=False)
+    at_start: list[str | None] = []
+
+    @contextmanager
+    def session(spark: Any, app: str) -> Any:
+        at_start.append(os.environ.get("PGPASSWORD"))  # what a JVM started here inherits
+        yield object(), Event()
+
+    monkeypatch.setattr("sparkcoord.sources.console.command_session", session)
+    screen = io.StringIO()
+    run_cdc(URL, "public.orders", "o", "ck", console=Console(file=screen, width=300))
+    assert at_start == [SECRET] and "PGPASSWORD" not in os.environ
+    assert SECRET not in screen.getvalue() and "note:" not in screen.getvalue()
+    # one the user exported wins; a given session is not touched
+    monkeypatch.setenv("PGPASSWORD", "exported-by-the-user")
+    run_cdc(URL, "public.orders", "o", "ck", console=Console(file=io.StringIO()))
+    assert at_start[-1] == "exported-by-the-user"
+    assert os.environ["PGPASSWORD"] == "exported-by-the-user"
+
+
 def test_a_named_slot_and_publication_are_the_ones_reported(monkeypatch: Any) -> None:
     fake_spark_side(monkeypatch)
     result = run_cdc(URL, "public.orders", "o", "ck", spark=object(),

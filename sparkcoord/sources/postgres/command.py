@@ -11,6 +11,11 @@ Rules:
   3. The rows count is the sum of the batches' input rows over the whole run
      (:class:`sparkcoord.sources.console.RowCount`), not only over the newest progress
      reports Spark keeps (100).
+  4. With a Spark session of its own (local mode: Spark's processes are this process's
+     children and inherit its environment), a password given in the URL or the options is
+     exported as ``PGPASSWORD`` for the session's lifetime, unless ``PGPASSWORD`` is set
+     already: what the user would do by hand (docs/cdc.md). Given a session, the command only
+     says how, when it sees neither ``PGPASSWORD`` nor a passfile (:func:`pgpassword_note`).
 
 Thread model: the command's main thread checks the arguments, builds and watches the job; the
 job runs on its handle's thread (sparkcoord.spark.job.JobHandle).
@@ -63,25 +68,45 @@ def run_cdc(url: str | None, tables: str | Sequence[str], out: str, checkpoint: 
     cdc`` (or a program) on its main thread, which it blocks."""
     from rich.console import Console
 
-    from sparkcoord.sources.console import command_session, watch
-    from sparkcoord.sources.postgres.stream import (
-        PostgresCDC,
-        default_slot_name,
-        parse_cdc_options,
-    )
-    from sparkcoord.spark.job import CoordinatedJob
+    from sparkcoord.sources.postgres.stream import parse_cdc_options
 
     merged = cdc_options(url, tables, options)
-    parsed, _ = parse_cdc_options(merged)
+    parsed, connection = parse_cdc_options(merged)
     console = console or Console()
     own = spark is None
+    # rule 4: a session of the command's own is local mode: its processes are children of
+    # this one and inherit its environment, as if the user had exported PGPASSWORD
+    password = _given_password(url, connection) if own else None
+    exported = password is not None and not os.environ.get("PGPASSWORD")
+    if password is not None and exported:
+        os.environ["PGPASSWORD"] = password
+    try:
+        return _run(url, merged, parsed, out, checkpoint, bounded, spark, console, own)
+    finally:
+        if exported:
+            os.environ.pop("PGPASSWORD", None)
+
+
+def _given_password(url: str | None, connection: dict[str, str]) -> str | None:
+    from sparkcoord.sources.postgres.connection import ConnectionOptions
+
+    secrets = dict(ConnectionOptions.parse(url, connection).secrets)
+    return secrets["password"].reveal() if "password" in secrets else None
+
+
+def _run(url: str | None, merged: dict[str, str], parsed: Any, out: str, checkpoint: str,
+         bounded: bool, spark: Any, console: Any, own: bool) -> dict[str, Any]:
+    from sparkcoord.sources.console import command_session, watch
+    from sparkcoord.sources.postgres.stream import PostgresCDC, default_slot_name
+    from sparkcoord.spark.job import CoordinatedJob
+
     with command_session(spark, "sparkcoord-cdc") as (spark, stop):
         job = CoordinatedJob(spark, checkpoint)
         slot = parsed.slot or default_slot_name(job.checkpoint_dir, SOURCE)
         publication = parsed.publication or slot
         console.print(header(url, parsed_names(merged), out, job.checkpoint_dir, slot,
                              bounded), markup=False, highlight=False)
-        note = pgpassword_note(url, merged) if own else None
+        note = None if own else pgpassword_note(url, merged)
         if note:
             console.print(note, markup=False, highlight=False)
         df = PostgresCDC(job).options(**merged).load(url, name=SOURCE)
