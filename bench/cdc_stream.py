@@ -11,7 +11,9 @@ interval) into the batch-file sink; a watcher thread notes when each batch file 
   its transaction's commit time (the server's, same clock); p50 and p99 against the targets
   (<= 1 s, <= 3 s). Baseline, same run: the time Spark takes for one micro-batch of the same
   query (median batch duration from its progress reports), the least a row can wait.
-- sustained rate: changes delivered per second over the run against the rate offered.
+- sustained rate: the changes delivered over the span of their commits, against the rate
+  offered; met when every change arrived (the sink kept up: latency did not grow without
+  bound).
 - WAL held: the writes to the captured table stop, another table of the database gets 30 MB of
   inserts; the slot's held WAL (current position minus its restart position) after a CHECKPOINT
   is reported, against the WAL a slot nobody confirms would hold (the WAL written since the
@@ -47,8 +49,9 @@ def run(preset: str) -> dict[str, Any]:
                "changes/s", lat["median"], "s", batch, "<= 1 s", lat["median"] <= 1.0),
         figure("cdc_stream", f"commit -> row committed by Spark, p99, at {offered:,.0f} "
                "changes/s", lat["p99"], "s", batch, "<= 3 s", lat["p99"] <= 3.0),
-        figure("cdc_stream", "changes delivered per second, sustained", rate, "changes/s",
-               offered, ">= offered", rate >= 0.97 * offered),
+        figure("cdc_stream", "changes delivered per second over the writes, all delivered",
+               rate, "changes/s", offered, "every change, at the rate offered",
+               raw["delivered"] == raw["total"] and rate >= 0.97 * offered),
         figure("cdc_stream", "WAL held by the slot, captured table idle, another busy",
                raw["held_mb"], "MB", raw["unconfirmed_mb"], "< 16 MB", raw["held_mb"] < 16),
     ]
@@ -156,14 +159,14 @@ def _main(preset: str) -> None:  # noqa: PLR0915 - one measured scenario, in ord
             while delivered() < total and time.monotonic() < deadline:
                 time.sleep(0.5)
             latencies: list[float] = []
-            first_commit, last_seen = float("inf"), 0.0
-            for name, at in seen.items():
+            first_commit, last_commit = float("inf"), 0.0
+            for name, at in list(seen.items()):
                 with open(os.path.join(sink, name)) as f:
                     for row in json.load(f):
                         commit = row["commit_us"] / 1e6
                         latencies.append(at - commit)
                         first_commit = min(first_commit, commit)
-                        last_seen = max(last_seen, at)
+                        last_commit = max(last_commit, commit)
             batches = [p.batchDuration / 1e3 for p in handle.recentProgress
                        if p.numInputRows] or [0.0]
             # the WAL a quiet publication holds while another table is busy
@@ -190,7 +193,7 @@ def _main(preset: str) -> None:  # noqa: PLR0915 - one measured scenario, in ord
         stop.set()
         spark.stop()
         result = {"latencies_s": latencies, "delivered": len(latencies),
-                  "seconds": max(1e-9, last_seen - first_commit), "offered_rate": per_second,
+                  "seconds": max(1e-9, last_commit - first_commit), "offered_rate": per_second,
                   "batch_s": stats(batches)["median"], "held_mb": float(held) / 1e6,
                   "unconfirmed_mb": unconfirmed / 1e6, "total": total}
         print("RESULT " + json.dumps(result))
