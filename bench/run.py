@@ -17,7 +17,9 @@ trigger writes and plans while 100,000 files wait, against the same state writte
 cdc_state (the PostgreSQL source's enumerator state once its stream took over a snapshot of
 1,000 and 10,000 chunks, against keeping every chunk), cdc_stream (the PostgreSQL source's
 commit-to-sink latency at 5,000 changes/s, the rate it keeps, the WAL its slot holds when the
-captured table is idle and another is busy).
+captured table is idle and another is busy), cdc_snapshot (the PostgreSQL source's snapshot
+of a 500,000-row table, 2,000,000 in the full preset, against Spark's JDBC read partitioned on
+the key; needs Debian's libpostgresql-jdbc-java).
 Each measures its baseline in the same run; the report gives medians and ratios.
 """
 
@@ -36,7 +38,7 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 IN_PROCESS = ["core", "seal", "durability", "memory", "backlog", "cdc_state"]
 ON_SPARK = ["batches", "channel", "recovery", "filesource", "alignment", "backfill"]
-OWN_SESSION = ["requests", "cdc_stream"]  # start a Spark session of their own, in a subprocess
+OWN_SESSION = ["requests", "cdc_stream", "cdc_snapshot"]  # start a Spark session of their own, in a subprocess
 
 
 def main() -> int:
