@@ -65,6 +65,9 @@ def test_building_the_source_reads_the_shapes_and_ships_no_password(
     assert after["seen"].dataType.simpleString() == "timestamp"
     assert struct["op"].nullable is False
     config = spec.operator.args[0]
+    # maxChunksPerBatch (4) is each reader's: the enumerator hands out 4 per reader a batch
+    assert config.max_chunks_per_batch == 4
+    assert spec.coordinator.keywords["max_chunks_per_batch"] == 4 * spec.parallelism == 8
     assert config.slot == default_slot_name(StubJob.checkpoint_dir, "postgres")
     assert config.publication == config.slot
     # what Spark pickles and ships to its processes holds no password

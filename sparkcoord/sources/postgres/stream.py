@@ -184,9 +184,11 @@ class PostgresCDC:
         struct = from_arrow_schema(schema, prefer_timestamp_ntz=True)
         io = functools.partial(PostgresEnumeratorIO, conn_options, slot, publication,
                                opts.chunk_size, dict(opts.chunk_key_columns))
+        # maxChunksPerBatch is a reader's (it bounds what its state holds, decision 68); the
+        # enumerator's limit is per batch for all readers together
         enumerator = functools.partial(
             PostgresEnumerator, io=io, tables=opts.tables, startup=opts.startup,
-            max_chunks_per_batch=opts.max_chunks_per_batch,
+            max_chunks_per_batch=opts.max_chunks_per_batch * opts.parallelism,
             poll_interval_s=opts.poll_interval_s)
         config = ReaderConfig(conn_options, slot, publication, shapes,
                               max_changes_per_batch=opts.max_changes_per_batch,
