@@ -1,7 +1,7 @@
 """A PostgreSQL change-data-capture job for the real-Spark tests, the driver-kill tests and the
 soak, with writers that run beside it and a judge.
 
-    python -m tests.spark.cdc_job write <workdir> <seed> <transactions> [<pause s>]
+    python -m tests.spark.cdc_job write <workdir> <seed> <transactions> [<pause s> [<after>]]
     python -m tests.spark.cdc_job run <workdir> [<failure> <seed>]
 
 Both read the database URL (with its password) from ``CDC_URL``; ``run`` exports the password
@@ -62,18 +62,24 @@ def create_tables(conn: Any, orders: int = ORDERS, customers: int = CUSTOMERS) -
 # -- the writers -----------------------------------------------------------------------------
 
 
-def write(url: str, workdir: str, seed: int, transactions: int, pause_s: float = 0.01) -> None:
-    """Run ``transactions`` random transactions (the writer process's main thread), logging
-    ``<xid> <rows the stream emits> <insert position before> <after its commit>`` after each
-    commit and ``done`` at the end. A lost connection (a server restart) is opened again; a
-    transaction whose commit was in flight then is logged if the server says it committed."""
+def write(url: str, workdir: str, seed: int, transactions: int, pause_s: float = 0.01,
+          after_stream: int = 0) -> None:
+    """Run ``transactions`` random transactions (the writer process's main thread), then, once
+    the job says its stream took over (the file ``streaming`` in ``workdir``, written by
+    :func:`run_job`), ``after_stream`` more: so some transactions are the stream's alone
+    whatever the machine's speed. Logs ``<xid> <rows the stream emits> <insert position
+    before> <after its commit>`` after each commit and ``done`` at the end. A lost connection
+    (a server restart) is opened again; a transaction whose commit was in flight then is
+    logged if the server says it committed."""
     import psycopg
 
     rng = random.Random(seed)
     os.makedirs(workdir, exist_ok=True)
     conn = _connect(url)
     with open(os.path.join(workdir, f"writer-{seed}.log"), "a") as log:
-        for n in range(transactions):
+        for n in range(transactions + after_stream):
+            if n == transactions and after_stream:
+                _wait_for(os.path.join(workdir, STREAMING))
             xid, emitted, before = 0, 0, 0
             try:
                 with conn.transaction():
@@ -117,6 +123,18 @@ def _connect(url: str, wait_s: float = 90.0) -> Any:
             time.sleep(0.2)
 
 
+#: the file run_job writes once its source's phase is "stream" (the writers' second phase)
+STREAMING = "streaming"
+
+
+def _wait_for(path: str, timeout_s: float = 600.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear within {timeout_s} s")
+        time.sleep(0.1)
+
+
 def _insert_position(conn: Any) -> int:
     from sparkcoord.sources.postgres.pgoutput import lsn_from_text
 
@@ -126,14 +144,15 @@ def _insert_position(conn: Any) -> int:
 
 
 def start_writers(url: str, workdir: str, seeds: list[int], transactions: int,
-                  pause_s: float = 0.01) -> list[Any]:
+                  pause_s: float = 0.01, after_stream: int = 0) -> list[Any]:
     """Writer processes (``python -m tests.spark.cdc_job write``), one per seed."""
     import subprocess
 
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = dict(os.environ, CDC_URL=url, PYTHONPATH=repo)
     return [subprocess.Popen([sys.executable, "-m", "tests.spark.cdc_job", "write", workdir,
-                              str(seed), str(transactions), str(pause_s)], cwd=repo, env=env)
+                              str(seed), str(transactions), str(pause_s), str(after_stream)],
+                             cwd=repo, env=env)
             for seed in seeds]
 
 
@@ -444,6 +463,10 @@ def run_job(spark: Any, workdir: str, url: str, failure: str = "none", seed: int
         if on_running is not None and not started:
             started.append(True)
             on_running()
+        streaming = os.path.join(workdir, STREAMING)
+        if not os.path.exists(streaming) and _phase(job) == "stream":
+            with open(streaming, "w") as f:
+                f.write("the stream took over\n")
         try:
             return done(conns[0])
         except psycopg.OperationalError:  # the server restarted (a test does that)
@@ -468,12 +491,22 @@ def run_job(spark: Any, workdir: str, url: str, failure: str = "none", seed: int
         conns[0].close()
 
 
+def _phase(job: Any) -> str | None:
+    """The source's phase, None while no run can answer (a restart, a query starting)."""
+    try:
+        status = job.request(SOURCE, "status", timeout_s=5)
+    except Exception:  # noqa: BLE001 - not running right now: ask again at the next poll
+        return None
+    return None if not isinstance(status, dict) else status.get("phase")
+
+
 def main() -> None:
     command, workdir = sys.argv[1], sys.argv[2]
     url = os.environ["CDC_URL"]
     if command == "write":
         write(url, workdir, int(sys.argv[3]), int(sys.argv[4]),
-              float(sys.argv[5]) if len(sys.argv) > 5 else 0.01)
+              float(sys.argv[5]) if len(sys.argv) > 5 else 0.01,
+              int(sys.argv[6]) if len(sys.argv) > 6 else 0)
         return
     failure = sys.argv[3] if len(sys.argv) > 3 else "none"
     seed = int(sys.argv[4]) if len(sys.argv) > 4 else 0
