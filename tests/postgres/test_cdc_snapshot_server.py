@@ -246,10 +246,44 @@ def test_a_chunk_read_applies_the_changes_committed_between_its_snapshot_and_its
             return result
 
         reader.execute = execute  # type: ignore[method-assign]
-        rows, high = read_chunk_watermarked(reader, config, chunk, KeyOrder(reader,
-                                                                            config.shapes))
-    assert {k[0]: r["v"] for k, r in rows.items()} == {0: 9, 1: 1, 2: 100, 5: 5}
-    assert high > 0
+        read = read_chunk_watermarked(reader, config, chunk, KeyOrder(reader, config.shapes))
+    rows = read.batch.column("after").to_pylist()
+    assert {r["id"]: r["v"] for r in rows} == {0: 9, 1: 1, 2: 100, 5: 5}
+    assert len(rows) == 4 and set(read.batch.column("op").to_pylist()) == {"r"}
+    assert read.high > 0 and set(read.batch.column("lsn").to_pylist()) == {read.high}
+    replication.drop_slot(admin, slot)
+
+
+def test_a_truncate_between_a_chunks_snapshot_and_its_high_watermark_empties_the_rows_read(
+        admin: Any, admin_options: ConnectionOptions) -> None:
+    """The column-at-a-time read (values.py rule 5) keeps the rows no window change touches;
+    a TRUNCATE in the window touches every row, so only what was inserted after it (and falls
+    in the chunk) remains."""
+    n = next(_names)
+    name, slot, pub = f"cdc_trunc_{n}", f"cdc_trunc_slot_{n}", f"cdc_trunc_pub_{n}"
+    table = TableName("public", name)
+    admin.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, v int NOT NULL, note text)")
+    admin.execute(f"INSERT INTO {name} SELECT g, g, 'r' FROM generate_series(1, 10) g")
+    replication.ensure_publication(admin, pub, [table])
+    replication.ensure_slot(admin, slot)
+    config = ReaderConfig(admin_options, slot, pub,
+                          (TableShape.of(catalog.table_info(admin, table)),))
+    chunk = SnapshotChunk(split_id=f"{table}#0", table=table, key_column="id", index=0,
+                          start=None, end=6)
+    with admin_options.connect() as reader, admin_options.connect() as other:
+        original = reader.execute
+
+        def execute(statement: Any, params: Any = None, **kw: Any) -> Any:
+            result = original(statement, params, **kw)
+            if "pg_current_snapshot" in str(statement):
+                other.execute(f"TRUNCATE {name}")
+                other.execute(f"INSERT INTO {name} VALUES (3, 30, 'in'), (8, 80, 'out')")
+            return result
+
+        reader.execute = execute  # type: ignore[method-assign]
+        read = read_chunk_watermarked(reader, config, chunk, KeyOrder(reader, config.shapes))
+    assert [(r["id"], r["v"], r["note"]) for r in read.batch.column("after").to_pylist()] == [
+        (3, 30, "in")]
     replication.drop_slot(admin, slot)
 
 
@@ -330,7 +364,9 @@ def test_readers_reading_chunks_at_once_share_the_slot_and_get_every_row_once(
         try:
             with admin_options.connect() as conn:
                 for _ in range(2):
-                    results[chunk.index] = read_chunk_watermarked(conn, config, chunk)[0]
+                    batch = read_chunk_watermarked(conn, config, chunk).batch
+                    results[chunk.index] = {
+                        (r["id"],): r for r in batch.column("after").to_pylist()}
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
 

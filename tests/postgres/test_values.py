@@ -165,3 +165,116 @@ def test_a_multi_dimensional_array_is_an_error_naming_its_type(admin: Any) -> No
     text, oid, modifier = server_text(admin, "int4[]", "'{{1,2},{3,4}}'")
     with pytest.raises(ValueConversionError, match=r"integer\[\] value .*multi-dimensional"):
         values.from_text(oid, text, modifier)
+
+
+# -- rule 5: a column at a time ---------------------------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from sparkcoord.sources.postgres.reader import ReaderConfig, read_chunk_watermarked  # noqa: E402
+from sparkcoord.sources.postgres.splits import SnapshotChunk, TableShape  # noqa: E402
+
+
+def _one_by_one(oid: int, modifier: int, texts: list[str | None]) -> list[Any]:
+    """The row path's values: each text converted alone, held in the column's Arrow type."""
+    convert = values.converter(oid, modifier)
+    kind = values.arrow_type(oid, modifier)
+    return pa.array([None if t is None else convert(t) for t in texts], kind).to_pylist()
+
+
+def test_a_chunk_read_a_column_at_a_time_holds_what_each_value_read_alone_holds(
+        admin: Any, admin_options: Any) -> None:
+    """Every mapped type's server text form, through COPY's CSV and values.py rule 5, equals the
+    value the row path (pgoutput's and a query's text, one value at a time) makes of it."""
+    columns = [(f"c{i}", c[0], c[1]) for i, c in enumerate(CASES)]
+    admin.execute("CREATE TABLE chunk_types (id int PRIMARY KEY, "
+                  + ", ".join(f"{name} {sql_type}" for name, sql_type, _ in columns) + ")")
+    admin.execute("INSERT INTO chunk_types VALUES (0, "
+                  + ", ".join(f"({literal})::{sql_type}" for _, sql_type, literal in columns)
+                  + ")")
+    admin.execute("INSERT INTO chunk_types (id) VALUES (1)")  # every column NULL
+    for i, (name, sql_type, literal) in enumerate(columns):  # each value in a row of its own
+        admin.execute(f"INSERT INTO chunk_types (id, {name}) VALUES (%s, ({literal})::{sql_type})",
+                      (i + 2,))
+    table = TableName("public", "chunk_types")
+    replication.ensure_publication(admin, "chunk_types_pub", [table])
+    replication.ensure_slot(admin, "chunk_types_slot")
+    from sparkcoord.sources.postgres import catalog
+
+    shape = TableShape.of(catalog.table_info(admin, table))
+    config = ReaderConfig(admin_options, "chunk_types_slot", "chunk_types_pub", (shape,))
+    chunk = SnapshotChunk(split_id="t#0", table=table, key_column="id", index=0, start=None,
+                          end=None)
+    read = read_chunk_watermarked(admin, config, chunk)
+    got = {row["id"]: row for row in read.batch.column("after").to_pylist()}
+    assert sorted(got) == list(range(len(columns) + 2))
+    texts = {row[0]: row[1:] for row in admin.execute(
+        "SELECT id, " + ", ".join(f"CASE WHEN {n} IS NOT NULL THEN format('%s', {n}) END"
+                                  for n, _, _ in columns)
+        + " FROM chunk_types").fetchall()}
+    for column, (name, _, _) in zip(shape.columns[1:], columns, strict=True):
+        want = _one_by_one(column.type_oid, column.type_modifier,
+                           [texts[i][int(name[1:])] for i in sorted(got)])
+        assert [got[i][name] for i in sorted(got)] == want, name
+    replication.drop_slot(admin, "chunk_types_slot")
+
+
+def test_a_column_arrow_refuses_converts_value_by_value_with_the_same_error() -> None:
+    cases = [
+        (values.DATE, -1, ["2024-01-01", "infinity"], r"date value 'infinity'"),
+        (values.DATE, -1, ["0044-03-15 BC"], r"before year 1"),
+        (values.TIMESTAMP, -1, ["10000-01-01 00:00:00"], r"year 10000"),
+        (values.NUMERIC, (10 << 16 | 2) + 4, ["1.50", "NaN"], r"numeric value 'NaN'"),
+        (values.BOOL, -1, ["t", "yes"], r"boolean value 'yes'"),
+        (values.INT2, -1, ["1", "40000"], r"smallint value '40000': does not fit int16"),
+        (values.BYTEA, -1, ["\\x00", "abc"], r"bytea value 'abc'"),
+    ]
+    for oid, modifier, texts, message in cases:
+        with pytest.raises(ValueConversionError, match=message):
+            values.column_from_texts(oid, modifier, pa.array(texts, pa.string()))
+
+
+def test_values_arrow_cannot_parse_still_convert_value_by_value() -> None:
+    got = values.column_from_texts(values.INT8, -1, pa.array([" 7", None, "8"], pa.string()))
+    assert got.to_pylist() == [7, None, 8] and got.type == pa.int64()
+    got = values.column_from_texts(values.BYTEA, -1, pa.array(["\\x00ff", None]))
+    assert got.to_pylist() == [b"\x00\xff", None]
+
+
+_FORMS = st.one_of(
+    st.tuples(st.just(values.INT8), st.just(-1),
+              st.integers(-2**63, 2**63 - 1).map(str)),
+    st.tuples(st.just(values.INT2), st.just(-1), st.integers(-2**15, 2**15 - 1).map(str)),
+    st.tuples(st.just(values.FLOAT8), st.just(-1),
+              st.floats(allow_nan=False).map(lambda f: repr(f).replace("inf", "Infinity"))),
+    st.tuples(st.just(values.FLOAT4), st.just(-1),
+              st.floats(width=32, allow_nan=False).map(
+                  lambda f: repr(f).replace("inf", "Infinity"))),
+    st.tuples(st.just(values.NUMERIC), st.just((18 << 16 | 4) + 4),
+              st.decimals(min_value=-10**13, max_value=10**13, places=4,
+                          allow_nan=False).map(lambda d: f"{d:.4f}")),
+    st.tuples(st.just(values.DATE), st.just(-1), st.dates().map(lambda d: d.isoformat())),
+    st.tuples(st.just(values.TIMESTAMP), st.just(-1),
+              st.datetimes().map(lambda d: d.isoformat(sep=" "))),
+    st.tuples(st.just(values.TIMESTAMPTZ), st.just(-1),
+              st.datetimes(min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30)).map(
+                  lambda d: d.isoformat(sep=" ") + "+00")),
+    st.tuples(st.just(values.BOOL), st.just(-1), st.sampled_from(["t", "f"])),
+)
+
+
+@settings(max_examples=300, deadline=None, print_blob=True)
+@given(st.lists(_FORMS, min_size=1, max_size=20))
+def test_columns_of_server_text_forms_equal_their_values_read_one_by_one(
+        forms: list[tuple[int, int, str]]) -> None:
+    """values.py rule 5 as a property: texts in the server's forms (rule 2), cast by Arrow,
+    hold exactly the values the one-by-one path makes of them."""
+    by_type: dict[tuple[int, int], list[str | None]] = {}
+    for oid, modifier, text in forms:
+        by_type.setdefault((oid, modifier), []).append(text)
+    for (oid, modifier), texts in by_type.items():
+        texts.append(None)
+        column = values.column_from_texts(oid, modifier, pa.array(texts, pa.string()))
+        assert column.type == values.arrow_type(oid, modifier)
+        assert column.to_pylist() == _one_by_one(oid, modifier, texts), (oid, texts)

@@ -24,8 +24,10 @@ Rules:
      again while it was cut short before the reader's limit or ``U``. A peek that finds the
      slot held by another session (readers peek it at once; the enumerator advances it)
      tries again after a short random pause, for up to ``flush_wait_s``.
-  3. Rows are converted from their text form by values.py (a chunk is read as text too, so
-     both halves convert alike) and become record batches of :func:`arrow_schema`: the
+  3. Rows are converted from their text form by values.py (a chunk is read as text too,
+     COPY's CSV converted a column at a time by values.py rule 5, so both halves convert
+     alike; only the rows a chunk's window touches go through Python values) and become
+     record batches of :func:`arrow_schema`: the
      operation and position columns, and ``key``, ``before`` and ``after`` structs of the
      captured tables' columns (the union by name; one name with two different types in two
      tables is an error naming both). Every conversion error names the table and the column.
@@ -122,7 +124,6 @@ class ReaderConfig:
     shapes: tuple[TableShape, ...]
     max_changes_per_batch: int = 10_000
     max_chunks_per_batch: int | None = None
-    fetch_rows: int = 10_000
     #: how long a chunk read waits for the WAL to be flushed to its high watermark
     flush_wait_s: float = 30.0
 
@@ -426,31 +427,31 @@ def wait_for_flush(conn: Any, lsn: int, timeout_s: float) -> None:
         time.sleep(0.01)
 
 
-def read_chunk_watermarked(conn: Any, config: ReaderConfig, chunk: SnapshotChunk,
-                           order: KeyOrder | None = None) -> tuple[dict[Key, RowValues], int]:
-    """``chunk``'s rows as of its high watermark, and the high watermark (watermarks.py rules
-    1 and 2). ``conn``: an autocommit connection of the reader's thread."""
-    from psycopg.types.string import TextLoader
+@dataclass
+class ChunkRead:
+    """A chunk as of its high watermark: its ``'r'`` rows as a record batch of
+    :func:`arrow_schema` (rule 3) and the high watermark."""
 
+    batch: pa.RecordBatch
+    high: int
+
+
+def read_chunk_watermarked(conn: Any, config: ReaderConfig, chunk: SnapshotChunk,
+                           order: KeyOrder | None = None) -> ChunkRead:
+    """``chunk``'s rows as of its high watermark (watermarks.py rules 1 and 2), read as text
+    with ``COPY ... TO STDOUT (FORMAT csv)`` and converted a column at a time (values.py rule
+    5); the window's changes are merged into the rows whose keys they touch, which alone go
+    through Python values. ``conn``: an autocommit connection of the reader's thread."""
     from sparkcoord.sources.postgres import replication
 
     shape = config.shape(chunk.table)
-    decoder = RowDecoder(shape)
-    rows: dict[Key, RowValues] = {}
     statement, params = chunk_sql(chunk.chunk, list(shape.column_names))
     with conn.transaction():
         conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         row = conn.execute("SELECT pg_current_snapshot()::text").fetchone()  # takes S
         assert row is not None
         visible = Visibility.parse(row[0])
-        with conn.cursor(name=f"sparkcoord_chunk_{chunk.index}") as cursor:
-            for column in shape.columns:  # rule 3: text forms, as pgoutput sends them
-                cursor.adapters.register_loader(column.type_oid, TextLoader)
-            cursor.execute(composed(statement), params)
-            while batch := cursor.fetchmany(config.fetch_rows):
-                for texts in batch:
-                    values_ = decoder.row(texts)
-                    rows[decoder.key(values_)] = values_
+        texts = _copy_texts(conn, statement, params, shape)
         row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
         assert row is not None
         high = lsn_from_text(row[0])  # H: after every commit S sees
@@ -458,13 +459,111 @@ def read_chunk_watermarked(conn: Any, config: ReaderConfig, chunk: SnapshotChunk
     peek = while_slot_busy(
         lambda: replication.peek(conn, config.slot, config.publication, upto_lsn=high),
         config.flush_wait_s, f"reading chunk {chunk.split_id}")
+    decoder = RowDecoder(shape)
     decoders = {chunk.table: decoder}
     window = [decode_transaction(tx, decoders) for tx in peek.transactions
               if tx.end_lsn <= high and not visible.sees(tx.xid)]
+    schema = arrow_schema(config.shapes)
+    columns = {}
+    for column in shape.columns:
+        try:
+            columns[column.name] = values.column_from_texts(
+                column.type_oid, column.type_modifier, texts[column.name])
+        except ValueConversionError as e:
+            raise ValueConversionError(
+                f"table {shape.table}, column {column.name!r}: {e}") from None
+    touched = _touched_keys(chunk.table, window)
+    if touched is None:  # nothing in the window: the rows as read
+        length = len(texts[shape.columns[0].name])
+        return ChunkRead(_read_batch(shape, columns, length, high, schema), high)
+    # the rows the window touches (all of them after a TRUNCATE) go through Python values
+    keys = list(zip(*(columns[k].to_pylist() for k in shape.key), strict=True))
+    hit = [True] * len(keys) if touched is ALL_KEYS else [k in touched for k in keys]
+    rows: dict[Key, RowValues] = {}
+    for index in (i for i, h in enumerate(hit) if h):
+        values_ = decoder.row([texts[n][index].as_py() for n in shape.column_names])
+        rows[decoder.key(values_)] = values_
     order = order or KeyOrder(conn, config.shapes)
     in_chunk = order.in_chunk(chunk.chunk, window_values(chunk.table, window, visible, high))
-    return merge_window(chunk.table, rows, window, visible=visible, high=high,
-                        in_chunk=in_chunk), high
+    merged = merge_window(chunk.table, rows, window, visible=visible, high=high,
+                          in_chunk=in_chunk)
+    keep = pa.array([not h for h in hit], pa.bool_())
+    kept = {name: array.filter(keep) for name, array in columns.items()}
+    untouched = _read_batch(shape, kept, sum(1 for h in hit if not h), high, schema)
+    changed = record_batch(snapshot_rows(chunk.table, merged, high), schema)
+    return ChunkRead(pa.concat_batches([untouched, changed]), high)
+
+
+#: :func:`_touched_keys`' answer when a TRUNCATE touched every row
+ALL_KEYS: frozenset[Key] = frozenset({("*all*",)})
+
+
+def _touched_keys(table: TableName, window: Sequence[TxChanges]) -> frozenset[Key] | None:
+    """The keys of ``table`` the window's changes touch (None: none; :data:`ALL_KEYS`: a
+    TRUNCATE)."""
+    keys: set[Key] = set()
+    for tx in window:
+        for change in tx.changes:
+            if change.table != table:
+                continue
+            if change.kind == "t":
+                return ALL_KEYS
+            if change.key is not None:
+                keys.add(change.key)
+            if change.old_key is not None:
+                keys.add(change.old_key)
+    return frozenset(keys) if keys else None
+
+
+def _copy_texts(conn: Any, statement: str, params: Sequence[Any],
+                shape: TableShape) -> dict[str, pa.Array]:
+    """The statement's rows as text forms (values.py rule 2), one string column per table
+    column: COPY's CSV, read by Arrow (an unquoted empty field is NULL, a quoted one the
+    empty string)."""
+    import pyarrow.csv as csv
+
+    data = bytearray()
+    with conn.cursor() as cursor:
+        copy_sql = f"COPY ({statement}) TO STDOUT (FORMAT csv)"
+        with cursor.copy(composed(copy_sql), params) as copy:
+            for block in copy:
+                data += block
+    names = list(shape.column_names)
+    if not data:
+        return {n: pa.array([], pa.string()) for n in names}
+    table = csv.read_csv(
+        pa.py_buffer(bytes(data)),
+        read_options=csv.ReadOptions(column_names=names, use_threads=False,
+                                     block_size=max(1 << 20, len(data) + 1)),
+        parse_options=csv.ParseOptions(newlines_in_values=True),
+        convert_options=csv.ConvertOptions(
+            column_types={n: pa.string() for n in names}, strings_can_be_null=True,
+            quoted_strings_can_be_null=False, null_values=[""]))
+    return {n: table.column(n).combine_chunks() for n in names}
+
+
+def _read_batch(shape: TableShape, columns: Mapping[str, pa.Array], length: int, high: int,
+                schema: pa.Schema) -> pa.RecordBatch:
+    """Snapshot (``'r'``) rows of ``shape``'s table from its typed columns (rule 3)."""
+    def struct(kind: pa.StructType) -> pa.Array:
+        children = [columns[f.name] if f.name in columns else pa.nulls(length, f.type)
+                    for f in kind]
+        return pa.StructArray.from_arrays(children, fields=list(kind))
+
+    after = schema.field("after").type
+    return pa.RecordBatch.from_arrays([
+        pa.array(["r"] * length, pa.string()),
+        pa.array([str(shape.table)] * length, pa.string()),
+        pa.array([high] * length, pa.int64()),
+        pa.nulls(length, pa.int64()),
+        pa.nulls(length, pa.int32()),
+        pa.nulls(length, pa.timestamp("us", tz="UTC")),
+        pa.nulls(length, pa.int64()),
+        struct(schema.field("key").type),
+        pa.nulls(length, after),
+        struct(after),
+        pa.nulls(length, pa.list_(pa.string())),
+    ], schema=schema)
 
 
 # -- the stream ---------------------------------------------------------------------------------
@@ -592,14 +691,13 @@ class PostgresReader(SubtaskOperator):
             if not isinstance(answer, SnapshotChunk):
                 raise TypeError(f"reader {self.context.operator_id}: the enumerator answered "
                                 f"{answer!r}")
-            rows, high = read_chunk_watermarked(self._connection(), self.config, answer)
-            out = snapshot_rows(answer.table, rows, high)
-            if out:
+            read = read_chunk_watermarked(self._connection(), self.config, answer)
+            if read.batch.num_rows:
                 sink = pa.BufferOutputStream()
                 with pa.ipc.new_stream(sink, self.schema) as writer:
-                    writer.write_batch(record_batch(out, self.schema))
+                    writer.write_batch(read.batch)
                 state.staged.append(sink.getvalue().to_pybytes())
-            state.unreported.append((answer.split_id, high))
+            state.unreported.append((answer.split_id, read.high))
             taken += 1
             if (self.config.max_chunks_per_batch is not None
                     and taken >= self.config.max_chunks_per_batch):

@@ -24,6 +24,14 @@ Rules:
   4. A value the Python type cannot hold is an error naming the type and the value, never a
      silent substitute: a numeric ``NaN`` or infinity as a decimal, a date or timestamp that
      is ``infinity``, before year 1 or after year 9999.
+  5. A column of many values (a snapshot chunk) converts at once: :func:`column_from_texts`
+     takes the text forms as an Arrow string array and casts them with Arrow's parsers where
+     those read every text form of rule 2 exactly as rule 3 does (integers, floats through
+     float64 as Python reads them, decimals, dates, timestamps with their offset, ``t``/``f``
+     booleans). A column Arrow refuses (a value outside its range, ``infinity``, a BC date,
+     a numeric ``NaN``) and the types Arrow has no parser for (bytea, arrays) go value by
+     value through :func:`converter`: so the result, and every error, is the same as
+     converting each value on its own.
 
 Thread model: none (pure functions).
 """
@@ -260,6 +268,45 @@ def converter(type_oid: int, type_modifier: int = -1) -> Callable[[str], Any]:
     if type_oid == BYTEA:
         return _bytea
     return _text
+
+
+#: the types whose text forms Arrow's cast from string reads as rule 3 does (rule 5)
+_ARROW_PARSED = frozenset({INT2, INT4, INT8, OID, FLOAT8, DATE, TIMESTAMP, TIMESTAMPTZ})
+
+
+def column_from_texts(type_oid: int, type_modifier: int, texts: pa.Array) -> pa.Array:
+    """A column's values from their text forms (rule 5): ``texts`` a string array (null for
+    SQL NULL), the result an array of :func:`arrow_type`. A value that cannot be converted is
+    the :class:`ValueConversionError` :func:`converter` raises for it (the caller adds the
+    table and the column). Any thread."""
+    import pyarrow.compute as pc
+
+    kind = arrow_type(type_oid, type_modifier)
+    if converter(type_oid, type_modifier) is _text:
+        return texts
+    try:
+        if type_oid == BOOL:
+            if pc.all(pc.is_in(texts.drop_null(), pa.array(["t", "f"]))).as_py() is not False:
+                return pc.equal(texts, "t")
+        elif type_oid in _ARROW_PARSED:
+            return pc.cast(texts, kind)
+        elif type_oid == FLOAT4:  # through float64, as Python's float() and pa.array do
+            return pc.cast(pc.cast(texts, pa.float64()), kind)
+        elif type_oid == NUMERIC:
+            return pc.cast(texts, kind)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        pass  # a value Arrow refuses: each value on its own says which and why
+    convert = converter(type_oid, type_modifier)
+    items = [None if text is None else convert(text) for text in texts.to_pylist()]
+    try:
+        return pa.array(items, kind)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as e:
+        for item, text in zip(items, texts.to_pylist(), strict=True):
+            try:
+                pa.array([item], kind)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+                raise _fail(type_oid, text, f"does not fit {kind}") from None
+        raise ValueConversionError(f"{TYPE_NAMES.get(type_oid, type_oid)} column: {e}") from None
 
 
 def from_text(type_oid: int, text: str | None, type_modifier: int = -1) -> Any:
