@@ -221,6 +221,15 @@ class PostgresServer:
         return psycopg.connect(host=self.host, port=self.port, dbname=database, user=user,
                                password=password, autocommit=autocommit, **kw)
 
+    def drop_slots(self, database: str) -> None:
+        """Drop the replication slots of ``database`` that no session holds (slots are the
+        server's, not the database's: ``max_replication_slots`` counts them all)."""
+        with self.connect(BOOTSTRAP_USER, via_socket=True) as conn:
+            for (slot,) in conn.execute("SELECT slot_name FROM pg_replication_slots "
+                                        "WHERE database = %s AND NOT active",
+                                        (database,)).fetchall():
+                conn.execute("SELECT pg_drop_replication_slot(%s)", (slot,))
+
     def create_database(self, name: str) -> str:
         """A fresh database ``name`` (dropped first if a previous run left it), owned by the
         plain role so that it can create tables there."""

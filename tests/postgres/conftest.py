@@ -24,9 +24,12 @@ postgres_server = server_module.postgres_server
 
 
 @pytest.fixture(scope="module")
-def database(postgres_server: PostgresServer, request: pytest.FixtureRequest) -> str:
-    """A database of this module's own (so slots, publications and tables never meet)."""
-    return postgres_server.create_database("t_" + request.module.__name__.rsplit(".", 1)[-1])
+def database(postgres_server: PostgresServer, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A database of this module's own (so slots, publications and tables never meet); its
+    slots are dropped after the module, so the session's server never runs out of them."""
+    name = postgres_server.create_database("t_" + request.module.__name__.rsplit(".", 1)[-1])
+    yield name
+    postgres_server.drop_slots(name)
 
 
 @pytest.fixture(scope="module")

@@ -184,6 +184,26 @@ def test_chunk_planning_runs_on_a_worker_never_on_the_mailbox_and_never_delays_a
     assert not any(io.on_mailbox)
 
 
+def test_planning_keeps_two_batches_of_chunks_pending_at_the_per_batch_limit(
+        tmp_path: Any) -> None:
+    """Planned chunks join at boundaries (rule 2): with fewer pending than a batch may take,
+    the planner would set the snapshot's pace instead of the readers."""
+    io = FakeIO({ORDERS: list(range(1000))}, chunk_size=10)
+    runner, slot_runner = ManualRunner(), ManualRunner()
+    provider = functools.partial(PostgresEnumerator, io=lambda: io, tables=(ORDERS,),
+                                 startup="initial", runner=runner, slot_runner=slot_runner,
+                                 poll_interval_s=0.5, max_chunks_per_batch=20)
+    h = CoordinatorHarness(provider, 2, storage_url=f"file://{tmp_path}/ckpt")
+    io.harness = h
+    h.start()
+    runner.run_all()
+    h.run()
+    h.checkpoint()
+    assert status(h)["chunks_planned"] == 40
+    taken = [h.request_from_subtask(s % 2, NextChunk()) for s in range(21)]
+    assert all(isinstance(a, SnapshotChunk) for a in taken[:20]) and taken[20] == NoSplitNow()
+
+
 def drive(h: CoordinatorHarness, runner: ManualRunner, readers: Readers,
           stop: Callable[[list[Any]], bool], limit: int = 200) -> list[Any]:
     """Batches until ``stop(answers of the batch)``; each committed."""

@@ -190,7 +190,10 @@ class PostgresEnumerator(OperatorCoordinator):
         self.poll_interval_s = poll_interval_s
         self.tables = tuple(tables)
         self.startup = startup
-        self.plan_ahead = plan_ahead or max(16, 4 * context.parallelism)
+        # enough pending for two batches at the per-batch limit: planning joins at boundaries
+        # (rule 2), so fewer would make the planner, not the readers, set the snapshot's pace
+        self.plan_ahead = plan_ahead or max(16, 4 * context.parallelism,
+                                            2 * (max_chunks_per_batch or 0))
         self.max_chunks_per_batch = max_chunks_per_batch
         self._runner = runner
         self._slot_runner = slot_runner
