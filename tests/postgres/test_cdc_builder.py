@@ -30,7 +30,7 @@ def test_options_are_parsed_with_defaults_and_each_error_names_its_option() -> N
                                           "ChunkSize": "500"})
     assert opts.tables == (TableName("public", "a"), TableName("public", "b"))
     assert (opts.startup, opts.chunk_size, opts.parallelism, opts.max_chunks_per_batch,
-            opts.max_changes_per_batch, opts.poll_interval_s) == (INITIAL, 500, 2, 8, 10_000, 0.5)
+            opts.max_changes_per_batch, opts.poll_interval_s) == (INITIAL, 500, 2, 8, 10_000, 0.1)
     assert connection == {"sslmode": "disable"}  # everything else is a libpq keyword
     assert parse_cdc_options({"tables": "a", "startupMode": "LATEST"})[0].startup == LATEST
     for options, named in [({}, "'tables'"), ({"tables": "a", "startupMode": "earliest"},

@@ -335,6 +335,22 @@ def test_the_stream_reads_up_to_a_bound_learned_off_the_mailbox_that_joins_at_a_
     h.commit()
     h.checkpoint()
     assert h.request_from_subtask(0, NextStreamRead(7000)) == StreamBound(9000)
+    h.commit()
+    h.checkpoint()
+    assert not h.service.wants_batch()
+    # a poll that finds the insert position where it was asks for no batch (an idle database
+    # runs none); one that finds it moved does
+    h.clock.advance(0.5)
+    h.run()
+    slot_runner.run_all()
+    h.run()
+    assert not h.service.wants_batch()
+    io.insert_lsn = 9500
+    h.clock.advance(0.5)
+    h.run()
+    slot_runner.run_all()
+    h.run()
+    assert h.service.wants_batch()
     # only the stream's reader reads it
     with pytest.raises(RequestFailed, match="the stream is subtask 0's"):
         h.request_from_subtask(1, NextStreamRead(7000))

@@ -44,7 +44,7 @@ Rules:
   5. How far the stream reads (splits.py rule 5): every ``poll_interval_s`` once the stream
      is built, the enumerator learns the WAL insert position on the slot runner (a record
      boundary, so confirming it never skips a commit record that straddles it) and asks for
-     a batch; the position joins the state at the next boundary (rule 2) as the stream's
+     a batch when it moved (an idle database runs no batches); the position joins the state at the next boundary (rule 2) as the stream's
      bound, and each :class:`NextStreamRead` is answered with it (a :class:`StreamBound`).
      So changes arrive within about a poll interval plus a batch, an idle publication still
      confirms the slot (rule 4), and a batch that runs again reads the same transactions.
@@ -172,7 +172,7 @@ class PostgresEnumerator(OperatorCoordinator):
     def __init__(self, context: CoordinatorContext, io: Callable[[], EnumeratorIO],
                  tables: Sequence[TableName], *, startup: str = INITIAL,
                  plan_ahead: int | None = None, max_chunks_per_batch: int | None = None,
-                 poll_interval_s: float = 0.5,
+                 poll_interval_s: float = 0.1,
                  runner: Callable[[Callable[[], None]], None] = run_on_thread,
                  slot_runner: Callable[[Callable[[], None]], None] = run_on_thread) -> None:
         super().__init__(context)
@@ -462,13 +462,14 @@ class PostgresEnumerator(OperatorCoordinator):
         self._learning = False
         if self._closed:
             return
+        moved = position > max(self._learned_bound, self.state.stream_bound)
         self._learned_bound = max(self._learned_bound, position)
         if self.context.available_now and self._run_end is None:
             self._run_end = position
             log.info("PostgreSQL source %s: this availableNow run reads the stream to %s",
                      self.context.operator_id, position)
-        if self._work_left() or self.state.stream_owner is not None:
-            self.context.request_batch()
+        if self._work_left() or (self.state.stream_owner is not None and moved):
+            self.context.request_batch()  # an unmoved insert position: nothing new to read
 
     def _stream_behind_run_end(self) -> bool:
         """An availableNow run's stream has not yet been reported past the run's end (or the

@@ -22,7 +22,7 @@ Options (strings, as every PySpark source's; names case-insensitive):
 - ``parallelism``: readers (default 2); ``maxChangesPerBatch`` (default 10000);
   ``maxChunksPerBatch`` (chunks one reader reads in a batch, held in its checkpointed state
   until the next batch emits them; default 8);
-  ``pollInterval``: how often a streaming source looks for changes (default ``500ms``);
+  ``pollInterval``: how often a streaming source looks for changes (default ``100ms``);
 - any libpq connection keyword (``host``, ``port``, ``user``, ``password``, ``sslmode``...)
   overrides the URL's.
 
@@ -70,7 +70,7 @@ class CdcOptions:
     parallelism: int = 2
     max_changes_per_batch: int = 10_000
     max_chunks_per_batch: int = 8
-    poll_interval_s: float = 0.5
+    poll_interval_s: float = 0.1
 
 
 def parse_cdc_options(options: dict[str, str]) -> tuple[CdcOptions, dict[str, str]]:
@@ -112,7 +112,7 @@ def parse_cdc_options(options: dict[str, str]) -> tuple[CdcOptions, dict[str, st
         max_changes_per_batch=parse_int("maxChangesPerBatch",
                                         ours.get("maxchangesperbatch", "10000")),
         max_chunks_per_batch=parse_int("maxChunksPerBatch", ours.get("maxchunksperbatch", "8")),
-        poll_interval_s=parse_seconds("pollInterval", ours.get("pollinterval", "500ms")))
+        poll_interval_s=parse_seconds("pollInterval", ours.get("pollinterval", "100ms")))
     if parsed.poll_interval_s <= 0:
         raise ValueError(f"option 'pollInterval': must be positive, got "
                          f"{ours['pollinterval']!r}")
