@@ -62,6 +62,9 @@ def _io_class() -> Any:
         def insert_position(self) -> int:
             return 1 << 40
 
+        def unpublished(self, tables: Sequence[TableName]) -> tuple[TableName, ...]:
+            return ()
+
     return ConsecutiveKeys
 
 

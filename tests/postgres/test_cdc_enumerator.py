@@ -61,6 +61,7 @@ class FakeIO(EnumeratorIO):
         self.set_ups = 0
         self.advanced: list[int] = []
         self.insert_lsn = 5000
+        self.dropped: set[TableName] = set()
 
     def _mailbox(self) -> bool:
         assert self.harness is not None
@@ -98,6 +99,10 @@ class FakeIO(EnumeratorIO):
     def insert_position(self) -> int:
         self.on_mailbox.append(self._mailbox())
         return self.insert_lsn
+
+    def unpublished(self, tables: Sequence[TableName]) -> tuple[TableName, ...]:
+        self.on_mailbox.append(self._mailbox())
+        return tuple(t for t in tables if t in self.dropped)
 
 
 class Readers:
@@ -355,6 +360,37 @@ def test_the_stream_reads_up_to_a_bound_learned_off_the_mailbox_that_joins_at_a_
     with pytest.raises(RequestFailed, match="the stream is subtask 0's"):
         h.request_from_subtask(1, NextStreamRead(7000))
     assert h.service.failure is not None
+    assert not any(io.on_mailbox)
+
+
+def test_a_captured_table_that_leaves_the_publication_stops_the_job_once_its_changes_are_read(
+        tmp_path: Any) -> None:
+    """Rule 7: the poll finds the table gone and the insert position after it; the job fails
+    naming the table only when the stream reader reports it read that far (the batch holding
+    every change before the drop committed), not at the poll."""
+    io = FakeIO({ORDERS: []}, chunk_size=10)
+    runner, slot_runner = ManualRunner(), ManualRunner()
+    h = harness(io, runner, slot_runner, url=f"file://{tmp_path}/ckpt", startup="latest")
+    h.start()
+    stream_out(h, runner)
+    assert h.request_from_subtask(0, NextStreamRead()) == StreamBound(0)
+    h.commit()
+    io.dropped.add(ORDERS)
+    io.insert_lsn = 7000  # after the drop
+    h.clock.advance(0.5)
+    h.run()
+    slot_runner.run_all()
+    h.run()
+    assert h.service.failure is None  # found, but what came before the drop is not read yet
+    h.checkpoint()
+    assert h.request_from_subtask(0, NextStreamRead(6000)) == StreamBound(7000)
+    assert h.service.failure is None  # read to 6000 only
+    h.commit()
+    h.checkpoint()
+    with pytest.raises(RequestFailed, match="no longer published"):
+        h.request_from_subtask(0, NextStreamRead(7000))  # the batch that read to 7000 committed
+    failure = str(h.service.failure)
+    assert "public.orders" in failure and "no longer published" in failure
     assert not any(io.on_mailbox)
 
 

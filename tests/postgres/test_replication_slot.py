@@ -147,6 +147,32 @@ def test_a_dropped_slot_or_publication_is_a_clear_error_when_reading(admin: Any)
         replication.advance(admin, slot, 1)
 
 
+def test_a_slot_whose_wal_the_server_removed_is_a_clear_error_saying_changes_were_lost(
+        admin: Any) -> None:
+    """``max_slot_wal_keep_size`` lets the server drop WAL a lagging slot still needs and
+    invalidate the slot: reading or confirming it then says so, and how to go on."""
+    table, slot, pub = fresh(admin)
+    admin.execute("ALTER SYSTEM SET max_slot_wal_keep_size = '1MB'")
+    admin.execute("SELECT pg_reload_conf()")
+    try:
+        for i in range(4):  # new WAL segments past the slot, then a checkpoint removes them
+            admin.execute(f"INSERT INTO {table} VALUES ({i})")
+            admin.execute("SELECT pg_switch_wal()")
+        admin.execute("CHECKPOINT")
+        status = admin.execute("SELECT wal_status FROM pg_replication_slots WHERE slot_name = "
+                               "%s", (slot,)).fetchone()
+        assert status == ("lost",)
+        with pytest.raises(SlotProblem, match=rf"replication slot '{slot}' was invalidated.*"
+                                              r"start again with a snapshot"):
+            replication.peek(admin, slot, pub)
+        with pytest.raises(SlotProblem, match=rf"replication slot '{slot}' was invalidated"):
+            replication.advance(admin, slot, replication.current_flush_lsn(admin))
+    finally:
+        admin.execute("ALTER SYSTEM RESET max_slot_wal_keep_size")
+        admin.execute("SELECT pg_reload_conf()")
+        replication.drop_slot(admin, slot)
+
+
 def test_a_role_without_replication_is_told_it_lacks_that_right(
         admin: Any, plain_options: ConnectionOptions) -> None:
     table, slot, pub = fresh(admin)

@@ -60,10 +60,19 @@ Rules:
      handed out again; finished reports it withdrew are undone (the chunk is in flight to the
      subtask again, which reports it again). A withdrawn stream report is forgotten (its
      epoch's position is then confirmed by a later report: never too far).
+  7. A captured table the publication no longer publishes (dropped, or taken out of it) is
+     found by the poll, which asks for the published tables before the insert position
+     ``P``: every change the table had is before ``P``. The source fails the job (a
+     ``PublicationProblem`` naming the tables) when the stream reader reports it read to
+     ``P`` or past it: that report comes in the batch after the read, which Spark runs only
+     once the read's batch committed, so every change the tables had is in the sink first.
+     Nothing is confirmed past what the sink holds, and a restart finds the same and stops
+     at the same point.
 
 Thread model: every callback on the coordinator's mailbox; the :class:`EnumeratorIO`'s
-``set_up``/``plan`` on the planning runner and ``advance``/``insert_position`` on the slot
-runner, each one call at a time, their results posted back to the mailbox.
+``set_up``/``plan`` on the planning runner and ``advance``, ``unpublished`` and
+``insert_position`` on the slot runner, each one call at a time, their results posted back to
+the mailbox.
 """
 
 from __future__ import annotations
@@ -116,6 +125,11 @@ class EnumeratorIO(abc.ABC):
     @abc.abstractmethod
     def insert_position(self) -> int:
         """The WAL insert position now: the stream's next bound (rule 5)."""
+
+    @abc.abstractmethod
+    def unpublished(self, tables: Sequence[TableName]) -> tuple[TableName, ...]:
+        """Those of ``tables`` the publication no longer publishes (dropped, or taken out of
+        it; all of them when the publication was dropped): rule 7."""
 
     def close(self) -> None:  # noqa: B027 - optional: an I/O without connections has none
         """Release connections (any thread)."""
@@ -218,6 +232,8 @@ class PostgresEnumerator(OperatorCoordinator):
         self._learned_bound = 0
         #: an availableNow run's end: the WAL insert position when it started (rule 5)
         self._run_end: int | None = None
+        #: captured tables found unpublished, and an insert position after that (rule 7)
+        self._unpublished: tuple[tuple[TableName, ...], int] | None = None
 
     # ------------------------------------------------------------------ lifecycle (mailbox)
     def reset_to_checkpoint(self, checkpoint_id: int, state: Any) -> None:
@@ -433,7 +449,22 @@ class PostgresEnumerator(OperatorCoordinator):
         if request.read_to is not None:
             previous = state.reported.get(self._epoch, 0)
             state.reported[self._epoch] = max(previous, request.read_to)
+            if self._unpublished is not None and request.read_to >= self._unpublished[1]:
+                self._stop_unpublished(self._unpublished[0])
         return StreamBound(state.stream_bound)
+
+    def _stop_unpublished(self, gone: tuple[TableName, ...]) -> None:
+        """Rule 7: the batch that read past the position after the tables left committed."""
+        from sparkcoord.sources.postgres.errors import PublicationProblem
+
+        names = ", ".join(map(str, gone))
+        self.context.fail_job(PublicationProblem(
+            f"PostgreSQL source {self.context.operator_id!r}: captured table(s) {names} are no "
+            f"longer published by the source's publication (dropped, or taken out of it); "
+            "every change committed to them before that was delivered. Capture without them "
+            "with a new checkpoint location, or, if a table still exists and was taken out by "
+            "mistake, add it back (ALTER PUBLICATION ... ADD TABLE ...; what changed while it "
+            "was out is not in the stream: capture it again with a snapshot)"))
 
     def _polled(self) -> None:
         """A poll tick (mailbox): once the stream is built, learn a new bound; a batch
@@ -449,19 +480,27 @@ class PostgresEnumerator(OperatorCoordinator):
 
         def work() -> None:
             try:
-                position = self._get_io().insert_position()
+                io = self._get_io()
+                # rule 7: the tables first, so that the position is after what changed them
+                gone = io.unpublished(self.tables)
+                position = io.insert_position()
             except Exception as exc:  # noqa: BLE001 - reported on the mailbox
                 error = exc
                 post(lambda: self._failed("reading the WAL insert position", error))
                 return
-            post(lambda: self._bound_learned(position))
+            post(lambda: self._bound_learned(position, gone))
 
         self._slot_runner(work)
 
-    def _bound_learned(self, position: int) -> None:
+    def _bound_learned(self, position: int, gone: tuple[TableName, ...] = ()) -> None:
         self._learning = False
         if self._closed:
             return
+        if gone and self._unpublished is None:
+            self._unpublished = (gone, position)
+            log.warning("PostgreSQL source %s: %s no longer published; the source stops once "
+                        "the stream has delivered everything before %s",
+                        self.context.operator_id, ", ".join(map(str, gone)), position)
         moved = position > max(self._learned_bound, self.state.stream_bound)
         self._learned_bound = max(self._learned_bound, position)
         if self.context.available_now and self._run_end is None:
@@ -679,6 +718,13 @@ class PostgresEnumeratorIO(EnumeratorIO):
 
         result: int = self._call("slot", replication.current_insert_lsn)
         return result
+
+    def unpublished(self, tables: Sequence[TableName]) -> tuple[TableName, ...]:
+        from sparkcoord.sources.postgres import replication
+
+        present = self._call("slot", lambda conn: replication.published_tables(
+            conn, self.publication))
+        return tuple(t for t in tables if present is None or t not in present)
 
     def close(self) -> None:
         for role in list(self._conns):

@@ -225,6 +225,13 @@ def _slot_error(error: psycopg.Error, slot: str, publication: str | None = None
                            "read again: start again with a snapshot")
     if "already been removed" in message:
         return SlotProblem(f"replication slot {slot!r} needs WAL that was removed: {message}")
+    if "can no longer get changes" in message or "cannot be advanced" in message:
+        return SlotProblem(
+            f"replication slot {slot!r} was invalidated: the server removed WAL it still "
+            f"needed (max_slot_wal_keep_size; pg_replication_slots shows wal_status 'lost'), "
+            f"so changes since its last confirmed position are lost ({message}); start again "
+            "with a snapshot (a new checkpoint location; drop the slot), and give the slot "
+            "more room or keep the source running")
     if isinstance(error, pg_errors.ObjectInUse):
         return SlotProblem(f"replication slot {slot!r} is in use by another process: {message}")
     return SlotProblem(f"replication slot {slot!r}: {message}")
