@@ -299,3 +299,66 @@ def test_postgres_times_are_microseconds_since_2000_in_utc() -> None:
     assert pg_time_to_unix_micros(0) == POSTGRES_EPOCH_UNIX_US
     later = pg_time_to_datetime(86_400_000_001)
     assert later - datetime(2000, 1, 2, tzinfo=timezone.utc) == timedelta(microseconds=1)
+
+
+# -- the fast path of changes: whatever it accepts is exactly what the bytes say -------------
+
+def _encode_tuple(row: tuple[Any, ...]) -> bytes:
+    out = len(row).to_bytes(2, "big")
+    for value in row:
+        if value is None:
+            out += b"n"
+        elif value is Toast.UNCHANGED:
+            out += b"u"
+        else:
+            raw = value.encode("utf-8")
+            out += b"t" + len(raw).to_bytes(4, "big") + raw
+    return out
+
+
+def _encode(message: Insert | Update | Delete) -> bytes:
+    head = message.relation_id.to_bytes(4, "big")
+    if isinstance(message, Insert):
+        return b"I" + head + b"N" + _encode_tuple(message.new)
+    if isinstance(message, Update):
+        old = (message.old_kind.encode() + _encode_tuple(message.old)
+               if message.old is not None else b"")
+        return b"U" + head + old + b"N" + _encode_tuple(message.new)
+    return b"D" + head + message.old_kind.encode() + _encode_tuple(message.old)
+
+
+_VALUES = st.one_of(st.none(), st.just(Toast.UNCHANGED), st.text(max_size=12))
+_ROWS = st.lists(_VALUES, max_size=5).map(tuple)
+_CHANGES = st.one_of(
+    st.builds(Insert, st.integers(0, (1 << 32) - 1), _ROWS),
+    st.builds(lambda r, o, n: Update(r, "", None, n), st.integers(0, (1 << 32) - 1),
+              _ROWS, _ROWS),
+    st.builds(lambda r, k, o, n: Update(r, k, o, n), st.integers(0, (1 << 32) - 1),
+              st.sampled_from(["K", "O"]), _ROWS, _ROWS),
+    st.builds(Delete, st.integers(0, (1 << 32) - 1), st.sampled_from(["K", "O"]), _ROWS),
+)
+
+
+@given(_CHANGES, st.sampled_from(["none", "cut", "flip", "extra"]), st.integers(0, 1 << 16),
+       st.integers(0, 255))
+def test_a_change_message_parses_to_what_its_bytes_say_or_is_an_error(
+        message: Insert | Update | Delete, mutation: str, at: int, byte: int) -> None:
+    data = _encode(message)
+    if mutation == "none":
+        assert parse_message(data) == message
+        return
+    where = at % len(data)
+    if mutation == "cut":
+        data = data[:where]
+    elif mutation == "flip":
+        data = data[:where] + bytes([byte]) + data[where + 1:]
+    else:
+        data = data + bytes([byte])
+    try:
+        parsed = parse_message(data)
+    except PgOutputError:
+        return  # refused, naming the type and the offset (the tests above)
+    if not isinstance(parsed, Insert | Update | Delete):
+        assert data[0] not in b"IUD"  # the flip made it another message type
+        return
+    assert _encode(parsed) == data  # accepted only as what the bytes are

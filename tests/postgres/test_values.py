@@ -278,3 +278,42 @@ def test_columns_of_server_text_forms_equal_their_values_read_one_by_one(
         column = values.column_from_texts(oid, modifier, pa.array(texts, pa.string()))
         assert column.type == values.arrow_type(oid, modifier)
         assert column.to_pylist() == _one_by_one(oid, modifier, texts), (oid, texts)
+
+
+def _offset_text(seconds: int) -> str:
+    sign = "-" if seconds < 0 else "+"
+    h, rest = divmod(abs(seconds), 3600)
+    m, s = divmod(rest, 60)
+    return f"{sign}{h:02d}" + (f":{m:02d}" if m or s else "") + (f":{s:02d}" if s else "")
+
+
+@settings(max_examples=500, deadline=None, print_blob=True)
+@given(st.datetimes(min_value=datetime(1, 1, 2), max_value=datetime(9999, 12, 30)),
+       st.integers(-15 * 3600, 15 * 3600), st.integers(0, 6))
+def test_a_timestamp_in_any_offset_and_precision_reads_as_the_instant_it_names(
+        instant: datetime, offset_s: int, digits: int) -> None:
+    """The server's form of a timestamp with time zone (any offset a zone ever had, 0 to 6
+    fraction digits) reads as the UTC instant it names; the same text without the offset is
+    the naive timestamp."""
+    from datetime import timedelta
+
+    instant = instant.replace(microsecond=instant.microsecond // 10 ** (6 - digits)
+                              * 10 ** (6 - digits))
+    local = instant + timedelta(seconds=offset_s)
+    fraction = f".{local.microsecond:06d}"[:digits + 1].rstrip("0").rstrip(".")
+    text = local.strftime("%Y-%m-%d %H:%M:%S").rjust(19, "0") + fraction
+    if not 1 <= local.year <= 9999:
+        return
+    assert values.from_text(values.TIMESTAMP, text.zfill(19 + len(fraction))) == local
+    aware = values.from_text(values.TIMESTAMPTZ, text + _offset_text(offset_s))
+    assert aware == instant.replace(tzinfo=UTC) and aware.tzinfo is UTC
+
+
+def test_a_timestamp_whose_utc_instant_leaves_years_1_to_9999_is_an_error() -> None:
+    for text in ("0001-01-01 00:30:00+01", "9999-12-31 23:30:00-01"):
+        with pytest.raises(ValueConversionError, match="outside the years 1 to 9999"):
+            values.from_text(values.TIMESTAMPTZ, text)
+    with pytest.raises(ValueConversionError, match="expected YYYY-MM-DD HH:MM:SS"):
+        values.from_text(values.TIMESTAMP, "2024-01-01 00:00:00+00")  # naive column, aware text
+    with pytest.raises(ValueConversionError, match="before year 1"):
+        values.from_text(values.TIMESTAMP, "0044-03-15 00:00:00 BC")

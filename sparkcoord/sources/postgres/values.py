@@ -168,6 +168,11 @@ _TIMESTAMP = re.compile(
 
 
 def _date(text: str) -> date:
+    if len(text) == 10:  # YYYY-MM-DD, the common form: C's parser
+        try:
+            return date.fromisoformat(text)
+        except ValueError:
+            pass  # the checks below say why
     match = _DATE.match(text)
     if not match:
         raise _fail(DATE, text, _why_not_date(text))
@@ -189,6 +194,24 @@ def _timestamp(type_oid: int) -> Callable[[str], datetime]:
     aware = type_oid == TIMESTAMPTZ
 
     def convert(text: str) -> datetime:
+        # the common form (years 1 to 9999, a space between date and time) through C's
+        # parser; anything it refuses or reads otherwise goes the checked way below
+        if len(text) >= 19 and text[10] == " " and text[-3:] != " BC":
+            try:
+                value = datetime.fromisoformat(text)
+            except ValueError:
+                pass
+            else:
+                if not aware and value.tzinfo is None:
+                    return value
+                offset = value.utcoffset()
+                if aware and offset is not None:
+                    if not offset:
+                        return value.replace(tzinfo=timezone.utc)
+                    try:
+                        return (value.replace(tzinfo=None) - offset).replace(tzinfo=timezone.utc)
+                    except OverflowError:
+                        pass
         match = _TIMESTAMP.match(text)
         if not match or bool(match[8]) != aware:
             raise _fail(type_oid, text, _why_not_date(text).replace(
