@@ -97,6 +97,24 @@ def test_a_peek_cut_short_by_its_limit_reads_to_its_last_transactions_end(admin:
     assert rest.read_to == rest.upto_lsn
 
 
+def test_a_peek_after_a_position_skips_what_ends_before_it_but_keeps_its_relations(
+        admin: Any) -> None:
+    """The changes of transactions ending at or before ``after_lsn`` are not even parsed, but
+    a Relation message inside them (sent once per decoding session, before the table's first
+    change) still describes the changes after."""
+    table, slot, pub = fresh(admin, "id int PRIMARY KEY, note text")
+    for i in range(1, 5):
+        admin.execute(f"INSERT INTO {table} VALUES ({i}, 'n{i}')")
+    every = replication.peek(admin, slot, pub)
+    t2 = every.transactions[1]
+    later = replication.peek(admin, slot, pub, after_lsn=t2.end_lsn)
+    assert later.transactions == every.transactions[2:] and ids(later.transactions) == [3, 4]
+    assert later.transactions[0].relation(0).name == table  # described in transaction 1
+    assert later.read_to == every.read_to and later.messages == every.messages
+    cut = replication.peek(admin, slot, pub, upto_nchanges=6, after_lsn=t2.end_lsn)
+    assert cut.cut_short and cut.transactions == () and cut.read_to == t2.end_lsn
+
+
 def test_an_idle_publication_lets_the_slot_release_the_wal_of_other_tables(admin: Any) -> None:
     table, slot, pub = fresh(admin)
     admin.execute("CREATE TABLE rep_busy (id int, filler text)")

@@ -498,6 +498,8 @@ class Decoder:
         self._origin: str | None = None
         self._changes: list[Change] = []
         self._shapes: list[tuple[Relation, ...]] = []
+        #: the end LSN of the last transaction committed in the messages read, skipped or not
+        self.last_end_lsn = 0
 
     def decode(self, data: bytes) -> Message:
         """One message, checked against the cache and the transaction state (rule 5); the
@@ -530,22 +532,35 @@ class Decoder:
                                 "message before its first change")
         return relation
 
-    def transactions(self, messages: Iterable[bytes]) -> Iterator[Transaction]:
+    def transactions(self, messages: Iterable[bytes], after_lsn: int = 0
+                     ) -> Iterator[Transaction]:
         """The committed transactions in ``messages`` (each a pgoutput message's bytes), in
-        commit order, each yielded when its Commit is read. A change outside Begin...Commit,
-        or a Begin inside a transaction, is an error. Called by the reader's thread."""
+        commit order, each yielded when its Commit is read; those ending at or before
+        ``after_lsn`` (a record boundary: a transaction whose commit record starts before it
+        ends at or before it) are skipped without reading their changes, though their
+        Relation and Type messages still describe what follows. A change outside
+        Begin...Commit, or a Begin inside a transaction, is an error. Called by the reader's
+        thread."""
+        skipping = False
         for data in messages:
+            if skipping and data[:1] in (b"I", b"U", b"D", b"T"):
+                continue
             message = self.decode(data)
             if isinstance(message, Begin):
                 if self._begin is not None:
                     raise PgOutputError("Begin", 0, f"transaction {message.xid} begins inside "
                                                     f"transaction {self._begin.xid}")
                 self._begin, self._origin, self._changes, self._shapes = message, None, [], []
+                skipping = message.final_lsn < after_lsn
             elif isinstance(message, Commit):
                 begin = self._begin
                 if begin is None:
                     raise PgOutputError("Commit", 0, "a Commit outside a transaction")
                 self._begin = None
+                self.last_end_lsn = message.end_lsn
+                if skipping:
+                    skipping = False
+                    continue
                 yield Transaction(begin.xid, begin.final_lsn, message.commit_lsn,
                                   message.end_lsn, message.commit_time, tuple(self._changes),
                                   tuple(self._shapes), self._origin)

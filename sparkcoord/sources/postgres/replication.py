@@ -242,7 +242,9 @@ def peek(conn: psycopg.Connection[Any], slot: str, publication: str, *, upto_nch
     """The committed transactions of ``publication`` in the slot, without consuming them
     (rules 1 and 3): up to the flush position (or ``upto_lsn``), at most about
     ``upto_nchanges`` messages (whole transactions, so possibly more), and only those
-    ending after ``after_lsn`` (already delivered but not yet confirmed ones are left out).
+    ending after ``after_lsn`` (already delivered but not yet confirmed ones are left out, their
+    changes not even parsed: ``after_lsn`` is a record boundary, a transaction's end or an
+    insert position, so a commit record starting before it ends at or before it).
     Called by the coordinator's reader thread."""
     check_simple_name("replication slot", slot)
     check_simple_name("publication", publication)
@@ -257,12 +259,12 @@ def peek(conn: psycopg.Connection[Any], slot: str, publication: str, *, upto_nch
     except psycopg.Error as e:
         raise _slot_error(e, slot, publication) from None
     decoder = Decoder()
-    transactions = list(decoder.transactions(bytes(row[0]) for row in rows))
+    transactions = list(decoder.transactions((bytes(row[0]) for row in rows), after_lsn))
     if decoder.in_transaction:
         raise SlotProblem(f"replication slot {slot!r}: a peek ended inside a transaction "
                           "(the server returns whole transactions)")
     cut_short = upto_nchanges is not None and len(rows) >= upto_nchanges
-    last_end = transactions[-1].end_lsn if transactions else 0
+    last_end = decoder.last_end_lsn
     read_to = last_end if cut_short else max(limit, last_end)
     return Peek(tuple(t for t in transactions if t.end_lsn > after_lsn), limit, read_to,
                 cut_short, len(rows))
