@@ -362,3 +362,34 @@ def test_a_change_message_parses_to_what_its_bytes_say_or_is_an_error(
         assert data[0] not in b"IUD"  # the flip made it another message type
         return
     assert _encode(parsed) == data  # accepted only as what the bytes are
+
+
+def _begin(final_lsn: int, xid: int) -> bytes:
+    return b"B" + final_lsn.to_bytes(8, "big") + (0).to_bytes(8, "big") + xid.to_bytes(4, "big")
+
+
+def _commit(commit_lsn: int, end_lsn: int) -> bytes:
+    return (b"C" + b"\x00" + commit_lsn.to_bytes(8, "big") + end_lsn.to_bytes(8, "big")
+            + (0).to_bytes(8, "big"))
+
+
+def _relation(relation_id: int, name: str) -> bytes:
+    return (b"R" + relation_id.to_bytes(4, "big") + b"public\x00" + name.encode() + b"\x00d"
+            + (1).to_bytes(2, "big") + b"\x01id\x00" + (23).to_bytes(4, "big")
+            + (-1).to_bytes(4, "big", signed=True))
+
+
+def test_transactions_ending_before_a_position_are_skipped_unparsed_but_their_relations_kept(
+        ) -> None:
+    """Decoder.transactions(after_lsn): a change inside a transaction whose commit record
+    starts before ``after_lsn`` is not even parsed (a malformed one raises nothing), while the
+    Relation message sent inside it still describes the next transaction's change."""
+    broken_insert = b"I\x00\x00"  # cut short: the checked parser refuses it
+    messages = [_begin(100, 1), _relation(7, "t"), broken_insert, _commit(100, 120),
+                _begin(200, 2), _encode(Insert(7, ("5",))), _commit(200, 220)]
+    decoder = Decoder()
+    (only,) = decoder.transactions(messages, after_lsn=120)
+    assert (only.xid, only.end_lsn, only.changes) == (2, 220, (Insert(7, ("5",)),))
+    assert only.relation(0).name == "t" and decoder.last_end_lsn == 220
+    with pytest.raises(PgOutputError, match="Insert"):
+        list(Decoder().transactions(messages, after_lsn=0))  # not skipped: parsed, refused

@@ -39,6 +39,8 @@ CASES: list[tuple[str, str, Any, pa.DataType]] = [
      "3.14159265358979323846264338327950288419716939937510", pa.string()),
     ("numeric", "'NaN'", "NaN", pa.string()),
     ("numeric(40,2)", "1.25", "1.25", pa.string()),
+    ("numeric(3,5)", "0.00123", "0.00123", pa.string()),  # scale above precision: text
+    ("numeric(5,-2)", "12345", "12300", pa.string()),  # negative scale: text
     ("text", "'héllo, wörld ☃'", "héllo, wörld ☃", pa.string()),
     ("text", "''", "", pa.string()),
     ("varchar(5)", "'abc'", "abc", pa.string()),

@@ -47,7 +47,9 @@ Rules:
      a batch when it moved (an idle database runs no batches); the position joins the state at the next boundary (rule 2) as the stream's
      bound, and each :class:`NextStreamRead` is answered with it (a :class:`StreamBound`).
      So changes arrive within about a poll interval plus a batch, an idle publication still
-     confirms the slot (rule 4), and a batch that runs again reads the same transactions.
+     confirms the slot while anything else in the database is written (rule 4; where nothing
+     is, the last batch's report waits for the next write), and a batch that runs again
+     reads the same transactions.
      The stream reader asks for the next batch itself when its read stopped short of the
      bound (``max_changes_per_batch``). In an ``availableNow`` run
      (``CoordinatorContext.available_now``) there is no polling: the enumerator learns the
@@ -67,7 +69,10 @@ Rules:
      ``P`` or past it: that report comes in the batch after the read, which Spark runs only
      once the read's batch committed, so every change the tables had is in the sink first.
      Nothing is confirmed past what the sink holds, and a restart finds the same and stops
-     at the same point.
+     at the same point. While tables are found gone every poll asks for a batch (nothing
+     else may be written to move the insert position). The check starts once the stream is
+     built: before, the publication may not exist yet (the set-up creates it on the other
+     worker, at the same time as an ``availableNow`` run's first poll).
 
 Thread model: every callback on the coordinator's mailbox; the :class:`EnumeratorIO`'s
 ``set_up``/``plan`` on the planning runner and ``advance``, ``unpublished`` and
@@ -477,12 +482,15 @@ class PostgresEnumerator(OperatorCoordinator):
             return
         self._learning = True
         post = self.context.run_in_coordinator_thread
+        # rule 7 once the stream is built: before, the publication may not exist yet (the
+        # set-up creating it runs on the other worker at the same time)
+        check = self.state.stream is not None or self.state.stream_owner is not None
 
         def work() -> None:
             try:
                 io = self._get_io()
                 # rule 7: the tables first, so that the position is after what changed them
-                gone = io.unpublished(self.tables)
+                gone = io.unpublished(self.tables) if check else ()
                 position = io.insert_position()
             except Exception as exc:  # noqa: BLE001 - reported on the mailbox
                 error = exc
@@ -507,8 +515,11 @@ class PostgresEnumerator(OperatorCoordinator):
             self._run_end = position
             log.info("PostgreSQL source %s: this availableNow run reads the stream to %s",
                      self.context.operator_id, position)
-        if self._work_left() or (self.state.stream_owner is not None and moved):
-            self.context.request_batch()  # an unmoved insert position: nothing new to read
+        # an unmoved insert position: nothing new to read; but once tables left (rule 7), the
+        # batch carrying the report past them must come even if nothing is written any more
+        if self._work_left() or (self.state.stream_owner is not None
+                                 and (moved or self._unpublished is not None)):
+            self.context.request_batch()
 
     def _stream_behind_run_end(self) -> bool:
         """An availableNow run's stream has not yet been reported past the run's end (or the

@@ -248,6 +248,14 @@ class RowDecoder:
     def key(self, row: RowValues) -> Key:
         return tuple(row[k] for k in self.shape.key)
 
+    def convert(self, name: str, text: str) -> Any:
+        """Column ``name``'s value from its text form (not NULL, not TOASTed)."""
+        index = self.names.index(name)
+        try:
+            return self.converters[index](text)
+        except ValueConversionError as e:
+            raise ValueConversionError(f"table {self.shape.table}, column {name!r}: {e}") from None
+
     def check(self, relation: Relation) -> None:
         """Rule 4: ``relation`` (pgoutput's description) has this table's columns."""
         got = [(c.name, c.type_oid, c.type_modifier) for c in relation.columns]
@@ -476,8 +484,10 @@ def read_chunk_watermarked(conn: Any, config: ReaderConfig, chunk: SnapshotChunk
     if touched is None:  # nothing in the window: the rows as read
         length = len(texts[shape.columns[0].name])
         return ChunkRead(_read_batch(shape, columns, length, high, schema), high)
-    # the rows the window touches (all of them after a TRUNCATE) go through Python values
-    keys = list(zip(*(columns[k].to_pylist() for k in shape.key), strict=True))
+    # the rows the window touches (all of them after a TRUNCATE) go through Python values;
+    # their keys too, from the texts (a float4 key as Arrow's float32 is not the window's)
+    keys = list(zip(*([None if t is None else decoder.convert(k, t)
+                       for t in texts[k].to_pylist()] for k in shape.key), strict=True))
     hit = [True] * len(keys) if touched is ALL_KEYS else [k in touched for k in keys]
     rows: dict[Key, RowValues] = {}
     for index in (i for i, h in enumerate(hit) if h):
@@ -522,14 +532,16 @@ def _copy_texts(conn: Any, statement: str, params: Sequence[Any],
     empty string)."""
     import pyarrow.csv as csv
 
-    data = bytearray()
+    # Arrow's CSV reader drops a byte-order mark at the start of its input, and COPY does not
+    # quote a value that begins with one: ours goes first, so the data's first value keeps its
+    data = bytearray(b"\xef\xbb\xbf")
     with conn.cursor() as cursor:
         copy_sql = f"COPY ({statement}) TO STDOUT (FORMAT csv)"
         with cursor.copy(composed(copy_sql), params) as copy:
             for block in copy:
                 data += block
     names = list(shape.column_names)
-    if not data:
+    if len(data) == 3:
         return {n: pa.array([], pa.string()) for n in names}
     table = csv.read_csv(
         pa.py_buffer(bytes(data)),

@@ -13,7 +13,8 @@ Rules:
        bool 16 -> bool; int2 21 -> int16; int4 23 -> int32; int8 20 -> int64; oid 26 ->
        int64; float4 700 -> float32; float8 701 -> float64 (NaN and infinities kept);
        numeric 1700 with a precision of at most 38 -> Decimal, decimal128(p, s); numeric
-       without a precision (or above 38) -> its text, string; text 25, varchar 1043,
+       without a precision (or above 38, or a scale above the precision or below zero) ->
+       its text, string; text 25, varchar 1043,
        bpchar 1042, name 19, char 18 -> str; date 1082 -> date, date32; timestamp 1114 ->
        naive datetime, timestamp[us]; timestamptz 1184 -> aware UTC datetime,
        timestamp[us, UTC]; uuid 2950 -> str; json 114, jsonb 3802 -> str (the JSON text);
@@ -82,7 +83,8 @@ def numeric_precision(type_modifier: int) -> tuple[int, int] | None:
 
 def _as_decimal(type_modifier: int) -> tuple[int, int] | None:
     shape = numeric_precision(type_modifier)
-    if shape is None or shape[0] > MAX_DECIMAL_PRECISION:
+    # PostgreSQL 15 allows a scale above the precision or below zero; Spark's decimal does not
+    if shape is None or shape[0] > MAX_DECIMAL_PRECISION or not 0 <= shape[1] <= shape[0]:
         return None
     return shape
 
