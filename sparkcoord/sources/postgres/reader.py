@@ -533,7 +533,8 @@ def _copy_texts(conn: Any, statement: str, params: Sequence[Any],
     import pyarrow.csv as csv
 
     # Arrow's CSV reader drops a byte-order mark at the start of its input, and COPY does not
-    # quote a value that begins with one: ours goes first, so the data's first value keeps its
+    # quote a value that begins with one: ours goes first, so a first value that begins with
+    # one keeps it
     data = bytearray(b"\xef\xbb\xbf")
     with conn.cursor() as cursor:
         copy_sql = f"COPY ({statement}) TO STDOUT (FORMAT csv)"
