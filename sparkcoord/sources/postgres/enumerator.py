@@ -45,7 +45,8 @@ Rules:
      is built, the enumerator learns the WAL insert position on the slot runner (a record
      boundary, so confirming it never skips a commit record that straddles it) and asks for
      a batch when it moved (an idle database runs no batches); the position joins the state
-     at the next boundary (rule 2) as the stream's bound, and each :class:`NextStreamRead` is answered with it (a :class:`StreamBound`).
+     at the next boundary (rule 2) as the stream's bound, and each :class:`NextStreamRead`
+     is answered with it (a :class:`StreamBound`).
      So changes arrive within about a poll interval plus a batch, an idle publication still
      confirms the slot while anything else in the database is written (rule 4; where nothing
      is, the last batch's report waits for the next write), and a batch that runs again
