@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -24,3 +26,20 @@ def spark():
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture
+def executor_password(spark: Any) -> Iterator[None]:
+    """PGPASSWORD in the environment of Spark's Python processes started from now on (what
+    ``spark.executorEnv.PGPASSWORD`` does; the PostgreSQL source's tests, decision 64)."""
+    from tests.postgres_server import ADMIN_PASSWORD
+
+    environment = spark.sparkContext.environment
+    environment["PGPASSWORD"] = ADMIN_PASSWORD
+    try:
+        yield
+    finally:
+        environment.pop("PGPASSWORD", None)
+        from sparkcoord.spark.source import CoordinatedSource
+
+        spark.dataSource.register(CoordinatedSource)  # later jobs: without it

@@ -4,10 +4,11 @@ row of the new shape in the sink; a captured table dropped while the stream runs
 naming it, once every change it had before the drop is in the sink (enumerator.py rule 7).
 
 Spark's processes connect with libpq's environment (decision 64): PGPASSWORD goes into the
-session's executor environment for the test (tests/spark/test_postgres_cdc.py does the same)."""
+session's executor environment for the test (tests/spark/conftest.py's ``executor_password``)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -19,20 +20,6 @@ import pytest
 from tests.postgres_server import ADMIN_PASSWORD, ADMIN_USER, PostgresServer, postgres_server
 
 __all__ = ["postgres_server"]  # the session's server fixture
-
-
-@pytest.fixture
-def executor_password(spark: Any) -> Iterator[None]:
-    """PGPASSWORD in the environment of Spark's Python processes started from now on."""
-    environment = spark.sparkContext.environment
-    environment["PGPASSWORD"] = ADMIN_PASSWORD
-    try:
-        yield
-    finally:
-        environment.pop("PGPASSWORD", None)
-        from sparkcoord.spark.source import CoordinatedSource
-
-        spark.dataSource.register(CoordinatedSource)  # later jobs: without it
 
 
 def _wait_for(what: str, ready: Callable[[], bool], handle: Any, timeout_s: float = 180) -> None:
@@ -90,33 +77,46 @@ class Mirror:
             self.handle.stop()
 
 
-def _drop_slots(postgres_server: PostgresServer, database: str) -> None:
-    postgres_server.drop_slots(database)
+@contextlib.contextmanager
+def streaming_mirror(spark: Any, postgres_server: PostgresServer, workdir: str, database: str,
+                     tables: str, setup: list[str], rows: int) -> Iterator[tuple[Any, Mirror]]:
+    """A fresh ``database`` set up by ``setup``, mirrored until the stream runs and the sink
+    holds the snapshot's ``rows``; the job stopped and the slots dropped afterwards."""
+    url = postgres_server.url(postgres_server.create_database(database), ADMIN_USER,
+                              ADMIN_PASSWORD)
+    with psycopg.connect(url, autocommit=True) as conn:
+        for sql in setup:
+            conn.execute(sql)
+        mirror = Mirror(spark, url, workdir, tables)
+        try:
+            _wait_for("the stream", lambda: mirror.streaming() and len(mirror.rows()) == rows,
+                      mirror.handle)
+            yield conn, mirror
+        finally:
+            mirror.stop()
+            postgres_server.drop_slots(database)
+
+
+def expect_stop(mirror: Mirror, message: str) -> None:
+    """The job ends (within 240 s) with an error matching ``message``."""
+    with pytest.raises(Exception, match=message):
+        ended = mirror.handle.await_termination(timeout_s=240)
+        raise AssertionError(f"the job went on (ended: {ended})")
 
 
 def test_a_column_added_while_streaming_stops_the_query_naming_the_table_with_no_row_of_the_new_shape(
         spark: Any, postgres_server: PostgresServer, executor_password: None,
         tmp_path: Any) -> None:
-    database = postgres_server.create_database("t_spark_cdc_alter")
-    url = postgres_server.url(database, ADMIN_USER, ADMIN_PASSWORD)
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("CREATE TABLE items (id int PRIMARY KEY, v int)")
-        conn.execute("INSERT INTO items SELECT g, g FROM generate_series(1, 20) g")
-        mirror = Mirror(spark, url, str(tmp_path), "public.items")
-        try:
-            _wait_for("the stream", lambda: mirror.streaming() and len(mirror.rows()) == 20,
-                      mirror.handle)
-            conn.execute("INSERT INTO items VALUES (21, 21)")
-            _wait_for("row 21", lambda: len(mirror.rows()) == 21, mirror.handle)
-            conn.execute("ALTER TABLE items ADD COLUMN extra text")
-            conn.execute("INSERT INTO items VALUES (22, 22, 'new shape')")
-            with pytest.raises(Exception, match=r"table public\.items changed while it was "
-                                                r"captured \(column\(s\) added: extra\)"):
-                ended = mirror.handle.await_termination(timeout_s=240)
-                raise AssertionError(f"the job went on (ended: {ended})")
-        finally:
-            mirror.stop()
-            _drop_slots(postgres_server, database)
+    setup = ["CREATE TABLE items (id int PRIMARY KEY, v int)",
+             "INSERT INTO items SELECT g, g FROM generate_series(1, 20) g"]
+    with streaming_mirror(spark, postgres_server, str(tmp_path), "t_spark_cdc_alter",
+                          "public.items", setup, rows=20) as (conn, mirror):
+        conn.execute("INSERT INTO items VALUES (21, 21)")
+        _wait_for("row 21", lambda: len(mirror.rows()) == 21, mirror.handle)
+        conn.execute("ALTER TABLE items ADD COLUMN extra text")
+        conn.execute("INSERT INTO items VALUES (22, 22, 'new shape')")
+        expect_stop(mirror, r"table public\.items changed while it was captured "
+                            r"\(column\(s\) added: extra\)")
     rows = mirror.rows()
     assert sorted(r["id"] for r in rows) == list(range(1, 22))  # nothing of the new shape
     assert [r["op"] for r in rows].count("r") == 20
@@ -125,28 +125,17 @@ def test_a_column_added_while_streaming_stops_the_query_naming_the_table_with_no
 def test_a_captured_table_dropped_while_streaming_stops_the_job_naming_it_after_its_last_changes(
         spark: Any, postgres_server: PostgresServer, executor_password: None,
         tmp_path: Any) -> None:
-    database = postgres_server.create_database("t_spark_cdc_drop")
-    url = postgres_server.url(database, ADMIN_USER, ADMIN_PASSWORD)
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("CREATE TABLE items (id int PRIMARY KEY, v int)")
-        conn.execute("CREATE TABLE kept (id int PRIMARY KEY, v int)")
-        conn.execute("INSERT INTO items SELECT g, g FROM generate_series(1, 10) g")
-        mirror = Mirror(spark, url, str(tmp_path), "public.items,public.kept")
-        try:
-            _wait_for("the stream", lambda: mirror.streaming() and len(mirror.rows()) == 10,
-                      mirror.handle)
-            # the last changes come right before the drop: they must reach the sink first
-            conn.execute("INSERT INTO items SELECT g, g FROM generate_series(11, 15) g")
-            conn.execute("DELETE FROM items WHERE id = 1")
-            conn.execute("INSERT INTO kept VALUES (1, 1)")
-            conn.execute("DROP TABLE items")
-            with pytest.raises(Exception, match=r"captured table\(s\) public\.items are no "
-                                                r"longer published"):
-                ended = mirror.handle.await_termination(timeout_s=240)
-                raise AssertionError(f"the job went on (ended: {ended})")
-        finally:
-            mirror.stop()
-            _drop_slots(postgres_server, database)
+    setup = ["CREATE TABLE items (id int PRIMARY KEY, v int)",
+             "CREATE TABLE kept (id int PRIMARY KEY, v int)",
+             "INSERT INTO items SELECT g, g FROM generate_series(1, 10) g"]
+    with streaming_mirror(spark, postgres_server, str(tmp_path), "t_spark_cdc_drop",
+                          "public.items,public.kept", setup, rows=10) as (conn, mirror):
+        # the last changes come right before the drop: they must reach the sink first
+        conn.execute("INSERT INTO items SELECT g, g FROM generate_series(11, 15) g")
+        conn.execute("DELETE FROM items WHERE id = 1")
+        conn.execute("INSERT INTO kept VALUES (1, 1)")
+        conn.execute("DROP TABLE items")
+        expect_stop(mirror, r"captured table\(s\) public\.items are no longer published")
     rows = mirror.rows()
     items = [r for r in rows if r["table"] == "public.items"]
     assert sorted(r["id"] for r in items if r["op"] in ("r", "c")) == list(range(1, 16))

@@ -15,7 +15,6 @@ import os
 import random
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
@@ -29,20 +28,6 @@ __all__ = ["postgres_server"]  # the session's server fixture
 @pytest.fixture(scope="module")
 def database(postgres_server: PostgresServer) -> str:
     return postgres_server.create_database("t_spark_cdc")
-
-
-@pytest.fixture
-def executor_password(spark: Any) -> Iterator[None]:
-    """PGPASSWORD in the environment of Spark's Python processes started from now on."""
-    environment = spark.sparkContext.environment
-    environment["PGPASSWORD"] = ADMIN_PASSWORD
-    try:
-        yield
-    finally:
-        environment.pop("PGPASSWORD", None)
-        from sparkcoord.spark.source import CoordinatedSource
-
-        spark.dataSource.register(CoordinatedSource)  # later jobs: without it
 
 
 @pytest.mark.parametrize("failure", [
