@@ -217,6 +217,24 @@ def test_a_20000_row_table_written_during_its_snapshot_ends_equal_to_the_snapsho
         replication.drop_slot(admin, slot)
 
 
+def ten_rows_and_their_first_chunk(admin: Any, admin_options: ConnectionOptions, kind: str
+                                   ) -> tuple[str, str, ReaderConfig, SnapshotChunk]:
+    """A table of ids 1 to 10 with its publication and slot: (name, slot, the reader's
+    config, the chunk of ids below 6)."""
+    n = next(_names)
+    name, slot, pub = f"cdc_{kind}_{n}", f"cdc_{kind}_slot_{n}", f"cdc_{kind}_pub_{n}"
+    table = TableName("public", name)
+    admin.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, v int NOT NULL, note text)")
+    admin.execute(f"INSERT INTO {name} SELECT g, g, 'r' FROM generate_series(1, 10) g")
+    replication.ensure_publication(admin, pub, [table])
+    replication.ensure_slot(admin, slot)
+    config = ReaderConfig(admin_options, slot, pub,
+                          (TableShape.of(catalog.table_info(admin, table)),))
+    chunk = SnapshotChunk(split_id=f"{table}#0", table=table, key_column="id", index=0,
+                          start=None, end=6)
+    return name, slot, config, chunk
+
+
 def commit_in_the_window(reader: Any, other: Any, *statements: str) -> None:
     """Make ``other`` commit ``statements`` right after ``reader``'s chunk read takes its
     snapshot: invisible to the rows, before the high watermark, so in the window (rule 2)."""
@@ -234,17 +252,7 @@ def commit_in_the_window(reader: Any, other: Any, *statements: str) -> None:
 
 def test_a_chunk_read_applies_the_changes_committed_between_its_snapshot_and_its_high_watermark(
         admin: Any, admin_options: ConnectionOptions) -> None:
-    n = next(_names)
-    name, slot, pub = f"cdc_win_{n}", f"cdc_win_slot_{n}", f"cdc_win_pub_{n}"
-    table = TableName("public", name)
-    admin.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, v int NOT NULL, note text)")
-    admin.execute(f"INSERT INTO {name} SELECT g, g, 'r' FROM generate_series(1, 10) g")
-    replication.ensure_publication(admin, pub, [table])
-    replication.ensure_slot(admin, slot)
-    config = ReaderConfig(admin_options, slot, pub,
-                          (TableShape.of(catalog.table_info(admin, table)),))
-    chunk = SnapshotChunk(split_id=f"{table}#0", table=table, key_column="id", index=0,
-                          start=None, end=6)
+    name, slot, config, chunk = ten_rows_and_their_first_chunk(admin, admin_options, "win")
     with admin_options.connect() as reader, admin_options.connect() as other:
         commit_in_the_window(
             reader, other, f"UPDATE {name} SET v = 100 WHERE id = 2",
@@ -265,17 +273,7 @@ def test_a_truncate_between_a_chunks_snapshot_and_its_high_watermark_empties_the
     """The column-at-a-time read (values.py rule 5) keeps the rows no window change touches;
     a TRUNCATE in the window touches every row, so only what was inserted after it (and falls
     in the chunk) remains."""
-    n = next(_names)
-    name, slot, pub = f"cdc_trunc_{n}", f"cdc_trunc_slot_{n}", f"cdc_trunc_pub_{n}"
-    table = TableName("public", name)
-    admin.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, v int NOT NULL, note text)")
-    admin.execute(f"INSERT INTO {name} SELECT g, g, 'r' FROM generate_series(1, 10) g")
-    replication.ensure_publication(admin, pub, [table])
-    replication.ensure_slot(admin, slot)
-    config = ReaderConfig(admin_options, slot, pub,
-                          (TableShape.of(catalog.table_info(admin, table)),))
-    chunk = SnapshotChunk(split_id=f"{table}#0", table=table, key_column="id", index=0,
-                          start=None, end=6)
+    name, slot, config, chunk = ten_rows_and_their_first_chunk(admin, admin_options, "trunc")
     with admin_options.connect() as reader, admin_options.connect() as other:
         commit_in_the_window(reader, other, f"TRUNCATE {name}",
                              f"INSERT INTO {name} VALUES (3, 30, 'in'), (8, 80, 'out')")
