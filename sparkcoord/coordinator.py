@@ -157,6 +157,18 @@ class OperatorCoordinator:
     def close(self) -> None:
         """Called once when the coordinator is discarded (end of run, reset, failover)."""
 
+    def run_ending(self) -> Future[None] | None:
+        """An ``availableNow`` run is about to end: the last batch committed (its
+        ``notify_checkpoint_complete`` came before this call) and no coordinator asked for
+        another batch. Mailbox thread. Return a future that completes once the side effects
+        of the committed batches are done (a committer's queued commits), or ``None`` if
+        there are none: the run reports done only after it completed, so a run that says it
+        is done holds them. A future not done within the service's ``run_end_wait_s`` fails
+        the run naming this coordinator (what is pending stays in the checkpoint and is done
+        after the restart). Spark's source ``stop`` comes after the query ended, too late to
+        hold it (docs/decisions.md 71)."""
+        return None
+
     def handle_event_from_operator(self, subtask: int, attempt: int, event: Any) -> None:
         """An event that subtask ``subtask`` (execution attempt ``attempt``) sent.
 

@@ -119,3 +119,20 @@ class SubtaskOperator:
 
     def close(self) -> None:
         """End of the batch (also after a failure)."""
+
+
+class RecipientOperator(SubtaskOperator):
+    """Base class of a downstream operator (``CoordinatedJob.apply``, run by
+    ``sparkcoord.spark.recipient``): adds the input rows of the batch."""
+
+    def process_input(self, rows: list[dict[str, Any]]) -> Iterable[tuple[Any, ...]] | None:
+        """A chunk of the batch's input rows (as dicts), after the epoch's events. Task thread,
+        called by :meth:`process_arrow`'s default."""
+        return None
+
+    def process_arrow(self, batch: Any) -> Iterable[tuple[Any, ...]] | None:
+        """A chunk of the batch's input as a ``pyarrow.RecordBatch``, after the epoch's events
+        (task thread, for each batch ``mapInArrow`` hands the operator). The default turns it
+        into dicts for :meth:`process_input`; an operator that works on columns (a sink
+        writing files) overrides this instead and never pays for the rows."""
+        return self.process_input(batch.to_pylist())

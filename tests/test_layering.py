@@ -130,9 +130,10 @@ def test_the_file_source_checks_see_the_package() -> None:
         PACKAGE / "sources" / "stream.py")
 
 
-#: packages that have no Spark layer yet: they import neither pyspark nor the adapter (their
-#: builders will, as the file source's stream.py does, and only those)
-NO_SPARK_YET = (PACKAGE / "sinks",)
+#: the lake sinks reach Spark only through their builder (sinks/stream.py), which imports
+#: pyspark inside its functions only (the package runs in Spark's tasks and source runner)
+SINKS = PACKAGE / "sinks"
+SINKS_TO_SPARK = ("stream",)
 #: the PostgreSQL source reaches Spark only through its builder (sources/postgres/stream.py)
 #: and its command (command.py), which import pyspark inside their functions only (the
 #: package runs in Spark's processes too)
@@ -141,7 +142,7 @@ POSTGRES_TO_SPARK = ("stream", "command")
 
 
 def no_spark_modules() -> list[pathlib.Path]:
-    return sorted([*(p for d in NO_SPARK_YET for p in d.rglob("*.py")),
+    return sorted([*(p for p in SINKS.rglob("*.py") if p.stem not in SINKS_TO_SPARK),
                    *(p for p in POSTGRES_SOURCE.rglob("*.py")
                      if p.stem not in POSTGRES_TO_SPARK)])
 
@@ -155,6 +156,15 @@ def test_the_postgres_source_and_the_lake_sinks_import_no_spark_and_no_file_sour
         assert parts[:2] != ["sparkcoord", "spark"], f"{path.relative_to(PACKAGE)} imports {module}"
         assert not (parts[:2] == ["sparkcoord", "sources"] and len(parts) > 2
                     and parts[2] in FILE_SOURCE), f"{path.relative_to(PACKAGE)} imports {module}"
+
+
+@pytest.mark.parametrize("name", SINKS_TO_SPARK)
+def test_the_sink_builder_imports_pyspark_only_inside_functions_and_no_source(name: str) -> None:
+    path = SINKS / f"{name}.py"
+    top = {m for m in imported_modules(path, nested=False) if m.split(".")[0] == "pyspark"}
+    assert not top, f"sinks/{name}.py imports {sorted(top)} at its top"
+    for module in imported_modules(path, nested=True):
+        assert not module.startswith("sparkcoord.sources"), f"sinks/{name}.py imports {module}"
 
 
 @pytest.mark.parametrize("name", POSTGRES_TO_SPARK)
@@ -172,6 +182,7 @@ def test_the_postgres_builder_imports_pyspark_only_inside_functions_and_no_file_
 def test_the_no_spark_checks_see_the_postgres_source_and_the_sinks() -> None:
     # guard against a glob that silently finds nothing
     names = {p.name for p in no_spark_modules()}
-    assert {"pgoutput.py", "watermarks.py", "enumerator.py", "delta.py", "iceberg.py"} <= names
+    assert {"pgoutput.py", "watermarks.py", "enumerator.py", "delta.py", "iceberg.py",
+            "coordinator.py", "task.py"} <= names
     assert "stream.py" not in names
     assert "sparkcoord.spark.spec" in imported_modules(POSTGRES_SOURCE / "stream.py")

@@ -120,6 +120,10 @@ class CommitLedger:
         """Epochs whose commit is not reported done, oldest first."""
         return sorted(self._pending)
 
+    def pending_items(self) -> list[tuple[Any, ...]]:
+        """What each pending commit holds, oldest epoch first."""
+        return [self._pending[epoch] for epoch in sorted(self._pending)]
+
     @property
     def running(self) -> tuple[Any, ...]:
         """What the running batch produced so far, in order."""

@@ -10,7 +10,10 @@ Rules:
   3. Done is reported back on the mailbox (``run_in_coordinator_thread``), where the ledger
      forgets the commit; the report of a worker that was stopped is dropped by the fenced
      context, so a commit is forgotten only by the coordinator that saw it done.
-  4. ``stop`` first lets the queued commits run for up to ``drain_s`` (the end of an
+  4. ``prepare`` (optional: a sink opening its table and sweeping its orphans) runs first on
+     the worker's thread, before any commit, retried like a commit; :meth:`start` runs it at
+     once (otherwise the first submit starts the thread).
+  5. ``stop`` first lets the queued commits run for up to ``drain_s`` (the end of an
      ``availableNow`` run: its last batch's commit is handed over as the run ends, and a run
      that reports done must have made it), then ends the worker after the commit it runs (a
      user call is never interrupted). Commits not done stay pending in the coordinator's
@@ -28,6 +31,7 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from typing import Any
 
 from sparkcoord.committer.ledger import Commit
@@ -43,9 +47,11 @@ class CommitWorker:
 
     def __init__(self, operator: str, commit: CommitFunction,
                  done: Callable[[int], None], *, retry_delay_s: float = 0.5,
-                 max_retry_delay_s: float = 30.0) -> None:
+                 max_retry_delay_s: float = 30.0,
+                 prepare: Callable[[], None] | None = None) -> None:
         """``done(epoch)`` is called on the worker thread once a commit returned; the owner
-        posts it to its mailbox (``context.run_in_coordinator_thread``)."""
+        posts it to its mailbox (``context.run_in_coordinator_thread``). ``prepare``: rule
+        4."""
         if retry_delay_s <= 0 or max_retry_delay_s < retry_delay_s:
             raise ValueError(f"commit retry delays must satisfy 0 < retry_delay_s <= "
                              f"max_retry_delay_s, got {retry_delay_s} and {max_retry_delay_s}")
@@ -58,6 +64,21 @@ class CommitWorker:
         self._wake = threading.Condition()
         self._stopped = False
         self._thread: threading.Thread | None = None
+        self._prepare = prepare
+        #: idle() futures, completed once the queue is empty
+        self._idle_waiters: list[Future[None]] = []
+
+    def start(self) -> None:
+        """Start the worker's thread now (mailbox thread, at the coordinator's start), so that
+        ``prepare`` runs before the first commit is handed over (rule 4)."""
+        with self._wake:
+            self._start_thread()
+
+    def _start_thread(self) -> None:
+        if self._thread is None and not self._stopped:
+            self._thread = threading.Thread(target=self._run, daemon=True,
+                                            name=f"sparkcoord-commit-{self.operator}")
+            self._thread.start()
 
     def submit(self, commits: Sequence[Commit]) -> None:
         """Run ``commits`` after the ones handed over before (mailbox thread)."""
@@ -68,10 +89,23 @@ class CommitWorker:
                 return  # a stopped coordinator's commits run again after its restore
             self._queue.extend(commits)
             self._wake.notify()
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, daemon=True,
-                                                name=f"sparkcoord-commit-{self.operator}")
-                self._thread.start()
+            self._start_thread()
+
+    def idle(self) -> Future[None]:
+        """A future that completes once every commit handed over so far is done (at once if
+        none is queued). Mailbox thread (``OperatorCoordinator.run_ending``). A stopped
+        worker's future fails: its commits run again after a restore."""
+        waiter: Future[None] = Future()
+        with self._wake:
+            if self._stopped:
+                waiter.set_exception(RuntimeError(
+                    f"operator {self.operator!r}: the commit worker stopped with "
+                    f"{len(self._queue)} commit(s) not done"))
+            elif not self._queue:
+                waiter.set_result(None)
+            else:
+                self._idle_waiters.append(waiter)
+        return waiter
 
     def stop(self, drain_s: float = 0.0) -> bool:
         """End the worker (mailbox thread, at the coordinator's close): wait up to
@@ -86,9 +120,15 @@ class CommitWorker:
             self._stopped = True
             self._queue.clear()
             self._wake.notify_all()
+            waiters, self._idle_waiters = self._idle_waiters, []
+        for waiter in waiters:
+            waiter.set_exception(RuntimeError(f"operator {self.operator!r}: the commit worker "
+                                              "stopped before its commits were done"))
         return drained
 
     def _run(self) -> None:
+        if self._prepare is not None and not self._attempt("preparing", self._prepare):
+            return
         while True:
             with self._wake:
                 while not self._queue and not self._stopped:
@@ -103,22 +143,30 @@ class CommitWorker:
                 if self._queue and self._queue[0] is commit:
                     self._queue.popleft()
                 self._wake.notify_all()  # a draining stop waits for the queue to empty
+                idle, self._idle_waiters = (
+                    (self._idle_waiters, []) if not self._queue else ([], self._idle_waiters))
+            for waiter in idle:
+                waiter.set_result(None)
 
     def _run_one(self, commit: Commit) -> bool:
         """Run ``commit`` until it returns (rule 2); False if the worker stopped meanwhile."""
+        return self._attempt(f"the commit of epoch {commit.epoch}",
+                             lambda: self._commit(commit.epoch, commit.items))
+
+    def _attempt(self, what: str, action: Callable[[], None]) -> bool:
+        """Run ``action`` until it returns (rule 2); False if the worker stopped meanwhile."""
         delay, failures = self._retry_delay_s, 0
         while True:
             try:
-                self._commit(commit.epoch, commit.items)
+                action()
                 if failures:
-                    log.warning("operator %r: the commit of epoch %d succeeded after %d "
-                                "failed attempt(s)", self.operator, commit.epoch, failures)
+                    log.warning("operator %r: %s succeeded after %d failed attempt(s)",
+                                self.operator, what, failures)
                 return True
             except Exception as exc:  # noqa: BLE001 - the user's commit: retried, never lost
                 failures += 1
-                log.warning("operator %r: the commit of epoch %d failed (attempt %d), "
-                            "retrying in %.1f s: %s: %s", self.operator, commit.epoch,
-                            failures, delay, type(exc).__name__, exc)
+                log.warning("operator %r: %s failed (attempt %d), retrying in %.1f s: %s: %s",
+                            self.operator, what, failures, delay, type(exc).__name__, exc)
             with self._wake:
                 if self._wake.wait_for(lambda: self._stopped, timeout=delay):
                     return False

@@ -18,8 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparkcoord.coordinator import CoordinatorContext, OperatorCoordinator
-from sparkcoord.operator import SubtaskContext, SubtaskOperator
-from sparkcoord.spark.recipient import RecipientOperator
+from sparkcoord.operator import RecipientOperator, SubtaskContext, SubtaskOperator
 
 SCHEMA = "operator string, subtask int, value int, position int, epoch int"
 

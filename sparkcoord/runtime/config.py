@@ -31,3 +31,7 @@ class ServiceConfig:
     #: stops the query when the job fails, and Spark logs a cancelled task in one line and
     #: does not retry it. Past it (a query run otherwise) the task fails by itself. 0: at once.
     cancel_wait_s: float = 10.0
+    #: An ``availableNow`` run ends only once every coordinator's side effects of the
+    #: committed batches are done (``OperatorCoordinator.run_ending``); one not done within
+    #: this time fails the run, naming the coordinator (docs/decisions.md 71).
+    run_end_wait_s: float = 300.0

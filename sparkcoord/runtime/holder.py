@@ -269,6 +269,29 @@ class CoordinatorHolder:
             self._fail_futures(self.valve.globally_reset(), error)
         self._submit(run)
 
+    def run_ending(self) -> Future[None]:
+        """An ``availableNow`` run is about to end (driver thread, after ``batch_committed``
+        of its last batch): a future that completes once the coordinator's
+        ``run_ending`` future did (at once when it returned none, raised, or no instance
+        runs)."""
+        done: Future[None] = Future()
+
+        def run() -> None:
+            result = self._callback("run_ending")
+            if not isinstance(result, Future):
+                done.set_result(None)
+                return
+
+            def finished(fut: Future[Any]) -> None:
+                error = fut.exception()
+                if error is None:
+                    done.set_result(None)
+                else:
+                    done.set_exception(error)
+            result.add_done_callback(finished)
+        self._submit(run)
+        return done
+
     def close(self) -> None:
         """End of the run: close the coordinator and the mailbox. Any thread; idempotent."""
         def run() -> None:

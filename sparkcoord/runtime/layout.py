@@ -9,6 +9,7 @@
     state/<operator>/<index>/<epoch>.state     a subtask's state at the end of an epoch's batch
     state/<operator>/<index>/lineage           since which epoch the subtask keeps state
     channel.json                               the running service's address and secret
+    attached.pkl                               downstream operators attached after the source
     last-failure.json                          the cause of the last run's global failure
 
 Imports nothing (read by processes that must stay light: Spark's Python workers, ``inspect``).
@@ -24,6 +25,7 @@ STATE = "state"
 LINEAGE = "lineage"
 SEGMENTS_BEGIN = "begin"
 CHANNEL_INFO = "channel.json"
+ATTACHED = "attached.pkl"
 FAILURE_REPORT = "last-failure.json"
 
 RECORD_SUFFIX = ".ckpt"

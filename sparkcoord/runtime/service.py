@@ -260,6 +260,28 @@ class CoordinationService:
                  epoch)
         self.storage.prune(epoch)
 
+    def run_ending(self) -> None:
+        """An ``availableNow`` run is about to end (driver thread, in the ``latestOffset`` that
+        seals nothing): wait until every coordinator's side effects of the committed batches
+        are done (``OperatorCoordinator.run_ending``), up to ``run_end_wait_s``; a coordinator
+        not done by then, or whose future failed, fails the job naming it, so the run does
+        not report done without them."""
+        waits = {name: holder.run_ending() for name, holder in self._holders.items()}
+        deadline = time.monotonic() + self.config.run_end_wait_s
+        for name, fut in waits.items():
+            try:
+                fut.result(timeout=max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                self._fail(f"coordinator {name!r}: its side effects of the committed batches "
+                           f"(a committer's commits) were not done {self.config.run_end_wait_s:g} "
+                           f"s after the availableNow run's last batch committed; they stay "
+                           f"pending in the checkpoint and run again after a restart")
+                raise JobFailed(self.failure or "") from None
+            except Exception as exc:  # noqa: BLE001 - the coordinator's own error, named
+                self._fail(f"coordinator {name!r}: its side effects of the committed batches "
+                           f"failed as the availableNow run ended: {exc!r}")
+                raise JobFailed(self.failure or "") from None
+
     def has_held_events(self) -> bool:
         """Whether any coordinator holds events for a future epoch (a hint; any thread)."""
         return any(h.held_count() for h in self._holders.values())

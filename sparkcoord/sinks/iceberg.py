@@ -87,6 +87,13 @@ class IcebergCommitter:
         self._fence = fence
         return fence.known
 
+    def prepare_table(self) -> str:
+        """Create the table if missing (rule 4) and return its location, where the tasks
+        write (the driver program, when a sink is built: the tasks are told the location
+        before the query starts). Checks nothing against a checkpoint: :meth:`open` does."""
+        self._table = self._load_or_create()
+        return self.table_location
+
     @property
     def table_location(self) -> str:
         """Where the tasks write (the table's location): known once :meth:`open` ran."""

@@ -265,6 +265,11 @@ class SplitEnumerator(OperatorCoordinator):
             self._timer = self.context.call_periodically(self.discovery_interval_s,
                                                          self._discover_now)
 
+    def run_ending(self) -> Any:
+        """An availableNow run ends once the commits handed over are done (rule 6): Spark
+        stops the source only after the query ended, too late for ``close`` to hold the run."""
+        return self._commits.idle() if self._commits is not None else None
+
     def close(self) -> None:
         self._closed = True
         if self._commits is not None:

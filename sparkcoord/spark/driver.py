@@ -32,7 +32,7 @@ from typing import Any
 from sparkcoord.channel.faults import fault_plan
 from sparkcoord.channel.frames import Delivery
 from sparkcoord.channel.server import ChannelServer
-from sparkcoord.core.ids import SubtaskId
+from sparkcoord.core.ids import NO_EPOCH, SubtaskId
 from sparkcoord.core.records import CheckpointRecord
 from sparkcoord.runtime import layout
 from sparkcoord.runtime.logs import install_log_handler
@@ -49,6 +49,23 @@ from sparkcoord.spark.spec import SourceSpec
 log = logging.getLogger(__name__)
 
 
+def with_attached(spec: SourceSpec, storage: CheckpointStorage) -> SourceSpec:
+    """``spec`` with the downstream operators ``CoordinatedJob.attach`` added after the source's
+    DataFrame was made (``attached.pkl``, written by the driver program before the query
+    started; runner process, at a run's start)."""
+    import dataclasses
+    import pickle
+
+    try:
+        data = storage.files.read(f"{storage.root}/{layout.ATTACHED}")
+    except FileNotFoundError:
+        return spec
+    attached = pickle.loads(data)  # our own checkpoint directory, written by the job (0600)
+    taken = {op.name for op in list(spec.operators) + list(spec.recipients)}
+    more = [op for op in attached if op.name not in taken]
+    return dataclasses.replace(spec, recipients=[*spec.recipients, *more]) if more else spec
+
+
 class DriverSide:
     """The coordination service and channel server of one run (runner process only)."""
 
@@ -57,6 +74,7 @@ class DriverSide:
         self.closed = False
         storage = CheckpointStorage(spec.checkpoint_url, retain=spec.retain, fsync=spec.fsync,
                                     storage_options=spec.storage_options)
+        spec = with_attached(spec, storage)
         self.spec = spec
         self.service = CoordinationService(
             [CoordinatorSpec(op.name, op.coordinator, op.parallelism)
@@ -186,6 +204,10 @@ class DriverSide:
         interval = self.spec.checkpoint_interval_s
         due = interval is not None and time.monotonic() - self.last_seal >= interval
         if not (due or self.service.wants_batch()):
+            if self.service.available_now and start_epoch != NO_EPOCH:
+                # this answer ends an availableNow run: its committed batches' side effects
+                # first (Spark's stop() of the source comes after the query ended)
+                self.service.run_ending()
             return start_epoch
         future = self.service.trigger_checkpoint(self.service.next_checkpoint_id)
         try:

@@ -23,6 +23,7 @@ runner process; this side only starts, watches and restarts the query.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import re
@@ -40,6 +41,7 @@ from sparkcoord.core.text import plural
 from sparkcoord.operator import SubtaskOperator
 from sparkcoord.runtime import layout
 from sparkcoord.runtime.config import ServiceConfig
+from sparkcoord.runtime.files import files_for
 from sparkcoord.runtime.logs import check_level, install_log_handler
 from sparkcoord.runtime.restart import FixedDelay, RestartStrategy
 from sparkcoord.spark.session import resolve_location, session_setting
@@ -243,6 +245,8 @@ class CoordinatedJob:
         self.channel_fault_plan = channel_fault_plan  # tests only (sparkcoord.channel.faults)
         self._names: set[str] = set()
         self._specs: dict[str, SourceSpec] = {}
+        #: per source, the operators attach() added, in order
+        self._attached: dict[str, list[OperatorSpec]] = {}
         # client requests (request()): one client per run of a source, one request at a time
         self._client_lock = threading.Lock()
         self._clients: dict[tuple[str, str], Any] = {}
@@ -284,7 +288,48 @@ class CoordinatedJob:
                           list(recipients), self.spark_checkpoint, self.channel_fault_plan,
                           self.storage_options, self.log_level)
         self._specs[name] = spec
+        # a fresh DataFrame hosts no attached operator yet: an earlier program's attachments
+        # on this checkpoint directory do not linger (attach() writes the file again)
+        files, root = files_for(spec.checkpoint_url, self.storage_options)
+        files.remove(f"{root}/{layout.ATTACHED}")
+        self._attached.pop(name, None)
         return self.spark.readStream.format(FORMAT).option("spec", spec.encode()).load()
+
+    def attach(self, operator: OperatorSpec, source: str | None = None) -> str:
+        """Host downstream operator ``operator``'s coordinator in coordinated source
+        ``source``'s service (default: the job's only source), after the source's DataFrame
+        was made; apply it with :meth:`apply`. Driver program thread, before the query
+        starts. Returns the source's name.
+
+        The source's DataFrame carries its spec already, so the attached operators go to
+        ``<coordination>/attached.pkl`` (cloudpickled, private like ``channel.json``), which
+        the source's runner reads when a run starts (:mod:`sparkcoord.spark.driver`). A
+        sink attaches itself this way: ``FileStream(job).load(...)`` then a sink on the
+        result, as in Flink, where the sink is added to the graph before it runs. What is
+        attached must hold no credential: the file lives in the checkpoint directory."""
+        if source is None:
+            if len(self._specs) != 1:
+                raise ValueError(f"this job has {len(self._specs)} coordinated sources "
+                                 f"({sorted(self._specs)}): name the one to attach to")
+            source = next(iter(self._specs))
+        spec = self._specs.get(source)
+        if spec is None:
+            raise ValueError(f"no coordinated source {source!r} in this job; create it first")
+        taken = {op.name for op in list(spec.operators) + list(spec.recipients)}
+        if operator.name in taken:
+            raise ValueError(f"source {source!r} already has an operator named "
+                             f"{operator.name!r}")
+        spec = dataclasses.replace(spec, recipients=[*spec.recipients, operator])
+        self._specs[source] = spec
+        attached = self._attached.setdefault(source, [])
+        attached.append(operator)
+        from pyspark import cloudpickle
+
+        files, root = files_for(spec.checkpoint_url, self.storage_options)
+        files.write_atomic(f"{root}/{layout.ATTACHED}",
+                           cloudpickle.dumps(attached),  # type: ignore[no-untyped-call]
+                           private=True)
+        return source
 
     def apply(self, df: DataFrame, operator: str, schema: str, source: str = "coordinated"
               ) -> DataFrame:

@@ -27,11 +27,13 @@ from sparkcoord.channel.client import ChannelClient
 from sparkcoord.core.codec import EventCodec
 from sparkcoord.core.errors import SparkCoordError
 from sparkcoord.core.ids import SubtaskId, TaskAttempt
-from sparkcoord.operator import SubtaskContext, SubtaskOperator
+from sparkcoord.operator import RecipientOperator, SubtaskContext, SubtaskOperator
 from sparkcoord.runtime.files import files_for
 from sparkcoord.spark.offsets import offset_values, source_epoch
 from sparkcoord.spark.spec import SourceSpec
 from sparkcoord.spark.subtask import request_function, state_store, task_boundary, user_code
+
+__all__ = ["NoEpochInThisBatch", "RecipientFunction", "RecipientOperator", "epoch_of_batch"]
 
 
 class NoEpochInThisBatch(SparkCoordError):
@@ -57,14 +59,6 @@ def epoch_of_batch(spark_checkpoint: str, source: str, batch: int) -> tuple[int,
     epoch = read(batch)
     previous = read(batch - 1) if batch > 0 else -1
     return epoch, epoch != previous and epoch != -1
-
-
-class RecipientOperator(SubtaskOperator):
-    """Base class of a downstream operator: adds the input rows of the batch."""
-
-    def process_input(self, rows: list[dict[str, Any]]) -> Iterable[tuple[Any, ...]] | None:
-        """A chunk of the batch's input rows (as dicts), after the epoch's events."""
-        return None
 
 
 class RecipientFunction:
@@ -150,9 +144,9 @@ class RecipientFunction:
                     yield from self._to_arrow(rows, names)
             for record_batch in batches:
                 if isinstance(operator, RecipientOperator):
-                    with user_code(sid, epoch, "process_input()"):
-                        rows = operator.process_input(record_batch.to_pylist())
-                    with user_code(sid, epoch, "process_input()"):
+                    with user_code(sid, epoch, "process_arrow()"):
+                        rows = operator.process_arrow(record_batch)
+                    with user_code(sid, epoch, "process_arrow()"):
                         yield from self._to_arrow(rows, names)
             with user_code(sid, epoch, "process()"):
                 rows = operator.process()

@@ -11,10 +11,10 @@ package's (:mod:`sparkcoord.sources.files`).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from sparkcoord.core.text import parse_bytes
 from sparkcoord.sources.alignment import OPTION_NAMES, AlignmentOptions
 from sparkcoord.sources.files.metadata import METADATA_COLUMN, metadata_field
 from sparkcoord.sources.parsing import MODES, corrupt_column_problem
@@ -64,7 +64,6 @@ class FileSourceOptions:
     packing: bool = True
 
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)b?\s*$", re.IGNORECASE)
 
 
 def parse_bool(name: str, value: str) -> bool:
@@ -74,17 +73,6 @@ def parse_bool(name: str, value: str) -> bool:
     if text in ("false", "0", "no"):
         return False
     raise ValueError(f"option {name!r}: expected true or false, got {value!r}")
-
-
-def parse_bytes(name: str, value: str) -> int:
-    match = _SIZE.match(str(value))
-    if not match:
-        raise ValueError(f"option {name!r}: expected a size like 1048576, 64m or 1g, got {value!r}")
-    scale = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[match[2].lower()]
-    number = int(float(match[1]) * scale)
-    if number < 1:
-        raise ValueError(f"option {name!r}: must be at least 1 byte, got {value!r}")
-    return number
 
 
 def parse_mode(name: str, value: str) -> str:

@@ -1,0 +1,221 @@
+"""The lake sink's coordinator: collects the data files the tasks report and commits each
+epoch's files to the table once, after the epoch's batch committed in Spark (Hudi's
+StreamWriteOperatorCoordinator, Flink's committer).
+
+Rules:
+  1. A task reports each data file it wrote and closed with a :class:`FileWritten` event
+     (``files.py`` rule 2). The event is logged before the coordinator sees it (DESIGN rule
+     6), so a restore that replays the batch's log reports the file again; it becomes an item
+     of the running batch in the commit ledger (``committer/ledger.py`` rule 1).
+  2. A failed task attempt's reports are taken back: the coordinator resets per subtask
+     (``subtask_reset``: the subtask's items of the running batch are withdrawn) and a
+     withdrawn history (``handle_items_withdrawn``) withdraws its files. Their files are left
+     to cleanup (rule 5); the retry writes files of its own under other names.
+  3. ``notify_checkpoint_complete(N)``: the batch of N committed in Spark; its files become the
+     pending commit of N (ledger rule 2), run by the commit worker off the mailbox: one table
+     transaction per epoch, fenced by the table (``fencing.py``; ``delta.py``,
+     ``iceberg.py``). An epoch without files has no commit.
+  4. The checkpointed state is the ledger's pending commits and the newest epoch whose commit
+     was reported done, so a restore commits what the table lacks (a commit the table already
+     holds is skipped by the fence: the epoch was pending in the restored checkpoint) and the
+     fence can tell a checkpoint behind the table (fencing rule 2) at start.
+  5. Cleanup (``cleanup.py``) runs on the commit worker: at its start an orphan sweep of the
+     table's data directory up to the newest epoch Spark committed before the restored
+     checkpoint, keeping what the table references and what a pending commit holds; after
+     each commit of E, the files of the epochs since the last cleaned one up to E, keeping
+     E's committed files (an epoch's file set is final once its batch committed, and the
+     epochs between had no files to commit).
+  6. A fence error (a second writer, a checkpoint behind the table, a table behind the
+     checkpoint) fails the job with the error's text (``context.fail_job``): it does not go
+     away by retrying, and the commit stays pending in the checkpoint.
+
+Thread model: every callback on the coordinator's mailbox; the committer, the sweep and the
+cleanup on the commit worker's thread (``sparkcoord-commit-<operator>``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sparkcoord.committer import CommitLedger, CommitWorker, LedgerState
+from sparkcoord.coordinator import CoordinatorContext, OperatorCoordinator, Withdrawn
+from sparkcoord.sinks.cleanup import (
+    delete_files,
+    epoch_prefix,
+    files_to_delete,
+    list_data_files,
+)
+from sparkcoord.sinks.fencing import NO_EPOCH, SinkFenceError
+from sparkcoord.sinks.files import DataFile
+from sparkcoord.sinks.target import SinkTarget
+
+log = logging.getLogger("sparkcoord.sinks")
+
+
+@dataclass(frozen=True)
+class FileWritten:
+    """Event, task to coordinator: this task attempt wrote and closed ``file`` (rule 1)."""
+
+    file: DataFile
+
+
+@dataclass
+class SinkState:
+    """The coordinator's checkpointed state (rule 4)."""
+
+    ledger: LedgerState = field(default_factory=LedgerState)
+    #: the newest epoch whose commit was reported done
+    committed_through: int = NO_EPOCH
+
+
+class SinkCoordinator(OperatorCoordinator):
+    """Commits a lake sink's epochs (rules 1-6). Created by the runtime from
+    :func:`sink_coordinator`'s provider, on the source runner's driver side."""
+
+    resets_per_subtask = True
+
+    def __init__(self, context: CoordinatorContext, target: SinkTarget) -> None:
+        super().__init__(context)
+        self.target = target
+        self._ledger = CommitLedger()
+        self._committed_through = NO_EPOCH
+        #: the newest epoch Spark committed before the restored checkpoint (the sweep's bound)
+        self._final_at_start = NO_EPOCH
+        #: the running batch's files by subtask (rule 2)
+        self._running: dict[int, list[DataFile]] = {}
+        self._worker: CommitWorker | None = None
+        #: worker thread only: the committer of this start, and the newest cleaned epoch
+        self._committer: Any = None
+        self._cleaned_through = NO_EPOCH
+
+    # ---------------------------------------------------------------- lifecycle (mailbox)
+    def reset_to_checkpoint(self, checkpoint_id: int, state: Any) -> None:
+        if state is not None and not isinstance(state, SinkState):
+            raise TypeError(f"sink {self.context.operator_id!r}: checkpointed state is a "
+                            f"{type(state).__name__}, not a SinkState")
+        state = state or SinkState()
+        self._ledger = CommitLedger(state.ledger)
+        self._committed_through = state.committed_through
+        # conservative: the restore point may be a batch that has not committed (a re-run)
+        self._final_at_start = checkpoint_id - 1 if checkpoint_id >= 0 else NO_EPOCH
+        self._running = {}
+
+    def start(self) -> None:
+        # nothing yet: the worker opens the table at the first checkpoint or commit (rule 4),
+        # once a restore's replay of the committed batch is in the ledger
+        pass
+
+    def run_ending(self) -> Any:
+        """An availableNow run ends once the commits handed over are done (coordinator.py)."""
+        return self._worker.idle() if self._worker is not None else None
+
+    def close(self) -> None:
+        if self._worker is not None:
+            # not waiting: the end of an availableNow run waited in run_ending; what is not
+            # done stays pending in the checkpoint and runs after the next start
+            self._worker.stop()
+
+    # ---------------------------------------------------------------- inputs (mailbox)
+    def handle_event_from_operator(self, subtask: int, attempt: int, event: Any) -> None:
+        if not isinstance(event, FileWritten):
+            raise TypeError(f"sink {self.context.operator_id!r}: subtask {subtask} sent a "
+                            f"{type(event).__name__}, not a FileWritten")
+        self._ledger.item_produced(event.file)
+        self._running.setdefault(subtask, []).append(event.file)
+
+    def subtask_reset(self, subtask: int, checkpoint_id: int) -> None:
+        for file in self._running.pop(subtask, []):
+            self._ledger.item_withdrawn(file)
+
+    def handle_items_withdrawn(self, subtask: int, attempt: int,
+                               withdrawn: list[Withdrawn]) -> None:
+        for w in withdrawn:
+            if isinstance(w.item, FileWritten):
+                self._ledger.item_withdrawn(w.item.file)
+                files = self._running.get(subtask, [])
+                if w.item.file in files:
+                    files.remove(w.item.file)
+
+    def checkpoint_coordinator(self, checkpoint_id: int, result: Any) -> None:
+        worker = self._started_worker()
+        worker.submit(self._ledger.restored())  # a restore's pending commits, if not yet
+        result.set_result(SinkState(self._ledger.checkpoint_taken(checkpoint_id),
+                                    self._committed_through))
+
+    def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
+        commits = self._ledger.batch_committed(checkpoint_id)
+        self._running = {}
+        self._started_worker().submit(commits)
+
+    def _started_worker(self) -> CommitWorker:
+        """The commit worker, started at the first checkpoint or commit (mailbox thread): by
+        then a restore's replay of its committed batch is in the ledger, so the fence knows
+        every epoch this checkpoint may have committed (rule 4)."""
+        if self._worker is None:
+            post = self.context.run_in_coordinator_thread
+            last_committed = self._committed_through
+            pending = self._ledger.pending_epochs
+            held = {f.path for items in self._ledger.pending_items() for f in items}
+            self._worker = CommitWorker(
+                self.context.operator_id, self._commit,
+                lambda epoch: post(lambda: self._commit_done(epoch)),
+                prepare=lambda: self._open(last_committed, pending, held))
+            self._worker.start()
+        return self._worker
+
+    def _commit_done(self, epoch: int) -> None:
+        self._ledger.commit_done(epoch)
+        self._committed_through = max(self._committed_through, epoch)
+
+    # ---------------------------------------------------------------- commit worker thread
+    def _open(self, last_committed: int, pending: list[int], held: set[str]) -> None:
+        """Rule 4's fence check and rule 5's sweep (worker thread, before any commit)."""
+        committer = self.target.committer()
+        try:
+            committer.open(last_committed, pending)
+        except SinkFenceError as e:
+            self.context.fail_job(e)  # rule 6
+            raise
+        self._sweep(self._final_at_start, committer.referenced_paths() | held, prefixes=[""])
+        self._committer = committer
+        self._cleaned_through = self._final_at_start
+
+    def _commit(self, epoch: int, files: Sequence[Any]) -> None:
+        """Rule 3's commit and rule 5's cleanup of one epoch (worker thread)."""
+        try:
+            decision = self._committer.commit(epoch, list(files))
+        except SinkFenceError as e:
+            self.context.fail_job(e)  # rule 6
+            raise
+        log.info("sink %r: epoch %d %s to %s (%d file(s))", self.context.operator_id, epoch,
+                 "committed" if decision == "commit" else "was in the table already",
+                 self.target.name, len(files))
+        if epoch > self._cleaned_through:
+            epochs = range(self._cleaned_through + 1, epoch + 1)
+            self._sweep(epoch, {f.path for f in files},
+                        prefixes=[epoch_prefix(self.target.job_id, e) for e in epochs])
+            self._cleaned_through = epoch
+
+    def _sweep(self, final_through: int, held: set[str], prefixes: list[str]) -> None:
+        if final_through < 0:
+            return
+        options = dict(self.target.storage_options) or None
+        listed = [path for prefix in prefixes
+                  for path in list_data_files(self.target.location, prefix=prefix,
+                                              storage_options=options)]
+        doomed = files_to_delete(self.target.job_id, listed, final_through=final_through,
+                                 held=held)
+        if doomed:
+            deleted = delete_files(self.target.location, doomed, storage_options=options)
+            log.info("sink %r: deleted %d data file(s) no commit holds (%s)",
+                     self.context.operator_id, deleted, ", ".join(doomed[:3]))
+
+
+def sink_coordinator(target: SinkTarget) -> Any:
+    """The coordinator provider of a sink writing ``target`` (picklable: a partial)."""
+    import functools
+
+    return functools.partial(SinkCoordinator, target=target)

@@ -1,0 +1,143 @@
+"""Writing a coordinated streaming DataFrame into a Delta Lake or Iceberg table, exactly once.
+
+    from sparkcoord.sinks import LakeSink
+
+    df = FileStream(job).format("json").schema("id long, name string").load(path)
+    writer = (LakeSink(job).format("delta").option("targetFileSize", "128m")
+              .writer(df, "/lake/events"))
+    job.run(writer.trigger(availableNow=True))
+
+    # Iceberg, in any catalog pyiceberg can load (here its SQL catalog on sqlite)
+    writer = (LakeSink(job).format("iceberg")
+              .option("catalog.uri", "sqlite:////lake/catalog.db")
+              .option("catalog.warehouse", "file:///lake/warehouse")
+              .writer(df, "db.events"))
+
+``writer`` is the query's ``DataStreamWriter``: set its trigger and query name as usual and
+hand it to ``job.run`` or ``job.start``. The DataFrame must come from a coordinated source of
+``job`` (``FileStream``, ``PostgresCDC``, ``job.sources``): the sink is a downstream operator of
+that source (``job.attach``, ``job.apply``), whose coordinator, hosted by the source's
+service, commits each epoch's files once the epoch's batch committed in Spark
+(``coordinator.py``); its tasks write the files (``task.py``).
+
+Options (strings, as Spark's):
+  - ``jobId``: who writes, as the table records it (default ``sc`` and a hash of the job's
+    checkpoint location and the table: one per checkpoint); a second query writing under the
+    same job id is refused, and so is a checkpoint behind the table (``fencing.py``).
+  - ``targetFileSize``: roll to a new data file at this size (default ``128m``).
+  - ``parallelism``: how many tasks write (default: Spark's default parallelism); the rows
+    are spread over them round robin.
+  - ``source``: the coordinated source of the DataFrame, when the job has several.
+  - ``name``: the sink's operator name (default ``sink``); ``job.request`` takes it.
+  - ``catalog``: Iceberg only, the catalog's name (default ``default``); ``catalog.<key>``:
+    its properties for ``pyiceberg.catalog.load_catalog`` (pyiceberg's configuration file
+    and environment apply too).
+  - ``storage_options(**)``: fsspec / delta-rs options of the table's storage.
+No option may carry a credential (``target.py``): credentials come from each process's
+environment. Thread model: the user's driver program thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from typing import TYPE_CHECKING, Any
+
+from sparkcoord.core.text import parse_bytes
+from sparkcoord.sinks.coordinator import sink_coordinator
+from sparkcoord.sinks.target import FORMATS, SinkTarget, refuse_credentials
+from sparkcoord.sinks.task import sink_subtask
+from sparkcoord.spark.session import resolve_location
+from sparkcoord.spark.spec import OperatorSpec
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+    from pyspark.sql.streaming.readwriter import DataStreamWriter
+
+    from sparkcoord.spark.job import CoordinatedJob
+
+_OPTIONS = {"jobid", "targetfilesize", "parallelism", "source", "name", "catalog"}
+
+
+class LakeSink:
+    """Builds a lake sink on a :class:`~sparkcoord.spark.CoordinatedJob`, like
+    ``df.writeStream``: ``format``, ``option``/``options``, ``storage_options``, then
+    :meth:`writer`."""
+
+    def __init__(self, job: CoordinatedJob) -> None:
+        self.job = job
+        self._format = "delta"
+        self._options: dict[str, str] = {}
+        self._storage_options: dict[str, str] = {}
+
+    def format(self, fmt: str) -> LakeSink:
+        """``delta`` or ``iceberg``."""
+        self._format = fmt.lower()
+        if self._format not in FORMATS:
+            raise ValueError(f"a lake sink writes {' or '.join(FORMATS)}, not {fmt!r}")
+        return self
+
+    def option(self, key: str, value: Any) -> LakeSink:
+        if not key.lower().startswith("catalog.") and key.lower() not in _OPTIONS:
+            raise ValueError(f"unknown lake sink option {key!r}: use one of jobId, "
+                             f"targetFileSize, parallelism, source, name, catalog, "
+                             f"catalog.<property>")
+        refuse_credentials({key: value}, "lake sink")
+        self._options[key] = str(value).lower() if isinstance(value, bool) else str(value)
+        return self
+
+    def options(self, **options: Any) -> LakeSink:
+        for key, value in options.items():
+            self.option(key, value)
+        return self
+
+    def storage_options(self, **options: Any) -> LakeSink:
+        """fsspec and delta-rs options of the table's storage (an endpoint, a region), handed
+        to the coordinator and every task; no credentials (``target.py``)."""
+        refuse_credentials(options, "storage")
+        self._storage_options.update({k: str(v) for k, v in options.items()})
+        return self
+
+    def writer(self, df: DataFrame, table: str) -> DataStreamWriter:
+        """The ``DataStreamWriter`` of a query that writes ``df`` into ``table`` (a Delta
+        table's path or URL; an Iceberg table's identifier). Attaches the sink's operator to
+        ``df``'s coordinated source (``job.attach``), so call it before the query starts.
+        An Iceberg table is created here if missing (its tasks need the location the catalog
+        gives it); a Delta table by its first commit."""
+        spec = self.operator_spec(df, table)
+        source = self.job.attach(spec, self._lowered().get("source"))
+        written = self.job.apply(df, spec.name, "written long", source=source)
+        return written.writeStream.format("noop")
+
+    def operator_spec(self, df: DataFrame, table: str) -> OperatorSpec:
+        """The downstream operator :meth:`writer` attaches (driver program thread): to wrap its
+        coordinator or subtask (the tests' faults) before attaching it yourself."""
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        lowered = self._lowered()
+        schema = to_arrow_schema(df.schema)
+        if self._format == "delta":
+            table = resolve_location(self.job.spark, table, "Delta table")
+        catalog = {k[len("catalog."):]: v for k, v in self._options.items()
+                   if k.lower().startswith("catalog.")}
+        target = SinkTarget(
+            self._format, table, lowered.get("jobid") or self._default_job_id(table), schema,
+            table, storage_options=dict(self._storage_options),
+            catalog_name=lowered.get("catalog", "default"), catalog=catalog,
+            target_file_bytes=parse_bytes("targetFileSize",
+                                          lowered.get("targetfilesize", "128m")))
+        if self._format == "iceberg":
+            target = dataclasses.replace(target, location=target.committer().prepare_table())
+        parallelism = int(lowered.get("parallelism") or
+                          self.job.spark.sparkContext.defaultParallelism)
+        if parallelism < 1:
+            raise ValueError(f"option 'parallelism': must be >= 1, got {parallelism}")
+        return OperatorSpec(lowered.get("name", "sink"), sink_coordinator(target),
+                            sink_subtask(target), parallelism)
+
+    def _lowered(self) -> dict[str, str]:
+        return {k.lower(): v for k, v in self._options.items()}
+
+    def _default_job_id(self, table: str) -> str:
+        digest = hashlib.sha256(f"{self.job.checkpoint_dir}\0{table}".encode()).hexdigest()
+        return f"sc{digest[:16]}"

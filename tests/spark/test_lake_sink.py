@@ -1,0 +1,172 @@
+"""The lake sink on real Spark (issue 28): a coordinated file source written into a Delta table
+and an Iceberg table (pyiceberg's SQL catalog on sqlite), read back with deltalake / pyiceberg;
+a task that fails after it wrote and reported its files leaves neither a duplicate row nor an
+orphan file; a second run appends; a checkpoint behind the table is refused."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import pathlib
+from typing import Any
+
+import pytest
+
+from sparkcoord.sinks.task import SinkSubtask
+
+pytestmark = pytest.mark.spark
+
+FILES, ROWS = 6, 50
+
+
+def write_files(data: pathlib.Path, first: int = 0, files: int = FILES) -> list[int]:
+    """``files`` JSON-lines files of ``ROWS`` rows, ids from ``first``; the ids."""
+    data.mkdir(exist_ok=True)
+    ids = []
+    for f in range(files):
+        start = first + f * ROWS
+        rows = [{"id": i, "name": f"n{i}"} for i in range(start, start + ROWS)]
+        (data / f"part-{start:06d}.json").write_text(
+            "".join(json.dumps(r) + "\n" for r in rows))
+        ids.extend(r["id"] for r in rows)
+    return ids
+
+
+class Lake:
+    """The table a test writes: its sink builder and its contents read back."""
+
+    def __init__(self, kind: str, root: pathlib.Path) -> None:
+        self.kind, self.root = kind, root
+        self.catalog_options = {"catalog.uri": f"sqlite:///{root}/catalog.db",
+                                "catalog.warehouse": f"file://{root}/warehouse"}
+        if kind == "iceberg":
+            from pyiceberg.catalog.sql import SqlCatalog
+
+            catalog = SqlCatalog("default", uri=self.catalog_options["catalog.uri"],
+                                 warehouse=self.catalog_options["catalog.warehouse"])
+            catalog.create_namespace_if_not_exists("lake")
+        self.table = str(root / "delta") if kind == "delta" else "lake.events"
+
+    def sink(self, job: Any, **options: Any) -> Any:
+        from sparkcoord.sinks import LakeSink
+
+        sink = LakeSink(job).format(self.kind).options(targetFileSize="64k", **options)
+        if self.kind == "iceberg":
+            sink = sink.options(**self.catalog_options)
+        return sink
+
+    def iceberg_table(self) -> Any:
+        from pyiceberg.catalog.sql import SqlCatalog
+
+        catalog = SqlCatalog("default", uri=self.catalog_options["catalog.uri"],
+                             warehouse=self.catalog_options["catalog.warehouse"])
+        return catalog.load_table(self.table)
+
+    def rows(self) -> list[tuple[int, str]]:
+        if self.kind == "delta":
+            from deltalake import DeltaTable
+
+            data = DeltaTable(self.table).to_pyarrow_table()
+        else:
+            data = self.iceberg_table().scan().to_arrow()
+        return sorted(zip(data.column("id").to_pylist(), data.column("name").to_pylist(),
+                          strict=True))
+
+    def location(self) -> pathlib.Path:
+        if self.kind == "delta":
+            return pathlib.Path(self.table)
+        return pathlib.Path(str(self.iceberg_table().location()).removeprefix("file://"))
+
+    def data_files(self) -> set[str]:
+        """The data files in the table's data directory (relative to the table)."""
+        directory = self.location() / "data"
+        return {f"data/{n}" for n in os.listdir(directory)} if directory.exists() else set()
+
+    def referenced(self) -> set[str]:
+        """The data files the table references."""
+        from sparkcoord.sinks.target import SinkTarget
+
+        if self.kind == "delta":
+            from sparkcoord.sinks.delta import DeltaCommitter
+
+            return DeltaCommitter(self.table, "x", None).referenced_paths()
+        target = SinkTarget("iceberg", self.table, "x", None, str(self.location()),
+                            catalog={k[len("catalog."):]: v
+                                     for k, v in self.catalog_options.items()})
+        return target.committer().referenced_paths()
+
+
+class FailingSinkSubtask(SinkSubtask):
+    """Fails the first attempt of subtask 0 in its first batch with rows, after it wrote and
+    reported its files (test only)."""
+
+    def __init__(self, target: Any, marker: str) -> None:
+        super().__init__(target)
+        self.marker = marker
+
+    def process(self) -> Any:
+        super().process()
+        context = self._context
+        assert context is not None
+        if self._reported and context.subtask == 0 and not os.path.exists(self.marker):
+            with open(self.marker, "w") as f:
+                f.write(f"{context.epoch} {context.spark_attempt}")
+            raise RuntimeError("injected: the task failed after reporting its files")
+        return None
+
+
+def source(job: Any, data: pathlib.Path) -> Any:
+    from sparkcoord.sources import FileStream
+
+    return (FileStream(job).format("json").schema("id long, name string")
+            .options(maxFilesPerTrigger="2").load(str(data)))
+
+
+@pytest.mark.parametrize("kind", ["delta", "iceberg"])
+def test_a_file_stream_lands_in_the_table_exactly_once_with_no_orphan_after_a_task_failure(
+        spark, tmp_path, kind) -> None:
+    from sparkcoord.spark import CoordinatedJob
+
+    lake = Lake(kind, tmp_path)
+    ids = write_files(tmp_path / "data")
+    job = CoordinatedJob(spark, str(tmp_path / "ckpt"))
+    df = source(job, tmp_path / "data")
+    spec = lake.sink(job, parallelism="2").operator_spec(df, lake.table)
+    marker = str(tmp_path / "failed")
+    spec = dataclasses.replace(spec, operator=functools.partial(
+        FailingSinkSubtask, spec.operator.args[0], marker))
+    job.attach(spec)
+    writer = job.apply(df, spec.name, "written long", source="files").writeStream.format("noop")
+    report = job.run(writer.trigger(availableNow=True), timeout_s=240)
+    assert report.failures == []
+    assert os.path.exists(marker), "the fault was never injected"
+    assert lake.rows() == [(i, f"n{i}") for i in ids]
+    # the failed attempt's reported files were withdrawn and deleted by the cleanup
+    assert lake.data_files() == lake.referenced()
+    assert len(lake.referenced()) >= 2
+
+
+@pytest.mark.parametrize("kind", ["delta", "iceberg"])
+def test_a_second_run_appends_and_a_reset_checkpoint_is_refused(spark, tmp_path, kind) -> None:
+    from sparkcoord.runtime.restart import NoRestart
+    from sparkcoord.spark import CoordinatedJob, JobGaveUp
+
+    lake = Lake(kind, tmp_path)
+    data = tmp_path / "data"
+    ids = write_files(data, files=2)
+    for run in range(2):
+        job = CoordinatedJob(spark, str(tmp_path / "ckpt"))
+        writer = lake.sink(job, jobId="events").writer(source(job, data), lake.table)
+        report = job.run(writer.trigger(availableNow=True), timeout_s=240)
+        assert report.failures == []
+        assert lake.rows() == [(i, f"n{i}") for i in ids]
+        if run == 0:
+            ids += write_files(data, first=10_000, files=2)
+    # the same job id from a fresh checkpoint: the table is ahead of it
+    job = CoordinatedJob(spark, str(tmp_path / "ckpt-reset"))
+    writer = lake.sink(job, jobId="events").writer(source(job, data), lake.table)
+    with pytest.raises(JobGaveUp, match="CheckpointBehindTable|checkpoint being restored"):
+        job.run(writer.trigger(availableNow=True), restart=NoRestart(), timeout_s=240)
+    assert lake.rows() == [(i, f"n{i}") for i in ids]
