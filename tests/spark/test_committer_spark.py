@@ -121,3 +121,32 @@ def test_the_wrapping_example_of_the_docs_runs_its_reader_and_enumerator(
     assert report.failures == []
     ids = sorted(r.id for r in sink_rows(spark, out))
     assert ids == [i for i in range(FILES * 10) if i % 2 == 0], ids  # negatives dropped
+
+
+def test_an_available_now_run_reports_done_only_after_its_last_commit_returned(
+        spark, tmp_path) -> None:
+    # Spark stops the source only after the query ended, so a run used to report done while
+    # its last batch's commit still ran (or never ran, when the runner was gone first): a
+    # commit that takes a while must be done, and its manifest written, when run() returns
+    from sparkcoord.sources import FileStream
+    from sparkcoord.spark import CoordinatedJob
+
+    data, manifest_dir = tmp_path / "data", tmp_path / "manifests"
+    write_files(data)
+    manifest_dir.mkdir()
+
+    def publish(epoch: int, splits: Any) -> None:  # runs in the source's runner process
+        import time
+
+        time.sleep(2.0)  # a slow store: widens the window the run used to end in
+        (manifest_dir / f"manifest-{epoch:06d}.json").write_text(json.dumps(
+            {"epoch": epoch, "files": sorted({p for s in splits for p in s.paths})}))
+
+    job = CoordinatedJob(spark, str(tmp_path / "ckpt"))
+    df = (FileStream(job).format("json").schema("id long")
+          .options(maxFilesPerTrigger="4").committer(publish).load(str(data)))
+    report = job.run(df.writeStream.format("parquet").option("path", str(tmp_path / "out"))
+                     .trigger(availableNow=True), timeout_s=240)
+    assert report.failures == []
+    listed = [os.path.basename(f) for files in manifests(manifest_dir).values() for f in files]
+    assert sorted(listed) == [f"part-{f:03d}.json" for f in range(FILES)], listed
