@@ -99,8 +99,8 @@ class CommitWorker:
         with self._wake:
             if self._stopped:
                 waiter.set_exception(RuntimeError(
-                    f"operator {self.operator!r}: the commit worker stopped with "
-                    f"{len(self._queue)} commit(s) not done"))
+                    f"operator {self.operator!r}: the commit worker stopped; commits not done "
+                    "then run again after a restore"))
             elif not self._queue:
                 waiter.set_result(None)
             else:

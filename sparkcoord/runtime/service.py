@@ -35,6 +35,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -269,18 +270,19 @@ class CoordinationService:
         waits = {name: holder.run_ending() for name, holder in self._holders.items()}
         deadline = time.monotonic() + self.config.run_end_wait_s
         for name, fut in waits.items():
-            try:
-                fut.result(timeout=max(0.0, deadline - time.monotonic()))
-            except TimeoutError:
+            # wait() rather than result(timeout): a coordinator's own TimeoutError is a
+            # failure, not our deadline (and Python 3.10's futures raise another class)
+            wait_futures([fut], timeout=max(0.0, deadline - time.monotonic()))
+            if not fut.done():
                 self._fail(f"coordinator {name!r}: its side effects of the committed batches "
                            f"(a committer's commits) were not done {self.config.run_end_wait_s:g} "
                            f"s after the availableNow run's last batch committed; they stay "
                            f"pending in the checkpoint and run again after a restart")
-                raise JobFailed(self.failure or "") from None
-            except Exception as exc:  # noqa: BLE001 - the coordinator's own error, named
+            elif fut.exception() is not None:
                 self._fail(f"coordinator {name!r}: its side effects of the committed batches "
-                           f"failed as the availableNow run ended: {exc!r}")
-                raise JobFailed(self.failure or "") from None
+                           f"failed as the availableNow run ended: {fut.exception()!r}")
+            # a coordinator that raised in run_ending() failed the job already
+            self.raise_if_failed()
 
     def has_held_events(self) -> bool:
         """Whether any coordinator holds events for a future epoch (a hint; any thread)."""

@@ -102,3 +102,130 @@ def test_stop_gives_up_draining_a_failing_commit_and_says_which_epochs_wait(capl
     assert rec.done == []
     assert any("not done when the coordinator closed (epochs [7])" in r.getMessage()
                for r in caplog.records), [r.getMessage() for r in caplog.records]
+
+
+def test_prepare_runs_once_before_the_first_commit_and_is_retried_while_the_commits_wait(
+        caplog) -> None:
+    journal: list[Any] = []
+    preparing = threading.Event()
+    submitted = threading.Event()
+    failures = [2]
+
+    def prepare() -> None:
+        journal.append("prepare")
+        preparing.set()
+        assert submitted.wait(30)  # the commits are handed over while prepare fails
+        if failures[0] > 0:
+            failures[0] -= 1
+            raise OSError("table not reachable")
+
+    rec = Recorder()
+    rec.expected = 2
+
+    def commit(epoch: int, items: Sequence[Any]) -> None:
+        journal.append(("commit", epoch))
+        rec.commit(epoch, items)
+
+    worker = CommitWorker("files", commit, rec.reported, retry_delay_s=0.01,
+                          max_retry_delay_s=0.02, prepare=prepare)
+    worker.start()  # prepare runs now, before anything is submitted
+    assert preparing.wait(30)
+    worker.submit([Commit(0, ("a",)), Commit(1, ("b",))])
+    submitted.set()
+    assert rec.all_done.wait(30)
+    assert journal == ["prepare", "prepare", "prepare", ("commit", 0), ("commit", 1)]
+    assert rec.done == [0, 1]
+    warned = [r.getMessage() for r in caplog.records if r.name == "sparkcoord.committer"]
+    assert any("'files': preparing failed (attempt 2)" in m and "table not reachable" in m
+               for m in warned), warned
+    # later commits do not prepare again
+    rec.expected = 3
+    rec.all_done.clear()
+    worker.submit([Commit(2, ("c",))])
+    assert rec.all_done.wait(30)
+    assert journal.count("prepare") == 3 and journal[-1] == ("commit", 2)
+    worker.stop()
+
+
+def test_without_start_the_first_submit_runs_prepare_before_its_commit() -> None:
+    journal: list[Any] = []
+    rec = Recorder()
+    rec.expected = 1
+
+    def commit(epoch: int, items: Sequence[Any]) -> None:
+        journal.append(("commit", epoch))
+        rec.commit(epoch, items)
+
+    worker = CommitWorker("files", commit, rec.reported,
+                          prepare=lambda: journal.append("prepare"))
+    assert worker._thread is None  # nothing runs before the first submit
+    worker.submit([Commit(3, ("a",))])
+    assert rec.all_done.wait(30)
+    assert journal == ["prepare", ("commit", 3)]
+    worker.stop()
+
+
+def test_idle_is_done_at_once_when_nothing_is_queued() -> None:
+    worker = CommitWorker("files", lambda e, i: None, lambda e: None)
+    waiter = worker.idle()
+    assert waiter.done() and waiter.result(timeout=0) is None
+    worker.submit([])  # nothing handed over: still idle
+    assert worker.idle().done()
+    worker.stop()
+
+
+def test_idle_completes_only_once_every_commit_handed_over_so_far_is_done() -> None:
+    entered = threading.Event()
+    release = threading.Event()
+    rec = Recorder()
+
+    def blocked_commit(epoch: int, items: Sequence[Any]) -> None:
+        entered.set()
+        assert release.wait(30)
+        rec.commit(epoch, items)
+
+    worker = CommitWorker("files", blocked_commit, rec.reported)
+    worker.submit([Commit(4, ("a",)), Commit(5, ("b",))])
+    assert entered.wait(30)  # the commit of epoch 4 runs and blocks
+    waiter = worker.idle()
+    assert not waiter.done()
+    release.set()
+    assert waiter.result(timeout=30) is None
+    # done was reported for both before the future completed
+    assert rec.done == [4, 5] and [e for e, _ in rec.calls] == [4, 5]
+    assert worker.idle().done()
+    worker.stop()
+
+
+def test_stop_fails_a_pending_idle_future() -> None:
+    entered = threading.Event()
+    release = threading.Event()
+
+    def blocked_commit(epoch: int, items: Sequence[Any]) -> None:
+        entered.set()
+        assert release.wait(30)
+
+    worker = CommitWorker("files", blocked_commit, lambda e: None)
+    worker.submit([Commit(6, ("a",))])
+    assert entered.wait(30)
+    waiter = worker.idle()
+    assert not waiter.done()
+    assert worker.stop() is False  # no drain: the commit is still running
+    assert waiter.done()
+    error = waiter.exception(timeout=0)
+    assert isinstance(error, RuntimeError)
+    assert "'files'" in str(error) and "stopped before its commits were done" in str(error)
+    release.set()  # the running commit returns; the worker ends after it
+    assert worker._thread is not None
+    worker._thread.join(30)
+    assert not worker._thread.is_alive()
+
+
+def test_idle_on_a_stopped_worker_fails() -> None:
+    worker = CommitWorker("files", lambda e, i: None, lambda e: None)
+    worker.stop()
+    waiter = worker.idle()
+    assert waiter.done()
+    error = waiter.exception(timeout=0)
+    assert isinstance(error, RuntimeError)
+    assert "'files'" in str(error) and "the commit worker stopped" in str(error)
