@@ -19,7 +19,9 @@ cdc_state (the PostgreSQL source's enumerator state once its stream took over a 
 commit-to-sink latency at 5,000 changes/s, the rate it keeps, the WAL its slot holds when the
 captured table is idle and another is busy), cdc_snapshot (the PostgreSQL source's snapshot
 of a 500,000-row table, 2,000,000 in the full preset, against Spark's JDBC read partitioned on
-the key; needs Debian's libpostgresql-jdbc-java).
+the key; needs Debian's libpostgresql-jdbc-java), lake_sink (LakeSink into Delta and Iceberg
+against Spark's parquet file sink on the same stream, and its commit time per batch at one
+batch per second).
 Each measures its baseline in the same run; the report gives medians and ratios.
 """
 
@@ -37,7 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 IN_PROCESS = ["core", "seal", "durability", "memory", "backlog", "cdc_state"]
-ON_SPARK = ["batches", "channel", "recovery", "filesource", "alignment", "backfill"]
+ON_SPARK = ["batches", "channel", "recovery", "filesource", "alignment", "backfill", "lake_sink"]
 OWN_SESSION = ["requests", "cdc_stream", "cdc_snapshot"]  # start a Spark session of their own, in a subprocess
 
 

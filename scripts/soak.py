@@ -20,6 +20,10 @@ Scenarios:
                scenario, two writer processes going on; by seed a task failure, a fail_job, or
                a driver SIGKILL in the snapshot, at the hand-over, in the stream or at a sink
                commit, then a restart (about 1-2 minutes per seed)
+  sink         the lake sink: a file stream into Delta or Iceberg killed with SIGKILL at a
+               lake kill point (a task's files not reported, before or after the table commit,
+               mid-cleanup) or mid-batch, maybe with a sink task failure, then run to the end;
+               judged against the files' ids and for orphan files (about 1 minute per seed)
   aligned      watermark alignment: two directories at 1x and 20x in an aligned availableNow
                run into a windowed count, P readers, bounded or continuous, a task failure
                or a fail_job chosen by the seed (one local session; ~20 s per seed)
@@ -392,10 +396,65 @@ def soak_cdc(seeds: list[int]) -> dict[str, Any]:
     return row
 
 
+def soak_sink(seeds: list[int]) -> dict[str, Any]:
+    """The lake sink (tests/spark/lake_kill_job.py): an availableNow file stream into a Delta
+    or an Iceberg table (by seed), killed with SIGKILL at a lake kill point or ``mid-batch``
+    at an epoch chosen by the seed, with or without a sink task failing after it reported its
+    files, files written while it is down, then run to the end. A seed passes when the table
+    holds every file's rows once and its data directory holds exactly the files it
+    references (``lake_kill_job.table_check``). A kill point the run did not reach (a high
+    epoch, a cleanup with nothing to delete) leaves a run that ended by itself: judged the
+    same."""
+    import pathlib
+    import random
+    import signal
+
+    from tests.spark.lake_kill_job import table_check, write_files
+    from tests.spark.test_lake_sink_kill import run_lake_job
+
+    points = ["lake-written", "lake-committing", "lake-committed", "lake-cleaning", "mid-batch"]
+    row = _files_row()
+    for seed in seeds:
+        rng = random.Random(seed)
+        kind = ("delta", "iceberg")[seed % 2]
+        point, epoch = points[(seed // 2) % len(points)], rng.randint(0, 3)
+        failure = "task" if point == "lake-cleaning" else rng.choice(["none", "task"])
+        workdir = pathlib.Path(tempfile.mkdtemp(prefix=f"soak-sink-{kind}-{seed}-"))
+        what = f"{kind} {point}@{epoch} {failure}"
+        error, check = None, None
+        try:
+            write_files(str(workdir), 0, 8)
+            first = run_lake_job(workdir, kind, f"{point}:{epoch}:{workdir / 'markers'}",
+                                 failure, seed)
+            if first.returncode not in (0, -signal.SIGKILL):
+                error = f"first run exited {first.returncode}: {first.stderr[-200:]}"
+            else:
+                write_files(str(workdir), 8, rng.randint(1, 3))
+                second = run_lake_job(workdir, kind, None)
+                if second.returncode != 0:
+                    error = f"second run exited {second.returncode}: {second.stderr[-200:]}"
+            check = table_check(str(workdir), kind)
+        except Exception as exc:  # noqa: BLE001 - a failed seed, reported in the table
+            error = f"{type(exc).__name__}: {exc}"
+        row["runs"] += 1
+        if check is not None:
+            row["lost"] += check["lost"]
+            row["duplicated"] += check["duplicated"] + check["unexpected"]
+        clean = check is not None and all(check[k] == 0 for k in (
+            "lost", "duplicated", "unexpected", "orphans", "missing files"))
+        if error is None and clean:
+            row["passes"] += 1
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            row["failed seeds"].append(f"{seed} {what} ({workdir}): {(error or str(check))[:120]}")
+    return row
+
+
 SCENARIOS = {"simulation": soak_simulation, "two-speeds": soak_two_speeds,
              "driver-kill": soak_driver_kill, "cluster": soak_cluster,
              "files-task": soak_files_task, "files-fail-job": soak_files_fail_job,
-             "files-kill": soak_files_kill, "aligned": soak_aligned, "cdc": soak_cdc}
+             "files-kill": soak_files_kill, "aligned": soak_aligned, "cdc": soak_cdc,
+             "sink": soak_sink}
 
 
 def main() -> int:

@@ -43,6 +43,8 @@ EXECUTED = {
     ("sources.md", 3): "tests/spark/test_file_source.py",
     ("committer.md", 0): "tests/spark/test_committer_spark.py",
     ("committer.md", 1): "tests/spark/test_committer_spark.py",
+    ("sinks.md", 0): "tests/spark/test_lake_sink.py",
+    ("sinks.md", 1): "tests/spark/test_lake_sink.py",
 }
 SKETCH = "<!-- sketch:"
 

@@ -16,7 +16,7 @@ from pyspark.sql.datasource import (
     WriterCommitMessage,
 )
 
-from sparkcoord.spark.faults import kill_point
+from sparkcoord.runtime.kills import kill_point
 
 
 @dataclass

@@ -35,13 +35,17 @@ cleanup on the commit worker's thread (``sparkcoord-commit-<operator>``).
 
 from __future__ import annotations
 
+import functools
 import logging
+import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from sparkcoord.committer import CommitLedger, CommitWorker, LedgerState
 from sparkcoord.coordinator import CoordinatorContext, OperatorCoordinator, Withdrawn
+from sparkcoord.runtime.kills import kill_point
 from sparkcoord.sinks.cleanup import (
     delete_files,
     epoch_prefix,
@@ -87,6 +91,11 @@ class SinkCoordinator(OperatorCoordinator):
         #: the running batch's files by subtask (rule 2)
         self._running: dict[int, list[DataFile]] = {}
         self._worker: CommitWorker | None = None
+        #: status (handle_client_request): commits done by this start and their durations
+        self._commits_done = 0
+        self._commit_seconds: deque[float] = deque(maxlen=100)
+        #: worker thread only: how long the commit that ran last took
+        self._last_commit_s = 0.0
         #: worker thread only: the committer of this start, and the newest cleaned epoch
         self._committer: Any = None
         self._cleaned_through = NO_EPOCH
@@ -161,14 +170,29 @@ class SinkCoordinator(OperatorCoordinator):
             held = {f.path for items in self._ledger.pending_items() for f in items}
             self._worker = CommitWorker(
                 self.context.operator_id, self._commit,
-                lambda epoch: post(lambda: self._commit_done(epoch)),
+                lambda epoch: post(functools.partial(self._commit_done, epoch,
+                                                     self._last_commit_s)),
                 prepare=lambda: self._open(last_committed, pending, held))
             self._worker.start()
         return self._worker
 
-    def _commit_done(self, epoch: int) -> None:
+    def handle_client_request(self, request: Any) -> Any:
+        """``job.request(name, "status")``: the newest epoch committed to the table, the
+        epochs pending, the commits made by this start and how long each took (seconds, the
+        newest 100: the table transaction and the cleanup after it)."""
+        if request != "status":
+            raise ValueError(f"sink {self.context.operator_id!r} answers 'status', not "
+                             f"{request!r}")
+        return {"table": self.target.name, "job_id": self.target.job_id,
+                "committed_through": self._committed_through,
+                "pending": self._ledger.pending_epochs, "commits": self._commits_done,
+                "commit_s": list(self._commit_seconds)}
+
+    def _commit_done(self, epoch: int, seconds: float) -> None:
         self._ledger.commit_done(epoch)
         self._committed_through = max(self._committed_through, epoch)
+        self._commits_done += 1
+        self._commit_seconds.append(seconds)
 
     # ---------------------------------------------------------------- commit worker thread
     def _open(self, last_committed: int, pending: list[int], held: set[str]) -> None:
@@ -185,11 +209,14 @@ class SinkCoordinator(OperatorCoordinator):
 
     def _commit(self, epoch: int, files: Sequence[Any]) -> None:
         """Rule 3's commit and rule 5's cleanup of one epoch (worker thread)."""
+        started = time.perf_counter()
+        kill_point("lake-committing", epoch)  # tests only
         try:
             decision = self._committer.commit(epoch, list(files))
         except SinkFenceError as e:
             self.context.fail_job(e)  # rule 6
             raise
+        kill_point("lake-committed", epoch)  # tests only
         log.info("sink %r: epoch %d %s to %s (%d file(s))", self.context.operator_id, epoch,
                  "committed" if decision == "commit" else "was in the table already",
                  self.target.name, len(files))
@@ -198,6 +225,7 @@ class SinkCoordinator(OperatorCoordinator):
             self._sweep(epoch, {f.path for f in files},
                         prefixes=[epoch_prefix(self.target.job_id, e) for e in epochs])
             self._cleaned_through = epoch
+        self._last_commit_s = time.perf_counter() - started  # read by the done report
 
     def _sweep(self, final_through: int, held: set[str], prefixes: list[str]) -> None:
         if final_through < 0:
@@ -209,13 +237,13 @@ class SinkCoordinator(OperatorCoordinator):
         doomed = files_to_delete(self.target.job_id, listed, final_through=final_through,
                                  held=held)
         if doomed:
-            deleted = delete_files(self.target.location, doomed, storage_options=options)
+            deleted = delete_files(self.target.location, doomed[:1], storage_options=options)
+            kill_point("lake-cleaning", final_through)  # tests only: one deleted, not all
+            deleted += delete_files(self.target.location, doomed[1:], storage_options=options)
             log.info("sink %r: deleted %d data file(s) no commit holds (%s)",
                      self.context.operator_id, deleted, ", ".join(doomed[:3]))
 
 
 def sink_coordinator(target: SinkTarget) -> Any:
     """The coordinator provider of a sink writing ``target`` (picklable: a partial)."""
-    import functools
-
     return functools.partial(SinkCoordinator, target=target)

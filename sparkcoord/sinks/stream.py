@@ -25,8 +25,9 @@ Options (strings, as Spark's):
     checkpoint location and the table: one per checkpoint); a second query writing under the
     same job id is refused, and so is a checkpoint behind the table (``fencing.py``).
   - ``targetFileSize``: roll to a new data file at this size (default ``128m``).
-  - ``parallelism``: how many tasks write (default: Spark's default parallelism); the rows
-    are spread over them round robin.
+  - ``parallelism``: at most how many tasks write (default: Spark's default parallelism):
+    the DataFrame's partitions are coalesced to it, without a shuffle (as Spark's own file
+    sinks write each partition where it is).
   - ``source``: the coordinated source of the DataFrame, when the job has several.
   - ``name``: the sink's operator name (default ``sink``); ``job.request`` takes it.
   - ``catalog``: Iceberg only, the catalog's name (default ``default``); ``catalog.<key>``:
@@ -104,9 +105,14 @@ class LakeSink:
         ``df``'s coordinated source (``job.attach``), so call it before the query starts.
         An Iceberg table is created here if missing (its tasks need the location the catalog
         gives it); a Delta table by its first commit."""
-        spec = self.operator_spec(df, table)
+        return self.writer_of(df, self.operator_spec(df, table))
+
+    def writer_of(self, df: DataFrame, spec: OperatorSpec) -> DataStreamWriter:
+        """:meth:`writer` for an operator made by :meth:`operator_spec` and maybe wrapped (the
+        tests' faults): attaches it to ``df``'s coordinated source and applies it."""
         source = self.job.attach(spec, self._lowered().get("source"))
-        written = self.job.apply(df, spec.name, "written long", source=source)
+        # no shuffle, as Spark's file sinks: each task writes the partitions it has
+        written = self.job.apply(df, spec.name, "written long", source=source, shuffle=False)
         return written.writeStream.format("noop")
 
     def operator_spec(self, df: DataFrame, table: str) -> OperatorSpec:

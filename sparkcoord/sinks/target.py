@@ -55,9 +55,6 @@ class SinkTarget:
     catalog_name: str = "default"
     catalog: Mapping[str, str] = field(default_factory=dict)
     target_file_bytes: int = 128 << 20
-    #: how long a closing coordinator waits for its queued commits (the end of an
-    #: ``availableNow`` run)
-    commit_drain_s: float = 120.0
 
     def __post_init__(self) -> None:
         if self.kind not in FORMATS:

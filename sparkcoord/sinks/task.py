@@ -26,6 +26,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from sparkcoord.operator import RecipientOperator, SubtaskContext
+from sparkcoord.runtime.kills import kill_point
 from sparkcoord.sinks.coordinator import FileWritten
 from sparkcoord.sinks.files import TaskFileWriter
 from sparkcoord.sinks.target import SinkTarget
@@ -79,6 +80,8 @@ class SinkSubtask(RecipientOperator):
     def _report(self) -> None:
         assert self._writer is not None and self._context is not None
         reports = self._writer.reports
+        if len(reports) > self._reported:
+            kill_point("lake-written", self._context.epoch)  # tests only
         for file in reports[self._reported:]:
             self._context.send_event(FileWritten(file))
         self._reported = len(reports)

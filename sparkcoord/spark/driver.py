@@ -35,6 +35,7 @@ from sparkcoord.channel.server import ChannelServer
 from sparkcoord.core.ids import NO_EPOCH, SubtaskId
 from sparkcoord.core.records import CheckpointRecord
 from sparkcoord.runtime import layout
+from sparkcoord.runtime.kills import kill_point
 from sparkcoord.runtime.logs import install_log_handler
 from sparkcoord.runtime.service import (
     CheckpointDeclined,
@@ -43,7 +44,6 @@ from sparkcoord.runtime.service import (
     JobFailed,
 )
 from sparkcoord.runtime.storage import CheckpointStorage
-from sparkcoord.spark.faults import kill_point
 from sparkcoord.spark.spec import SourceSpec
 
 log = logging.getLogger(__name__)

@@ -331,13 +331,16 @@ class CoordinatedJob:
                            private=True)
         return source
 
-    def apply(self, df: DataFrame, operator: str, schema: str, source: str = "coordinated"
-              ) -> DataFrame:
+    def apply(self, df: DataFrame, operator: str, schema: str, source: str = "coordinated",
+              *, shuffle: bool = True) -> DataFrame:
         """Run downstream operator ``operator`` of ``source`` on ``df`` (driver program thread).
 
         ``df`` is repartitioned into the operator's parallelism (subtask = partition id) and
-        mapped with ``mapInArrow``; the result has ``schema``. See
-        :mod:`sparkcoord.spark.recipient` for how batches map to epochs.
+        mapped with ``mapInArrow``; the result has ``schema``. ``shuffle=False`` coalesces
+        instead (no shuffle: each task maps the partitions it is given where they are, and a
+        subtask may get none in a batch), for an operator that does not care which rows it
+        gets (a sink writing files). See :mod:`sparkcoord.spark.recipient` for how batches map
+        to epochs.
         """
         from pyspark.sql.pandas.types import to_arrow_schema
 
@@ -351,7 +354,8 @@ class CoordinatedJob:
             raise ValueError(f"{operator!r} is not a downstream operator of source {source!r}")
         struct = self.spark.createDataFrame([], schema).schema
         fn = RecipientFunction(spec, operator, to_arrow_schema(struct))
-        return df.repartition(op.parallelism).mapInArrow(fn, struct)
+        spread = df.repartition(op.parallelism) if shuffle else df.coalesce(op.parallelism)
+        return spread.mapInArrow(fn, struct)
 
     def check_cluster_settings(self) -> None:
         """Refuse settings that break the guarantee (speculative execution: two live attempts).

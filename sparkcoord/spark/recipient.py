@@ -29,6 +29,7 @@ from sparkcoord.core.errors import SparkCoordError
 from sparkcoord.core.ids import SubtaskId, TaskAttempt
 from sparkcoord.operator import RecipientOperator, SubtaskContext, SubtaskOperator
 from sparkcoord.runtime.files import files_for
+from sparkcoord.runtime.kills import kill_point
 from sparkcoord.spark.offsets import offset_values, source_epoch
 from sparkcoord.spark.spec import SourceSpec
 from sparkcoord.spark.subtask import request_function, state_store, task_boundary, user_code
@@ -153,6 +154,7 @@ class RecipientFunction:
             with user_code(sid, epoch, "process()"):
                 yield from self._to_arrow(rows, names)
             if client is not None:
+                kill_point("mid-batch", epoch)  # tests only: events sent, batch not finished
                 client.finish()  # acknowledged; a retry's unsent history withdrawn (dec. 47)
             with user_code(sid, epoch, "snapshot_state()"):
                 snapshot = operator.snapshot_state()

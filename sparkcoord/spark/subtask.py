@@ -30,8 +30,8 @@ from sparkcoord.core.errors import (
 )
 from sparkcoord.core.ids import SubtaskId, TaskAttempt
 from sparkcoord.operator import SubtaskContext, SubtaskOperator
+from sparkcoord.runtime.kills import KILLS_PLANNED, kill_point
 from sparkcoord.runtime.subtask_state import SubtaskStateStore
-from sparkcoord.spark.faults import KILLS_PLANNED, kill_point
 from sparkcoord.spark.spec import CoordinatedPartition, SourceSpec
 
 
@@ -69,7 +69,7 @@ def request_function(client: ChannelClient, codec: EventCodec, sid: SubtaskId, e
         except RequestFailed as exc:
             raise RequestFailed(f"request {request!r} of {sid} in epoch {epoch}: {exc}") from None
         if response.status is ResponseStatus.ANSWER:
-            if KILLS_PLANNED:  # test-only (spark/faults.py); a constant False otherwise
+            if KILLS_PLANNED:  # test-only (runtime/kills.py); a constant False otherwise
                 kill_point("answered", epoch)
             return pickle.loads(response.payload)
         reason = response.payload.decode(errors="replace")

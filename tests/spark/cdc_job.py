@@ -22,7 +22,7 @@ was never ahead of what the sink held (:func:`judge`).
 ``<failure>``: ``task`` (a reader's task raises once, in the middle of a batch chosen by the
 seed), ``fail_job`` (the enumerator fails the job once, at a request chosen by the seed),
 ``none``. SPARKCOORD_TEST_KILL may kill the whole driver at a protocol point
-(sparkcoord.spark.faults), or at the source's own points ``cdc-snapshot`` (a reader read a
+(sparkcoord.runtime.kills), or at the source's own points ``cdc-snapshot`` (a reader read a
 chunk), ``cdc-handover`` (the stream was handed out) and ``cdc-stream`` (the stream reader
 read changes), with the epoch as given.
 """
@@ -375,8 +375,8 @@ def failing_reader(config: Any, marker_dir: str, at: int) -> Any:
 
 def killing_reader(config: Any) -> Any:
     """A reader that reaches the source's kill points (module docstring)."""
+    from sparkcoord.runtime.kills import kill_point
     from sparkcoord.sources.postgres.reader import PostgresReader
-    from sparkcoord.spark.faults import kill_point
 
     class Reader(PostgresReader):
         def process(self) -> Any:

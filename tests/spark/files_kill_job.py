@@ -8,7 +8,7 @@ sink holds the rows of the previous ones (a restarted job writes the waves still
 stops when the sink holds every row of ``<waves>`` waves plus any wave already present (a
 test may add one while the job is down: files arriving during the restart).
 
-SPARKCOORD_TEST_KILL may kill it at a protocol point (sparkcoord.spark.faults). ``<failure>``
+SPARKCOORD_TEST_KILL may kill it at a protocol point (sparkcoord.runtime.kills). ``<failure>``
 injects one more failure, once per work directory (a marker file): ``task`` (a reader's task
 raises in the middle of a split), ``fail_job`` (the enumerator fails the job while handing
 out splits), both at a split chosen by ``<seed>``.

@@ -23,8 +23,8 @@ def main() -> None:
 
     from sparkcoord.examples.sinks import BatchFileSink, read_batch_files
     from sparkcoord.examples.workqueue import SCHEMA, QueueWorker, WorkQueue
+    from sparkcoord.runtime.kills import kill_point
     from sparkcoord.spark import CoordinatedJob
-    from sparkcoord.spark.faults import kill_point
 
     spark = (SparkSession.builder.master("local[2,4]").appName("sparkcoord-queue-kill-job")
              .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")

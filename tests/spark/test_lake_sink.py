@@ -137,8 +137,7 @@ def test_a_file_stream_lands_in_the_table_exactly_once_with_no_orphan_after_a_ta
     marker = str(tmp_path / "failed")
     spec = dataclasses.replace(spec, operator=functools.partial(
         FailingSinkSubtask, spec.operator.args[0], marker))
-    job.attach(spec)
-    writer = job.apply(df, spec.name, "written long", source="files").writeStream.format("noop")
+    writer = lake.sink(job, parallelism="2").writer_of(df, spec)
     report = job.run(writer.trigger(availableNow=True), timeout_s=240)
     assert report.failures == []
     assert os.path.exists(marker), "the fault was never injected"
@@ -169,4 +168,29 @@ def test_a_second_run_appends_and_a_reset_checkpoint_is_refused(spark, tmp_path,
     writer = lake.sink(job, jobId="events").writer(source(job, data), lake.table)
     with pytest.raises(JobGaveUp, match="CheckpointBehindTable|checkpoint being restored"):
         job.run(writer.trigger(availableNow=True), restart=NoRestart(), timeout_s=240)
+    assert lake.rows() == [(i, f"n{i}") for i in ids]
+
+
+def test_the_examples_of_docs_sinks_write_a_delta_and_an_iceberg_table_as_written(
+        spark, tmp_path) -> None:
+    import re
+
+    from sparkcoord.spark import CoordinatedJob
+
+    doc = pathlib.Path(__file__).resolve().parents[2] / "docs" / "sinks.md"
+    blocks = re.findall(r"```python\n(.*?)```", doc.read_text(), flags=re.S)
+    ids = write_files(tmp_path / "data")
+    namespace: dict[str, Any] = {"spark": spark, "checkpoint": str(tmp_path / "ckpt"),
+                                 "data": str(tmp_path / "data"),
+                                 "table": str(tmp_path / "delta")}
+    exec(compile(blocks[0], str(doc), "exec"), namespace)  # noqa: S102
+    assert namespace["report"].failures == []
+    assert Lake("delta", tmp_path).rows() == [(i, f"n{i}") for i in ids]
+    # the Iceberg fragment, on a job and source of its own
+    lake = Lake("iceberg", tmp_path)  # creates the namespace "lake", as the docs ask
+    job = CoordinatedJob(spark, str(tmp_path / "ckpt-iceberg"))
+    namespace.update(lake=str(tmp_path), job=job, events=source(job, tmp_path / "data"))
+    exec(compile(blocks[1], str(doc), "exec"), namespace)  # noqa: S102
+    report = job.run(namespace["writer"].trigger(availableNow=True), timeout_s=240)
+    assert report.failures == []
     assert lake.rows() == [(i, f"n{i}") for i in ids]

@@ -11,7 +11,10 @@ own (``subprocess.run(..., start_new_session=True)``); Linux only (reads /proc).
 Points: ``sealing`` (every coordinator completed, record not written), ``sealed`` (record
 durable, offset not yet returned to Spark), ``mid-batch`` (a task sent its events, before it
 finished), ``answered`` (a task got the logged answer to a request, mid-batch),
-``sink-committed`` (the sink committed, Spark's commit log not written).
+``sink-committed`` (the sink committed, Spark's commit log not written); the lake sink's
+``lake-written`` (a task closed a data file, not reported yet), ``lake-committing`` (the
+batch committed in Spark, the table commit not made), ``lake-committed`` (the table commit
+made, not reported done) and ``lake-cleaning`` (a cleanup deleted one file of several).
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ _PLAN = os.environ.get("SPARKCOORD_TEST_KILL")
 #: whether a kill is planned in this process: hot paths (a task's request) test this constant
 #: before calling :func:`kill_point`, so that a switch that is off costs them nothing
 KILLS_PLANNED = _PLAN is not None
-POINTS = ("sealing", "sealed", "mid-batch", "answered", "sink-committed")
+POINTS = ("sealing", "sealed", "mid-batch", "answered", "sink-committed", "lake-written",
+          "lake-committing", "lake-committed", "lake-cleaning")
 
 
 def kill_point(point: str, epoch: int) -> None:
