@@ -38,6 +38,7 @@ def _catalog(root: str) -> dict[str, str]:
 def _namespace(root: str) -> None:
     from pyiceberg.catalog.sql import SqlCatalog
 
+    os.makedirs(root, exist_ok=True)  # the catalog's sqlite file goes there
     options = _catalog(root)
     SqlCatalog("default", uri=options["catalog.uri"],
                warehouse=options["catalog.warehouse"]).create_namespace_if_not_exists("lake")
