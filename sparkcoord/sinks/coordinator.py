@@ -26,8 +26,13 @@ Rules:
      E's committed files (an epoch's file set is final once its batch committed, and the
      epochs between had no files to commit).
   6. A fence error (a second writer, a checkpoint behind the table, a table behind the
-     checkpoint) fails the job with the error's text (``context.fail_job``): it does not go
-     away by retrying, and the commit stays pending in the checkpoint.
+     checkpoint), and in mode ``merge`` a change the merge refuses (``changes.py`` rule 3),
+     fails the job with the error's text (``context.fail_job``): it does not go away by
+     retrying, and the commit stays pending in the checkpoint.
+  7. Mode ``merge``: the reported files are the epoch's staged change rows; the commit reads
+     them, reduces them by key (``changes.py``) and merges the result into the table in one
+     transaction (``delta.py`` rule 4). The staged files are never in the table, so the
+     cleanup after the commit deletes them.
 
 Thread model: every callback on the coordinator's mailbox; the committer, the sweep and the
 cleanup on the commit worker's thread (``sparkcoord-commit-<operator>``).
@@ -46,6 +51,7 @@ from typing import Any
 from sparkcoord.committer import CommitLedger, CommitWorker, LedgerState
 from sparkcoord.coordinator import CoordinatorContext, OperatorCoordinator, Withdrawn
 from sparkcoord.runtime.kills import kill_point
+from sparkcoord.sinks.changes import ChangeStreamError, reduce_changes
 from sparkcoord.sinks.cleanup import (
     delete_files,
     epoch_prefix,
@@ -53,7 +59,7 @@ from sparkcoord.sinks.cleanup import (
     list_data_files,
 )
 from sparkcoord.sinks.fencing import NO_EPOCH, SinkFenceError
-from sparkcoord.sinks.files import DataFile
+from sparkcoord.sinks.files import DataFile, read_files
 from sparkcoord.sinks.target import SinkTarget
 
 log = logging.getLogger("sparkcoord.sinks")
@@ -212,7 +218,16 @@ class SinkCoordinator(OperatorCoordinator):
         started = time.perf_counter()
         kill_point("lake-committing", epoch)  # tests only
         try:
-            decision = self._committer.commit(epoch, list(files))
+            if self.target.mode == "merge":
+                staged = read_files(self.target.location, files,
+                                    storage_options=dict(self.target.storage_options) or None)
+                changes = reduce_changes(staged, self.target.table)
+                decision = self._committer.merge(epoch, changes, self.target.keys)
+            else:
+                decision = self._committer.commit(epoch, list(files))
+        except ChangeStreamError as e:
+            self.context.fail_job(e)  # rule 6: loud, the commit stays pending
+            raise
         except SinkFenceError as e:
             self.context.fail_job(e)  # rule 6
             raise

@@ -16,8 +16,11 @@ Rules:
   3. The table is created by the first commit if it does not exist (version 0 holds that
      epoch's files and transactions), from the sink's Arrow schema, so a job whose first epochs
      are empty leaves no table behind.
-  4. Appends only: merge by key for change streams (issue 28 item 6) and compaction (item 7)
-     come later, through the same transaction with remove actions.
+  4. Mode ``append`` adds the reported files; mode ``merge`` (a change stream, issue 28 item
+     6) merges the epoch's reduced changes by key (``changes.py``) with delta-rs's merge,
+     whose commit carries the same application transactions, so it is fenced and
+     idempotent per epoch alike; the reported files are then staging files the table never
+     references (cleanup deletes them after the commit). Compaction (item 7) comes later.
 
 Thread model: :meth:`DeltaCommitter.open` and :meth:`DeltaCommitter.commit` run on the sink
 coordinator's commit worker thread (``sparkcoord.committer.worker``), one at a time; the
@@ -34,6 +37,7 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from sparkcoord.sinks.changes import Reduced, merge_clauses
 from sparkcoord.sinks.fencing import ALREADY_COMMITTED, COMMIT, NO_EPOCH, Decision, EpochFence
 from sparkcoord.sinks.files import DataFile, check_job_id
 
@@ -81,6 +85,52 @@ class DeltaCommitter:
         (commit worker thread, once the batch of ``epoch`` committed in Spark; again after a
         failure or a restore: idempotent per epoch). Raises
         :class:`~sparkcoord.sinks.fencing.SecondWriter` per fencing rules 3 and 4."""
+        decision, table, properties = self._decide(epoch)
+        if decision == ALREADY_COMMITTED:
+            return decision
+        actions = [add_action(f) for f in files]
+        if table is None:
+            self._create(actions, properties)  # rule 3
+        else:
+            table.create_write_transaction(actions, "append", table.schema(),
+                                           commit_properties=properties)
+        assert self._fence is not None
+        self._fence.committed(epoch)
+        return COMMIT
+
+    def merge(self, epoch: int, changes: Reduced, keys: Sequence[str]) -> Decision:
+        """Merge ``epoch``'s reduced changes into the table by ``keys`` in one transaction
+        (rule 4: mode ``merge``; ``changes.py``), unless the table holds the epoch (commit
+        worker thread; idempotent per epoch, fenced as :meth:`commit`). A missing table is
+        created empty first (a commit of its own, carrying no epoch)."""
+        decision, table, properties = self._decide(epoch)
+        if decision == ALREADY_COMMITTED:
+            return decision
+        if table is None:
+            try:
+                self._create([], None)
+            except Exception:  # noqa: BLE001 - created meanwhile: the load below decides
+                pass
+            table = self._load()
+            if table is None:
+                raise RuntimeError(f"Delta table {self.table_uri}: not there after creating it")
+        clauses = merge_clauses(self.schema.names, keys)
+        merger = (table.merge(source=changes.rows, predicate=clauses["predicate"],
+                              source_alias="s", target_alias="t",
+                              commit_properties=properties)
+                  .when_matched_delete(predicate=clauses["deleted"])
+                  .when_matched_update(updates=clauses["set"], predicate=clauses["put"])
+                  .when_not_matched_insert(updates=clauses["set"], predicate=clauses["put"]))
+        if changes.truncated:
+            merger = merger.when_not_matched_by_source_delete()
+        merger.execute()
+        assert self._fence is not None
+        self._fence.committed(epoch)
+        return COMMIT
+
+    def _decide(self, epoch: int) -> tuple[Decision, Any, Any]:
+        """Rule 2: the fence's decision for ``epoch`` on the table as it is now, the table
+        (None: not created yet), and the commit's properties (rule 1)."""
         from deltalake import CommitProperties, Transaction
 
         if self._fence is None:
@@ -91,19 +141,11 @@ class DeltaCommitter:
         decision = self._fence.decide(epoch, table_epoch, run_epoch)
         if decision == ALREADY_COMMITTED:
             self._fence.committed(epoch)
-            return decision
         properties = CommitProperties(
             custom_metadata={JOB_KEY: self.job_id, EPOCH_KEY: str(epoch), RUN_KEY: self.run_id},
             app_transactions=[Transaction(self.job_id, epoch),
                               Transaction(run_app_id(self.job_id, self.run_id), epoch)])
-        actions = [add_action(f) for f in files]
-        if table is None:
-            self._create(actions, properties)  # rule 3
-        else:
-            table.create_write_transaction(actions, "append", table.schema(),
-                                           commit_properties=properties)
-        self._fence.committed(epoch)
-        return COMMIT
+        return decision, table, properties
 
     # ------------------------------------------------------------------ queries
     def table_epoch(self) -> int:

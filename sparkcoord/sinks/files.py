@@ -295,3 +295,19 @@ class TaskFileWriter:
         file.close()
         self._reports.append(report_from_metadata(self._relative, size, metadata))
         self._relative = ""
+
+
+def read_files(location: str, files: Iterable[DataFile], *,
+               storage_options: Mapping[str, Any] | None = None) -> Any:
+    """The rows of ``files`` (reported by tasks, relative to the table at ``location``) as one
+    ``pyarrow.Table``, in order: a merge's staged changes (coordinator's commit worker)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from fsspec.core import url_to_fs
+
+    fs, root = url_to_fs(location, **dict(storage_options or {}))
+    tables = []
+    for f in files:
+        with fs.open(f"{str(root).rstrip('/')}/{f.path}", "rb") as handle:
+            tables.append(pq.read_table(handle))
+    return pa.concat_tables(tables) if tables else None

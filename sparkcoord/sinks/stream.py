@@ -24,6 +24,9 @@ Options (strings, as Spark's):
   - ``jobId``: who writes, as the table records it (default ``sc`` and a hash of the job's
     checkpoint location and the table: one per checkpoint); a second query writing under the
     same job id is refused, and so is a checkpoint behind the table (``fencing.py``).
+  - ``mode``: ``append`` (default: the rows are the table's) or ``merge`` (Delta: the rows are
+    the PostgreSQL source's change stream of one captured table, applied to the table by key
+    each epoch: ``changes.py``; the table's columns are those of ``after``).
   - ``targetFileSize``: roll to a new data file at this size (default ``128m``).
   - ``parallelism``: at most how many tasks write (default: Spark's default parallelism):
     the DataFrame's partitions are coalesced to it, without a shuffle (as Spark's own file
@@ -45,6 +48,7 @@ import hashlib
 from typing import TYPE_CHECKING, Any
 
 from sparkcoord.core.text import parse_bytes
+from sparkcoord.sinks.changes import key_names, table_schema
 from sparkcoord.sinks.coordinator import sink_coordinator
 from sparkcoord.sinks.target import FORMATS, SinkTarget, refuse_credentials
 from sparkcoord.sinks.task import sink_subtask
@@ -57,7 +61,7 @@ if TYPE_CHECKING:
 
     from sparkcoord.spark.job import CoordinatedJob
 
-_OPTIONS = {"jobid", "targetfilesize", "parallelism", "source", "name", "catalog"}
+_OPTIONS = {"jobid", "targetfilesize", "parallelism", "source", "name", "catalog", "mode"}
 
 
 class LakeSink:
@@ -80,7 +84,7 @@ class LakeSink:
 
     def option(self, key: str, value: Any) -> LakeSink:
         if not key.lower().startswith("catalog.") and key.lower() not in _OPTIONS:
-            raise ValueError(f"unknown lake sink option {key!r}: use one of jobId, "
+            raise ValueError(f"unknown lake sink option {key!r}: use one of jobId, mode, "
                              f"targetFileSize, parallelism, source, name, catalog, "
                              f"catalog.<property>")
         refuse_credentials({key: value}, "lake sink")
@@ -121,7 +125,13 @@ class LakeSink:
         from pyspark.sql.pandas.types import to_arrow_schema
 
         lowered = self._lowered()
-        schema = to_arrow_schema(df.schema)
+        # timestamps as UTC instants (Spark hands them in its session time zone: a cast of
+        # the zone only); both table formats store UTC
+        rows_schema = to_arrow_schema(df.schema, timezone="UTC")
+        mode = lowered.get("mode", "append").lower()
+        schema, keys = rows_schema, tuple[str, ...]()
+        if mode == "merge":
+            schema, keys = table_schema(rows_schema), tuple(key_names(rows_schema))
         if self._format == "delta":
             table = resolve_location(self.job.spark, table, "Delta table")
         catalog = {k[len("catalog."):]: v for k, v in self._options.items()
@@ -131,7 +141,8 @@ class LakeSink:
             table, storage_options=dict(self._storage_options),
             catalog_name=lowered.get("catalog", "default"), catalog=catalog,
             target_file_bytes=parse_bytes("targetFileSize",
-                                          lowered.get("targetfilesize", "128m")))
+                                          lowered.get("targetfilesize", "128m")),
+            mode=mode, input_schema=rows_schema if mode == "merge" else None, keys=keys)
         if self._format == "iceberg":
             target = dataclasses.replace(target, location=target.committer().prepare_table())
         parallelism = int(lowered.get("parallelism") or

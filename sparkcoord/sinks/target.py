@@ -19,6 +19,7 @@ from typing import Any
 from sparkcoord.sinks.files import check_job_id
 
 FORMATS = ("delta", "iceberg")
+MODES = ("append", "merge")
 
 _SECRET = re.compile(r"secret|password|passwd|token|credential|access[_.-]?key|key[_.-]?id|"
                      r"session[_.-]?key|private", re.IGNORECASE)
@@ -45,7 +46,8 @@ class SinkTarget:
     #: Delta: the table's URI; Iceberg: the table's identifier in the catalog (``db.table``)
     table: str
     job_id: str
-    #: the rows' ``pyarrow.Schema`` (Spark's schema of the DataFrame written)
+    #: the table's ``pyarrow.Schema``: the DataFrame's (mode ``append``), the fields of its
+    #: ``after`` struct (mode ``merge``)
     schema: Any
     #: where the tasks write data files: the Delta table's URI, the Iceberg table's location
     location: str
@@ -55,6 +57,13 @@ class SinkTarget:
     catalog_name: str = "default"
     catalog: Mapping[str, str] = field(default_factory=dict)
     target_file_bytes: int = 128 << 20
+    #: ``append`` (the rows are the table's) or ``merge`` (the rows are a change stream,
+    #: applied by key: ``changes.py``)
+    mode: str = "append"
+    #: the ``pyarrow.Schema`` of the rows the tasks write (None: ``schema``)
+    input_schema: Any = None
+    #: mode ``merge``: the key's column names
+    keys: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.kind not in FORMATS:
@@ -62,6 +71,18 @@ class SinkTarget:
         check_job_id(self.job_id)
         if self.target_file_bytes <= 0:
             raise ValueError(f"targetFileSize must be > 0, got {self.target_file_bytes}")
+        if self.mode not in MODES:
+            raise ValueError(f"option 'mode': use {' or '.join(MODES)}, not {self.mode!r}")
+        if self.mode == "merge" and self.kind != "delta":
+            raise ValueError(f"{self.name}: mode 'merge' writes Delta tables only so far "
+                             "(Iceberg's overwrite by key is not built yet)")
+        if self.mode == "merge" and not self.keys:
+            raise ValueError(f"{self.name}: mode 'merge' needs the key's columns")
+
+    @property
+    def rows_schema(self) -> Any:
+        """The schema of the rows the tasks write."""
+        return self.schema if self.input_schema is None else self.input_schema
 
     @property
     def name(self) -> str:

@@ -53,7 +53,7 @@ class SinkSubtask(RecipientOperator):
             assert context is not None
             self._writer = TaskFileWriter(
                 self.target.location, self.target.job_id, context.epoch, context.subtask,
-                context.spark_attempt, self.target.schema,
+                context.spark_attempt, self.target.rows_schema,
                 target_file_bytes=self.target.target_file_bytes,
                 storage_options=dict(self.target.storage_options) or None)
         self._writer.write(batch)

@@ -1,0 +1,110 @@
+"""A change stream reduced by key and merged into a Delta table (sparkcoord/sinks/changes.py,
+DeltaCommitter.merge): the last change per key in (lsn, seq) order wins, a truncate removes
+what came before it, an update missing TOASTed columns is refused by name, and an epoch merged
+once is never merged again."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from sparkcoord.sinks.changes import (
+    ChangeStreamError,
+    key_names,
+    reduce_changes,
+    table_schema,
+)
+from sparkcoord.sinks.delta import DeltaCommitter
+from sparkcoord.sinks.fencing import ALREADY_COMMITTED, COMMIT
+
+ROW = pa.struct([pa.field("id", pa.int64()), pa.field("name", pa.string())])
+SCHEMA = pa.schema([pa.field("op", pa.string()), pa.field("lsn", pa.int64()),
+                    pa.field("seq", pa.int32()), pa.field("key", pa.struct([
+                        pa.field("id", pa.int64())])),
+                    pa.field("after", ROW), pa.field("unchanged", pa.list_(pa.string()))])
+
+
+def changes(*rows: tuple[Any, ...]) -> pa.Table:
+    """Rows (op, lsn, seq, id, name[, unchanged]): ``d`` has no after, ``t`` no key."""
+    out = []
+    for op, lsn, seq, key, name, *unchanged in rows:
+        out.append({"op": op, "lsn": lsn, "seq": seq,
+                    "key": None if op == "t" else {"id": key},
+                    "after": None if op in ("d", "t") else {"id": key, "name": name},
+                    "unchanged": unchanged[0] if unchanged else None})
+    return pa.Table.from_pylist(out, schema=SCHEMA)
+
+
+def as_dict(reduced: Any) -> dict[int, tuple[str, str | None]]:
+    rows = reduced.rows.to_pylist()
+    return {r["id"]: (r["_sparkcoord_op"], r["name"]) for r in rows}
+
+
+def test_the_last_change_per_key_in_lsn_and_seq_order_wins_whatever_the_row_order() -> None:
+    staged = changes(("u", 30, 1, 1, "b"), ("r", 10, None, 1, "a"), ("c", 20, 0, 2, "x"),
+                     ("d", 30, 2, 2, None), ("u", 30, 0, 3, "early"), ("r", 10, None, 3, "s"),
+                     ("c", 40, 0, 4, "new"))
+    reduced = reduce_changes(staged, "public.t")
+    assert as_dict(reduced) == {1: ("u", "b"), 2: ("d", None), 3: ("u", "early"),
+                                4: ("c", "new")}
+    assert not reduced.truncated
+    assert reduced.rows.schema.names == ["id", "name", "_sparkcoord_op"]
+
+
+def test_a_truncate_drops_the_changes_before_it_and_asks_for_the_rest_to_be_deleted() -> None:
+    staged = changes(("c", 10, 0, 1, "gone"), ("t", 20, 0, None, None), ("c", 30, 0, 2, "kept"))
+    reduced = reduce_changes(staged, "public.t")
+    assert reduced.truncated and as_dict(reduced) == {2: ("c", "kept")}
+
+
+def test_an_update_that_did_not_send_a_toasted_column_is_refused_naming_table_and_column(
+) -> None:
+    staged = changes(("u", 10, 0, 1, None, ["name"]))
+    with pytest.raises(ChangeStreamError, match=r"table public\.t.*column\(s\) name.*"
+                                                r"REPLICA IDENTITY FULL"):
+        reduce_changes(staged, "public.t")
+
+
+def test_a_dataframe_that_is_not_a_change_stream_is_refused_naming_what_it_lacks() -> None:
+    with pytest.raises(ChangeStreamError, match="no after, key, lsn, op, seq"):
+        table_schema(pa.schema([pa.field("id", pa.int64())]))
+    assert key_names(SCHEMA) == ["id"] and table_schema(SCHEMA).names == ["id", "name"]
+
+
+def committer(tmp_path: Any, run_id: str = "run-a", last_committed: int = -1,
+              pending: tuple[int, ...] = ()) -> DeltaCommitter:
+    c = DeltaCommitter(str(tmp_path / "table"), "job", pa.schema(list(ROW)), run_id=run_id)
+    c.open(last_committed, pending)
+    return c
+
+
+def table_rows(tmp_path: Any) -> list[tuple[int, str]]:
+    from deltalake import DeltaTable
+
+    data = DeltaTable(str(tmp_path / "table")).to_pyarrow_table()
+    return sorted(zip(data.column("id").to_pylist(), data.column("name").to_pylist(),
+                      strict=True))
+
+
+def test_merges_apply_inserts_updates_deletes_and_truncates_by_key_once_per_epoch(
+        tmp_path: Any) -> None:
+    c = committer(tmp_path)
+    first = reduce_changes(changes(("r", 10, None, 1, "a"), ("r", 10, None, 2, "b"),
+                                   ("r", 10, None, 3, "c")), "public.t")
+    assert c.merge(0, first, ["id"]) == COMMIT
+    assert table_rows(tmp_path) == [(1, "a"), (2, "b"), (3, "c")]
+    second = reduce_changes(changes(("u", 20, 0, 1, "a2"), ("d", 20, 1, 2, None),
+                                    ("c", 21, 0, 4, "d")), "public.t")
+    assert c.merge(1, second, ["id"]) == COMMIT
+    assert table_rows(tmp_path) == [(1, "a2"), (3, "c"), (4, "d")]
+    # the same epoch again (a restore): the table holds it, nothing is merged twice
+    again = committer(tmp_path, run_id="run-b", last_committed=0, pending=(1,))
+    assert again.merge(1, second, ["id"]) == ALREADY_COMMITTED
+    assert table_rows(tmp_path) == [(1, "a2"), (3, "c"), (4, "d")]
+    third = reduce_changes(changes(("c", 30, 0, 5, "e"), ("t", 31, 0, None, None),
+                                   ("c", 32, 0, 6, "f"), ("u", 33, 0, 6, "f2")), "public.t")
+    assert again.merge(2, third, ["id"]) == COMMIT
+    assert table_rows(tmp_path) == [(6, "f2")]
+    assert again.table_epoch() == 2
