@@ -26,7 +26,10 @@ Rules:
      commit, unlike Delta): the tasks need the table's location, which the catalog decides.
      The parquet files carry no Iceberg field ids; the table's default name mapping (set at
      creation if missing) maps their columns by name, as pyiceberg's own ``add_files`` does.
-  5. Appends only: overwrite by filter for change streams and compaction come later.
+  5. Mode ``append`` adds the reported files; mode ``merge`` (a change stream, issue 28 item
+     6) applies the epoch's reduced changes by key (``changes.py``) in the epoch's one
+     transaction: a delete by key filter (every row after a truncate), then pyiceberg's upsert
+     of the rows put; the same summary and properties fence it. Compaction comes later.
 
 Thread model: as ``delta.py``: commands on the commit worker thread, one at a time.
 """
@@ -38,6 +41,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from sparkcoord.sinks.changes import OP_COLUMN, Reduced
 from sparkcoord.sinks.fencing import ALREADY_COMMITTED, COMMIT, NO_EPOCH, Decision, EpochFence
 from sparkcoord.sinks.files import DataFile, check_job_id
 
@@ -105,6 +109,52 @@ class IcebergCommitter:
         """Commit ``epoch``'s reported ``files`` in one snapshot unless the table holds it
         (commit worker thread; idempotent per epoch). Raises
         :class:`~sparkcoord.sinks.fencing.SecondWriter` per fencing rules 3 and 4."""
+        decision, table = self._decide(epoch)
+        if decision == ALREADY_COMMITTED:
+            return decision
+        location = self.table_location
+        with table.transaction() as tx:
+            self._mark(tx, epoch)
+            with tx.update_snapshot(snapshot_properties=self._summary(epoch)).fast_append() \
+                    as append:
+                for f in files:
+                    append.append_data_file(iceberg_data_file(table, location, f))
+        assert self._fence is not None
+        self._fence.committed(epoch)
+        return COMMIT
+
+    def merge(self, epoch: int, changes: Reduced, keys: Sequence[str]) -> Decision:
+        """Apply ``epoch``'s reduced changes by ``keys`` in one table transaction (rule 5:
+        mode ``merge``; ``changes.py``) unless the table holds the epoch: the deleted keys
+        removed (every row after a truncate), then the rows put with pyiceberg's upsert
+        (commit worker thread; idempotent per epoch, fenced as :meth:`commit`)."""
+        import pyarrow.compute as pc
+        from pyiceberg.expressions import AlwaysTrue
+
+        decision, table = self._decide(epoch)
+        if decision == ALREADY_COMMITTED:
+            return decision
+        ops = changes.rows.column(OP_COLUMN)
+        puts = changes.rows.filter(pc.not_equal(ops, "d")).drop_columns([OP_COLUMN])
+        deleted = changes.rows.filter(pc.equal(ops, "d"))
+        summary = self._summary(epoch)
+        with table.transaction() as tx:
+            self._mark(tx, epoch)
+            if changes.truncated:
+                tx.delete(AlwaysTrue(), snapshot_properties=summary)
+            elif deleted.num_rows:
+                tx.delete(key_filter(deleted, keys), snapshot_properties=summary)
+            if puts.num_rows and changes.truncated:
+                tx.append(puts, snapshot_properties=summary)  # nothing left to match
+            elif puts.num_rows:
+                tx.upsert(puts, join_cols=list(keys), snapshot_properties=summary)
+        assert self._fence is not None
+        self._fence.committed(epoch)
+        return COMMIT
+
+    def _decide(self, epoch: int) -> tuple[Decision, Any]:
+        """Rule 2: the fence's decision for ``epoch`` on the table as it is now, and the
+        table (its metadata without pyiceberg's commit retries: rule 3)."""
         if self._fence is None:
             raise RuntimeError("IcebergCommitter.commit before open()")
         table = self._table = _without_commit_retries(self.catalog.load_table(self.identifier))
@@ -112,17 +162,15 @@ class IcebergCommitter:
         decision = self._fence.decide(epoch, table_epoch, run_epoch)
         if decision == ALREADY_COMMITTED:
             self._fence.committed(epoch)
-            return decision
-        summary = {JOB_KEY: self.job_id, EPOCH_KEY: str(epoch), RUN_KEY: self.run_id}
-        location = self.table_location
-        with table.transaction() as tx:
-            tx.set_properties({epoch_property(self.job_id): str(epoch),
-                               run_property(self.job_id): self.run_id})
-            with tx.update_snapshot(snapshot_properties=summary).fast_append() as append:
-                for f in files:
-                    append.append_data_file(iceberg_data_file(table, location, f))
-        self._fence.committed(epoch)
-        return COMMIT
+        return decision, table
+
+    def _summary(self, epoch: int) -> dict[str, str]:
+        return {JOB_KEY: self.job_id, EPOCH_KEY: str(epoch), RUN_KEY: self.run_id}
+
+    def _mark(self, tx: Any, epoch: int) -> None:
+        """Rule 1's table properties, in the epoch's transaction."""
+        tx.set_properties({epoch_property(self.job_id): str(epoch),
+                           run_property(self.job_id): self.run_id})
 
     # ------------------------------------------------------------------ queries
     def table_epoch(self) -> int:
@@ -238,3 +286,20 @@ def _iceberg_value(value: Any) -> Any:
     if isinstance(value, datetime.date):
         return date_to_days(value)
     return value
+
+
+def key_filter(rows: Any, keys: Sequence[str]) -> Any:
+    """A pyiceberg filter matching the keys of ``rows`` (one key column: ``In``; several: an
+    ``Or`` of ``And``s of ``EqualTo``)."""
+    from functools import reduce
+
+    from pyiceberg import expressions
+
+    # Any: pyiceberg's own __init__ takes these positionally; its pydantic stubs do not say so
+    e: Any = expressions
+    And, EqualTo, In, Or = e.And, e.EqualTo, e.In, e.Or
+    if len(keys) == 1:
+        return In(keys[0], set(rows.column(keys[0]).to_pylist()))
+    terms = [reduce(And, [EqualTo(k, row[k]) for k in keys])
+             for row in rows.select(list(keys)).to_pylist()]
+    return reduce(Or, terms)

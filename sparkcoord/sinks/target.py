@@ -73,9 +73,6 @@ class SinkTarget:
             raise ValueError(f"targetFileSize must be > 0, got {self.target_file_bytes}")
         if self.mode not in MODES:
             raise ValueError(f"option 'mode': use {' or '.join(MODES)}, not {self.mode!r}")
-        if self.mode == "merge" and self.kind != "delta":
-            raise ValueError(f"{self.name}: mode 'merge' writes Delta tables only so far "
-                             "(Iceberg's overwrite by key is not built yet)")
         if self.mode == "merge" and not self.keys:
             raise ValueError(f"{self.name}: mode 'merge' needs the key's columns")
 

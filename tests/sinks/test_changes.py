@@ -73,38 +73,60 @@ def test_a_dataframe_that_is_not_a_change_stream_is_refused_naming_what_it_lacks
     assert key_names(SCHEMA) == ["id"] and table_schema(SCHEMA).names == ["id", "name"]
 
 
-def committer(tmp_path: Any, run_id: str = "run-a", last_committed: int = -1,
-              pending: tuple[int, ...] = ()) -> DeltaCommitter:
-    c = DeltaCommitter(str(tmp_path / "table"), "job", pa.schema(list(ROW)), run_id=run_id)
-    c.open(last_committed, pending)
-    return c
+class Target:
+    """A Delta or Iceberg table in ``tmp_path`` of the reduced rows' columns."""
+
+    def __init__(self, kind: str, tmp_path: Any) -> None:
+        self.kind, self.root = kind, tmp_path
+        if kind == "iceberg":
+            from pyiceberg.catalog.sql import SqlCatalog
+
+            self.catalog = SqlCatalog("changes", uri=f"sqlite:///{tmp_path}/catalog.db",
+                                      warehouse=f"file://{tmp_path}/warehouse")
+            self.catalog.create_namespace_if_not_exists("lake")
+
+    def committer(self, run_id: str, last_committed: int = -1,
+                  pending: tuple[int, ...] = ()) -> Any:
+        schema = pa.schema(list(ROW))
+        if self.kind == "delta":
+            c: Any = DeltaCommitter(str(self.root / "table"), "job", schema, run_id=run_id)
+        else:
+            from sparkcoord.sinks.iceberg import IcebergCommitter
+
+            c = IcebergCommitter(self.catalog, "lake.t", "job", schema, run_id=run_id)
+        c.open(last_committed, pending)
+        return c
+
+    def rows(self) -> list[tuple[int, str]]:
+        if self.kind == "delta":
+            from deltalake import DeltaTable
+
+            data = DeltaTable(str(self.root / "table")).to_pyarrow_table()
+        else:
+            data = self.catalog.load_table("lake.t").scan().to_arrow()
+        return sorted(zip(data.column("id").to_pylist(), data.column("name").to_pylist(),
+                          strict=True))
 
 
-def table_rows(tmp_path: Any) -> list[tuple[int, str]]:
-    from deltalake import DeltaTable
-
-    data = DeltaTable(str(tmp_path / "table")).to_pyarrow_table()
-    return sorted(zip(data.column("id").to_pylist(), data.column("name").to_pylist(),
-                      strict=True))
-
-
+@pytest.mark.parametrize("kind", ["delta", "iceberg"])
 def test_merges_apply_inserts_updates_deletes_and_truncates_by_key_once_per_epoch(
-        tmp_path: Any) -> None:
-    c = committer(tmp_path)
+        tmp_path: Any, kind: str) -> None:
+    target = Target(kind, tmp_path)
+    c = target.committer("run-a")
     first = reduce_changes(changes(("r", 10, None, 1, "a"), ("r", 10, None, 2, "b"),
                                    ("r", 10, None, 3, "c")), "public.t")
     assert c.merge(0, first, ["id"]) == COMMIT
-    assert table_rows(tmp_path) == [(1, "a"), (2, "b"), (3, "c")]
+    assert target.rows() == [(1, "a"), (2, "b"), (3, "c")]
     second = reduce_changes(changes(("u", 20, 0, 1, "a2"), ("d", 20, 1, 2, None),
                                     ("c", 21, 0, 4, "d")), "public.t")
     assert c.merge(1, second, ["id"]) == COMMIT
-    assert table_rows(tmp_path) == [(1, "a2"), (3, "c"), (4, "d")]
+    assert target.rows() == [(1, "a2"), (3, "c"), (4, "d")]
     # the same epoch again (a restore): the table holds it, nothing is merged twice
-    again = committer(tmp_path, run_id="run-b", last_committed=0, pending=(1,))
+    again = target.committer("run-b", last_committed=0, pending=(1,))
     assert again.merge(1, second, ["id"]) == ALREADY_COMMITTED
-    assert table_rows(tmp_path) == [(1, "a2"), (3, "c"), (4, "d")]
+    assert target.rows() == [(1, "a2"), (3, "c"), (4, "d")]
     third = reduce_changes(changes(("c", 30, 0, 5, "e"), ("t", 31, 0, None, None),
                                    ("c", 32, 0, 6, "f"), ("u", 33, 0, 6, "f2")), "public.t")
     assert again.merge(2, third, ["id"]) == COMMIT
-    assert table_rows(tmp_path) == [(6, "f2")]
+    assert target.rows() == [(6, "f2")]
     assert again.table_epoch() == 2

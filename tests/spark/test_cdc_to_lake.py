@@ -1,6 +1,6 @@
-"""PostgreSQL to Delta as one pipeline (issue 28 item 6): the PostgreSQL source's change stream
-of a table merged into a Delta table by key (``LakeSink`` mode ``merge``) equals the source
-table, row by row, after the snapshot and after a run that streamed inserts, updates (one of
+"""PostgreSQL to a lake table as one pipeline (issue 28 item 6): the PostgreSQL source's change
+stream of a table merged into a Delta table, or an Iceberg table (pyiceberg's SQL catalog on
+sqlite), by key (``LakeSink`` mode ``merge``) equals the source table, row by row, after the snapshot and after a run that streamed inserts, updates (one of
 them twice in a transaction, one of them changing the primary key), deletes and a truncate."""
 
 from __future__ import annotations
@@ -16,28 +16,41 @@ __all__ = ["postgres_server"]  # the session's server fixture
 pytestmark = pytest.mark.spark
 
 
-def delta_rows(path: str) -> list[tuple[Any, ...]]:
-    from deltalake import DeltaTable
+def lake_rows(kind: str, root: Any) -> list[tuple[Any, ...]]:
+    if kind == "delta":
+        from deltalake import DeltaTable
 
-    data = DeltaTable(path).to_pyarrow_table()
+        data = DeltaTable(str(root / "items")).to_pyarrow_table()
+    else:
+        data = catalog(root).load_table("lake.items").scan().to_arrow()
     return sorted(zip(*(data.column(c).to_pylist() for c in ("id", "name", "qty")),
                       strict=True))
+
+
+def catalog(root: Any) -> Any:
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    return SqlCatalog("default", uri=f"sqlite:///{root}/catalog.db",
+                      warehouse=f"file://{root}/warehouse")
 
 
 def source_rows(conn: Any) -> list[tuple[Any, ...]]:
     return [tuple(r) for r in conn.execute("SELECT id, name, qty FROM items ORDER BY id")]
 
 
-def test_a_table_mirrored_into_delta_by_key_equals_the_source_after_every_run(
+@pytest.mark.parametrize("kind", ["delta", "iceberg"])
+def test_a_table_mirrored_into_a_lake_table_by_key_equals_the_source_after_every_run(
         spark: Any, postgres_server: PostgresServer, executor_password: None,
-        tmp_path: Any) -> None:
+        tmp_path: Any, kind: str) -> None:
     from sparkcoord.sinks import LakeSink
     from sparkcoord.sources.postgres import PostgresCDC
     from sparkcoord.spark import CoordinatedJob
 
-    database = postgres_server.create_database("t_cdc_delta")
+    database = postgres_server.create_database(f"t_cdc_{kind}")
     url = postgres_server.url(database, ADMIN_USER, ADMIN_PASSWORD)
-    table = str(tmp_path / "items")
+    table = str(tmp_path / "items") if kind == "delta" else "lake.items"
+    if kind == "iceberg":
+        catalog(tmp_path).create_namespace_if_not_exists("lake")
     changes = [
         # inserts, updates, deletes across transactions; a row updated twice in one
         "INSERT INTO items SELECT g, 'new ' || g, 0 FROM generate_series(3001, 3200) g",
@@ -59,11 +72,14 @@ def test_a_table_mirrored_into_delta_by_key_equals_the_source_after_every_run(
                                           []]):
                 job = CoordinatedJob(spark, str(tmp_path / "ckpt"))
                 df = PostgresCDC(job).options(tables="public.items").load(url)
-                writer = (LakeSink(job).format("delta").option("mode", "merge")
-                          .option("jobId", "items").writer(df, table))
+                sink = LakeSink(job).format(kind).options(mode="merge", jobId="items")
+                if kind == "iceberg":
+                    sink = sink.options(**{"catalog.uri": f"sqlite:///{tmp_path}/catalog.db",
+                                           "catalog.warehouse": f"file://{tmp_path}/warehouse"})
+                writer = sink.writer(df, table)
                 report = job.run(writer.trigger(availableNow=True), timeout_s=300)
                 assert report.failures == []
-                assert delta_rows(table) == source_rows(conn), f"after run {run}"
+                assert lake_rows(kind, tmp_path) == source_rows(conn), f"after run {run}"
                 for statement in writes:
                     conn.execute(statement)
             assert source_rows(conn) == [(1, "after", 1)]
