@@ -94,6 +94,12 @@ class CoordinatorContext(abc.ABC):
     #: trigger that seals nothing, so a coordinator with work left must keep asking for
     #: batches (``request_batch``) until it has handed out what was present when it started.
     available_now: bool = False
+    #: True for a coordinator restored from checkpoint N whose batch had committed in Spark:
+    #: the logged inputs of batch N are handed to it again after ``start``, then
+    #: ``notify_checkpoint_complete(N)`` (DESIGN rule 8). False for a fresh start and for a
+    #: restore whose batch N runs again. A committer uses it to tell epoch N's side effect,
+    #: which its predecessor may have made, from one this run is about to produce.
+    restored_committed: bool = False
 
     @abc.abstractmethod
     def fail_job(self, cause: BaseException | str) -> None:

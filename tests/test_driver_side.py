@@ -98,3 +98,47 @@ def test_a_request_waiting_when_the_job_fails_is_refused_with_the_hold(tmp_path,
         client.close()
     finally:
         d.close()
+
+
+class _DeclinesOnce(__import__("sparkcoord").OperatorCoordinator):
+    """Asks for a second batch, declines checkpoint 1 once, and has a commit pending until the
+    test says it is done (``run_ending``)."""
+
+    declined: list[int] = []
+    ending: list[str] = []
+
+    def checkpoint_coordinator(self, checkpoint_id: int, result: object) -> None:
+        if checkpoint_id == 0:
+            self.context.request_batch()
+        if checkpoint_id == 1 and not self.declined:
+            self.declined.append(checkpoint_id)
+            result.set_exception(RuntimeError("not now"))  # type: ignore[attr-defined]
+            return
+        result.set_result(None)  # type: ignore[attr-defined]
+
+    def run_ending(self) -> object:
+        self.ending.append("asked")
+        return None
+
+
+def test_a_declined_checkpoint_in_an_available_now_run_is_tried_again_not_taken_for_the_end(
+        tmp_path) -> None:
+    # "no batch" ends an availableNow run: a decline answered that way ended the run with its
+    # work not done and its commits not waited for (found by review)
+    import time
+
+    spec = SourceSpec("src", str(tmp_path / "coordination"),
+                      [OperatorSpec("c", _DeclinesOnce, object, 1)], "v int",
+                      config=ServiceConfig(tolerable_checkpoint_failures=3))
+    side = DriverSide(spec, available_now=True)
+    try:
+        assert side.latest_epoch(-1, wait_for_cancel=False) == 0
+        deadline = time.monotonic() + 10
+        while not side.service.wants_batch():  # the mailbox ran checkpoint 0's request
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        # declined once (ids only grow past a decline), then sealed as 2; before: 0, the end
+        assert side.latest_epoch(0, wait_for_cancel=False) == 2
+        assert _DeclinesOnce.declined == [1] and _DeclinesOnce.ending == []
+    finally:
+        side.close()

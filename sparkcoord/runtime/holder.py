@@ -143,12 +143,14 @@ class CoordinatorHolder:
 
     # -------------------------------------------------------------------- service-facing API
     def start(self, checkpoint_id: int, snapshot: bytes | None,
-              replay: Sequence[ReplayedEvent] = ()) -> None:
-        """Create the coordinator, reset it to ``checkpoint_id`` and start it.
+              replay: Sequence[ReplayedEvent] = (), *, committed: bool = False) -> None:
+        """Create the coordinator, reset it to ``checkpoint_id`` and start it; ``committed``:
+        the batch of ``checkpoint_id`` committed in Spark (``replay`` is its logged inputs;
+        the context's ``restored_committed``).
 
         Called by the service (driver thread) at the start of a run, before any checkpoint.
         """
-        self._submit(lambda: self._create(checkpoint_id, snapshot, replay))
+        self._submit(lambda: self._create(checkpoint_id, snapshot, replay, committed))
         if self.stall_warning_s > 0 and self._watchdog is None:
             self._watchdog = self.clock.call_later(self.stall_warning_s,
                                                    lambda: self._watch(-1, 0.0))
@@ -316,12 +318,13 @@ class CoordinatorHolder:
         self.mailbox.execute(action)
 
     def _create(self, checkpoint_id: int, snapshot: bytes | None,
-                replay: Sequence[ReplayedEvent]) -> None:
+                replay: Sequence[ReplayedEvent], committed: bool = False) -> None:
         if self._globally_failed:
             return
         self._fence()
         self.generation += 1
         self._context = _Context(self, self.generation)
+        self._context.restored_committed = committed
         self._began += 1
         self._busy = "its constructor (and the unpickling of its snapshot)"
         try:

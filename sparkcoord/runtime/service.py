@@ -234,7 +234,8 @@ class CoordinationService:
                     available_now=self.available_now, read_part=self.storage.read_part)
                 self._holders[spec.name] = holder
                 snapshot = record.snapshots.get(spec.name) if record is not None else None
-                holder.start(epoch, snapshot, replay[spec.name])
+                holder.start(epoch, snapshot, replay[spec.name],
+                             committed=point.replays_inbound_log)
         log.info("%s", restore_line(self.run_id, point, items))
         if point.replays_inbound_log:
             self.batch_committed(epoch)

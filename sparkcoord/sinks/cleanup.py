@@ -67,7 +67,9 @@ def list_data_files(location: str, *, prefix: str = "",
     fs, root = _filesystem(location, storage_options)
     directory = f"{root}/{DATA_DIR}"
     try:
-        names = fs.ls(directory, detail=False)
+        # a prefix goes to the store (an object store lists only the names under it)
+        names = (fs.glob(f"{directory}/{prefix}*") if prefix
+                 else fs.ls(directory, detail=False))
     except FileNotFoundError:
         return []
     out = []

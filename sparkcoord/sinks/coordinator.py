@@ -26,7 +26,8 @@ Rules:
      E's committed files (an epoch's file set is final once its batch committed, and the
      epochs between had no files to commit).
   6. A fence error (a second writer, a checkpoint behind the table, a table behind the
-     checkpoint), and in mode ``merge`` a change the merge refuses (``changes.py`` rule 3),
+     checkpoint), an existing table of other columns (``target.check_table_schema``), and in
+     mode ``merge`` a change the merge refuses (``changes.py`` rule 3),
      fails the job with the error's text (``context.fail_job``): it does not go away by
      retrying, and the commit stays pending in the checkpoint.
   7. Mode ``merge``: the reported files are the epoch's staged change rows; the commit reads
@@ -59,8 +60,8 @@ from sparkcoord.sinks.cleanup import (
     list_data_files,
 )
 from sparkcoord.sinks.fencing import NO_EPOCH, SinkFenceError
-from sparkcoord.sinks.files import DataFile, read_files
-from sparkcoord.sinks.target import SinkTarget
+from sparkcoord.sinks.files import DataFile, parse_file_name, read_files
+from sparkcoord.sinks.target import SinkTarget, TableShapeError
 
 log = logging.getLogger("sparkcoord.sinks")
 
@@ -114,6 +115,13 @@ class SinkCoordinator(OperatorCoordinator):
         state = state or SinkState()
         self._ledger = CommitLedger(state.ledger)
         self._committed_through = state.committed_through
+        #: rule 4: the epochs whose commit our predecessor may have made: those pending in the
+        #: checkpoint, and the restored one if its batch had committed in Spark (its logged
+        #: reports are handed again); not an epoch this run produces, which another writer
+        #: holding it in the table must not make ours
+        self._restored_pending = set(state.ledger.pending)
+        if getattr(self.context, "restored_committed", False) and checkpoint_id >= 0:
+            self._restored_pending.add(checkpoint_id)
         # conservative: the restore point may be a batch that has not committed (a re-run)
         self._final_at_start = checkpoint_id - 1 if checkpoint_id >= 0 else NO_EPOCH
         self._running = {}
@@ -172,7 +180,7 @@ class SinkCoordinator(OperatorCoordinator):
         if self._worker is None:
             post = self.context.run_in_coordinator_thread
             last_committed = self._committed_through
-            pending = self._ledger.pending_epochs
+            pending = [e for e in self._ledger.pending_epochs if e in self._restored_pending]
             held = {f.path for items in self._ledger.pending_items() for f in items}
             self._worker = CommitWorker(
                 self.context.operator_id, self._commit,
@@ -206,10 +214,10 @@ class SinkCoordinator(OperatorCoordinator):
         committer = self.target.committer()
         try:
             committer.open(last_committed, pending)
-        except SinkFenceError as e:
+        except (SinkFenceError, TableShapeError) as e:
             self.context.fail_job(e)  # rule 6
             raise
-        self._sweep(self._final_at_start, committer.referenced_paths() | held, prefixes=[""])
+        self._sweep(self._final_at_start, committer.referenced_paths() | held)
         self._committer = committer
         self._cleaned_through = self._final_at_start
 
@@ -236,19 +244,34 @@ class SinkCoordinator(OperatorCoordinator):
                  "committed" if decision == "commit" else "was in the table already",
                  self.target.name, len(files))
         if epoch > self._cleaned_through:
-            epochs = range(self._cleaned_through + 1, epoch + 1)
-            self._sweep(epoch, {f.path for f in files},
-                        prefixes=[epoch_prefix(self.target.job_id, e) for e in epochs])
+            held = {f.path for f in files}
+            if decision != "commit":
+                # in the table already: whatever it holds is kept, ours or not (a fence
+                # that let another writer's epoch pass must still never cost its files)
+                held |= self._committer.referenced_paths()
+            self._sweep(epoch, held, epochs=(self._cleaned_through + 1, epoch))
             self._cleaned_through = epoch
         self._last_commit_s = time.perf_counter() - started  # read by the done report
 
-    def _sweep(self, final_through: int, held: set[str], prefixes: list[str]) -> None:
+    def _sweep(self, final_through: int, held: set[str],
+               epochs: tuple[int, int] | None = None) -> None:
+        """Delete what rule 5 says, of the whole data directory (``epochs`` None: the sweep at
+        start) or of the files of epochs ``epochs[0]..epochs[1]`` (one prefix listing each,
+        or one listing of the directory for a longer run of epochs without files)."""
         if final_through < 0:
             return
         options = dict(self.target.storage_options) or None
-        listed = [path for prefix in prefixes
-                  for path in list_data_files(self.target.location, prefix=prefix,
-                                              storage_options=options)]
+        job = self.target.job_id
+        if epochs is None:
+            listed = list_data_files(self.target.location, storage_options=options)
+        else:
+            low, high = epochs
+            prefixes = ([epoch_prefix(job, e) for e in range(low, high + 1)]
+                        if high - low < 8 else [f"sc-{job}.e"])
+            listed = [path for prefix in prefixes
+                      for path in list_data_files(self.target.location, prefix=prefix,
+                                                  storage_options=options)
+                      if low <= _epoch_of(path) <= high]
         doomed = files_to_delete(self.target.job_id, listed, final_through=final_through,
                                  held=held)
         if doomed:
@@ -257,6 +280,11 @@ class SinkCoordinator(OperatorCoordinator):
             deleted += delete_files(self.target.location, doomed[1:], storage_options=options)
             log.info("sink %r: deleted %d data file(s) no commit holds (%s)",
                      self.context.operator_id, deleted, ", ".join(doomed[:3]))
+
+
+def _epoch_of(path: str) -> int:
+    name = parse_file_name(path.rsplit("/", 1)[-1])
+    return NO_EPOCH if name is None else name.epoch
 
 
 def sink_coordinator(target: SinkTarget) -> Any:

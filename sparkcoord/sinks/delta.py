@@ -40,6 +40,7 @@ from typing import Any
 from sparkcoord.sinks.changes import Reduced, merge_clauses
 from sparkcoord.sinks.fencing import ALREADY_COMMITTED, COMMIT, NO_EPOCH, Decision, EpochFence
 from sparkcoord.sinks.files import DataFile, check_job_id
+from sparkcoord.sinks.target import check_table_schema
 
 #: Keys of the commit info (rule 1).
 JOB_KEY, EPOCH_KEY, RUN_KEY = "sparkcoord.job-id", "sparkcoord.epoch", "sparkcoord.run-id"
@@ -75,6 +76,12 @@ class DeltaCommitter:
         coordinator's start, before any commit): ``last_committed`` and ``pending`` are the
         epochs it saw reported done and not reported done. Returns the table's newest epoch
         for the job; raises per fencing rule 2."""
+        table = self._load()
+        if table is not None:
+            import pyarrow as pa
+
+            check_table_schema(self.table_uri, self.schema,
+                               pa.schema(table.schema().to_arrow()))
         fence = EpochFence(self.table_uri, self.job_id, last_committed, pending)
         fence.opened(self.table_epoch())
         self._fence = fence

@@ -44,6 +44,7 @@ from typing import Any
 from sparkcoord.sinks.changes import OP_COLUMN, Reduced
 from sparkcoord.sinks.fencing import ALREADY_COMMITTED, COMMIT, NO_EPOCH, Decision, EpochFence
 from sparkcoord.sinks.files import DataFile, check_job_id
+from sparkcoord.sinks.target import check_table_schema
 
 #: Keys of a snapshot's summary (rule 1).
 JOB_KEY, EPOCH_KEY, RUN_KEY = "sparkcoord.job-id", "sparkcoord.epoch", "sparkcoord.run-id"
@@ -86,6 +87,7 @@ class IcebergCommitter:
         (commit worker thread, at the coordinator's start, before any commit). Returns the
         table's newest epoch for the job; raises per fencing rule 2."""
         self._table = self._load_or_create()
+        check_table_schema(self.name, self.schema, self._table.schema().as_arrow())
         fence = EpochFence(self.name, self.job_id, last_committed, pending)
         fence.opened(self._epochs(self._table)[0])
         self._fence = fence

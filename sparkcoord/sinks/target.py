@@ -21,20 +21,26 @@ from sparkcoord.sinks.files import check_job_id
 FORMATS = ("delta", "iceberg")
 MODES = ("append", "merge")
 
-_SECRET = re.compile(r"secret|password|passwd|token|credential|access[_.-]?key|key[_.-]?id|"
-                     r"session[_.-]?key|private", re.IGNORECASE)
+_SECRET = re.compile(r"secret|password|passwd|token|credential|authorization|bearer|"
+                     r"private|(^|[_.-])(sas|key)($|[_.-])|access[_.-]?key|key[_.-]?id|"
+                     r"account[_.-]?key|master[_.-]?key|sas[_.-]?key|service[_.-]?account",
+                     re.IGNORECASE)
+#: a URL with a password in it (``scheme://user:password@host``)
+_USERINFO = re.compile(r"://[^/@\s]*:[^/@\s]*@")
 
 
 def refuse_credentials(options: Mapping[str, Any], what: str) -> None:
-    """Raise naming the first option of ``options`` that looks like a credential (driver
-    program thread, when a sink is built): the option would be kept in the checkpoint."""
-    for key in options:
-        if _SECRET.search(str(key)):
+    """Raise naming the first option of ``options`` that looks like a credential, by its name
+    or by a password in a URL value (driver program thread, when a sink is built): the option
+    would be kept in the checkpoint. The value is never repeated."""
+    for key, value in options.items():
+        if _SECRET.search(str(key)) or _USERINFO.search(str(value)):
             raise ValueError(
                 f"{what} option {key!r} looks like a credential: a lake sink keeps its options "
                 "in the job's checkpoint directory, so credentials come from the environment of "
-                "every Spark process instead (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, a "
-                "profile, an instance role; the catalog's own environment variables)")
+                "every Spark process instead (AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, "
+                "AZURE_STORAGE_ACCOUNT_KEY, GOOGLE_APPLICATION_CREDENTIALS, a profile, an "
+                "instance role; a catalog's own configuration file and environment variables)")
 
 
 @dataclass(frozen=True)
@@ -104,3 +110,46 @@ class SinkTarget:
         from pyiceberg.catalog import load_catalog
 
         return load_catalog(self.catalog_name, **dict(self.catalog))
+
+
+def _family(kind: Any) -> str:
+    import pyarrow as pa
+
+    t = pa.types
+    for name, test in (("integer", t.is_integer), ("floating", t.is_floating),
+                       ("decimal", t.is_decimal), ("boolean", t.is_boolean),
+                       ("date", t.is_date), ("timestamp", t.is_timestamp), ("time", t.is_time),
+                       ("struct", t.is_struct), ("map", t.is_map)):
+        if test(kind):
+            return name
+    if t.is_string(kind) or t.is_large_string(kind) or t.is_string_view(kind):
+        return "string"
+    if t.is_binary(kind) or t.is_large_binary(kind) or t.is_binary_view(kind):
+        return "binary"
+    if t.is_list(kind) or t.is_large_list(kind) or t.is_list_view(kind):
+        return "list"
+    return str(kind)
+
+
+class TableShapeError(ValueError):
+    """An existing table's columns are not the ones the sink writes."""
+
+
+def check_table_schema(table: str, ours: Any, theirs: Any) -> None:
+    """Raise naming ``table`` and the columns when an existing table's schema (``theirs``)
+    is not the sink's (``ours``): other column names, or a column of another kind (integer,
+    string, timestamp... width and time zone aside). The committers call it when they open
+    a table that exists: a commit of files of another shape would make every read fail."""
+    names, their_names = list(ours.names), list(theirs.names)
+    if names != their_names:
+        missing = [n for n in their_names if n not in names]
+        extra = [n for n in names if n not in their_names]
+        raise TableShapeError(
+            f"table {table} has columns {their_names}, the DataFrame written {names}"
+            + (f" (not written: {missing})" if missing else "")
+            + (f" (not in the table: {extra})" if extra else "")
+            + ": write a DataFrame with the table's columns, or another table")
+    wrong = [f"{n}: {theirs.field(n).type} in the table, {ours.field(n).type} written"
+             for n in names if _family(ours.field(n).type) != _family(theirs.field(n).type)]
+    if wrong:
+        raise TableShapeError(f"table {table}: column types differ ({'; '.join(wrong)})")

@@ -209,13 +209,20 @@ class DriverSide:
                 # first (Spark's stop() of the source comes after the query ended)
                 self.service.run_ending()
             return start_epoch
-        future = self.service.trigger_checkpoint(self.service.next_checkpoint_id)
-        try:
-            prepared = future.result()
-        except CheckpointDeclined as exc:
-            log.warning("%s", exc)
-            self.service.raise_if_failed()
-            return start_epoch  # declined: held events stay queued; Spark asks again
+        while True:
+            future = self.service.trigger_checkpoint(self.service.next_checkpoint_id)
+            try:
+                prepared = future.result()
+                break
+            except CheckpointDeclined as exc:
+                log.warning("%s", exc)
+                self.service.raise_if_failed()
+                if not self.service.available_now:
+                    return start_epoch  # declined: held events stay queued; Spark asks again
+                # an availableNow run takes "no batch" for its end, with its work not done
+                # and its commits not waited for: try again now (too many declines in a row
+                # fail the job: tolerable_checkpoint_failures)
+                time.sleep(0.05)
         kill_point("sealing", prepared.checkpoint_id)
         record = self.service.seal(prepared)
         kill_point("sealed", record.epoch)

@@ -339,7 +339,8 @@ class CoordinatedJob:
         mapped with ``mapInArrow``; the result has ``schema``. ``shuffle=False`` coalesces
         instead (no shuffle: each task maps the partitions it is given where they are, and a
         subtask may get none in a batch), for an operator that does not care which rows it
-        gets (a sink writing files). See :mod:`sparkcoord.spark.recipient` for how batches map
+        gets and whose coordinator sends its subtasks no events (a sink writing files: an
+        event for a subtask that gets no task in a batch would never be delivered). See :mod:`sparkcoord.spark.recipient` for how batches map
         to epochs.
         """
         from pyspark.sql.pandas.types import to_arrow_schema

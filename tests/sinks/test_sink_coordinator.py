@@ -21,7 +21,7 @@ from sparkcoord.sinks import CheckpointBehindTable
 from sparkcoord.sinks.cleanup import list_data_files
 from sparkcoord.sinks.coordinator import FileWritten, SinkCoordinator, SinkState
 from sparkcoord.sinks.files import DataFile, TaskFileWriter
-from sparkcoord.sinks.target import SinkTarget
+from sparkcoord.sinks.target import SinkTarget, TableShapeError
 from tests.sinks.conftest import SCHEMA, rows
 from tests.sinks.lakes import Lake
 
@@ -88,8 +88,12 @@ class Table:
         self.coordinators: list[SinkCoordinator] = []
 
     def start(self, checkpoint_id: int = -1, state: SinkState | None = None,
-              cls: type[SinkCoordinator] = SinkCoordinator) -> tuple[Any, FakeContext]:
+              cls: type[SinkCoordinator] = SinkCoordinator, *,
+              committed: bool = False) -> tuple[Any, FakeContext]:
+        """A coordinator restored from ``checkpoint_id``; ``committed``: its batch had
+        committed in Spark (the runtime replays it: ``context.restored_committed``)."""
         context = FakeContext()
+        context.restored_committed = committed
         coordinator = cls(context, self.target)
         coordinator.reset_to_checkpoint(checkpoint_id, state)
         coordinator.start()
@@ -228,7 +232,7 @@ def test_a_restore_replaying_a_batch_the_table_already_holds_commits_that_epoch_
     first.run_ending().result(timeout=30)  # epoch 1 is in the table...
     first.close()  # ...and the driver died before its done report ran on the mailbox
     assert table.target.committer().table_epoch() == 1
-    second, context = table.start(1, state)
+    second, context = table.start(1, state, committed=True)
     report(second, files)  # the restore replays the batch's logged events
     second.notify_checkpoint_complete(1)
     settle(second, context)
@@ -338,3 +342,47 @@ def test_the_status_request_says_what_is_committed_pending_and_how_long_commits_
     assert status["commit_s"][0] > 0 and status["job_id"] == JOB
     with pytest.raises(ValueError, match="answers 'status'"):
         coordinator.handle_client_request("stats")
+
+
+def test_a_rerun_epoch_another_writer_committed_is_refused_and_its_files_are_kept(
+        table: Table) -> None:
+    # found by review: an uncommitted restore's rerun epoch counted as "pending in the
+    # checkpoint", so a copy of the checkpoint that committed it first was taken for us, our
+    # commit skipped, and the cleanup deleted the other writer's committed file
+    first, first_context = table.start()
+    commit_epoch(table, first, first_context, 0, rows(0, 5))
+    state = checkpoint(first, 1)  # batch 1 never commits: the driver is killed
+    first.close()
+    other, other_context = table.start(1, state)  # a copy of the checkpoint runs batch 1
+    report(other, table.write(1, rows(1, 7, start=100)))
+    other.notify_checkpoint_complete(1)
+    settle(other, other_context)
+    other.close()
+    before = table.read()
+    ours, context = table.start(1, state)  # the first job restarts at its uncommitted epoch
+    report(ours, table.write(1, rows(1, 3, start=200)))
+    ours.notify_checkpoint_complete(1)
+    wait_until(lambda: bool(context.failures))
+    # the table is ahead of what this checkpoint knows: refused at the fence's opening
+    assert isinstance(context.failures[0], CheckpointBehindTable), context.failures
+    assert "another job runs under the same job id" in str(context.failures[0])
+    assert table.read().equals(before)  # every referenced file still there: readable
+
+
+def test_an_existing_table_of_other_columns_fails_the_job_naming_them_and_commits_nothing(
+        table: Table) -> None:
+    # found by review: files of another shape were committed and every read then failed
+    first, first_context = table.start()
+    commit_epoch(table, first, first_context, 0, rows(0, 5))
+    first.close()
+    other = pa.schema([pa.field(f.name, pa.string()) for f in SCHEMA])
+    wrong = SinkCoordinator(FakeContext(), dataclasses.replace(table.target, schema=other))
+    wrong.reset_to_checkpoint(0, None)
+    wrong.start()
+    table.coordinators.append(wrong)
+    checkpoint(wrong, 1)
+    context = wrong.context
+    wait_until(lambda: bool(context.failures))
+    assert isinstance(context.failures[0], TableShapeError), context.failures
+    assert "column types differ" in str(context.failures[0])
+    assert table.read().equals(rows(0, 5))
