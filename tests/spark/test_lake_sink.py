@@ -145,6 +145,10 @@ def test_a_file_stream_lands_in_the_table_exactly_once_with_no_orphan_after_a_ta
     # the failed attempt's reported files were withdrawn and deleted by the cleanup
     assert lake.data_files() == lake.referenced()
     assert len(lake.referenced()) >= 2
+    # and Spark reads the same rows from the table's current file list
+    files = [str(lake.location() / p) for p in sorted(lake.referenced())]
+    read = spark.read.parquet(*files).select("id", "name").collect()
+    assert sorted((r.id, r.name) for r in read) == [(i, f"n{i}") for i in ids]
 
 
 @pytest.mark.parametrize("kind", ["delta", "iceberg"])
