@@ -218,3 +218,29 @@ def test_the_holder_queues_run_ending_behind_the_completion_notice_on_the_mailbo
     assert not done.done()  # waits for the coordinator's future
     coordinator.pending.set_result(None)
     assert done.result(timeout=0) is None
+
+
+class _Restored(OperatorCoordinator):
+    seen: list[tuple[int, bool]] = []
+
+    def reset_to_checkpoint(self, checkpoint_id: int, state: Any) -> None:
+        self.seen.append((checkpoint_id, self.context.restored_committed))
+
+
+@pytest.mark.parametrize("committed", [True, False])
+def test_a_coordinator_is_told_whether_its_restore_points_batch_had_committed(
+        committed: bool) -> None:
+    from sparkcoord.core.restore import RestorePoint
+
+    h = CoordinatorHarness(_Restored, 1)
+    h.start()
+    assert h.coordinator.context.restored_committed is False  # a fresh start
+    assert h.checkpoint() is not None
+    epoch = h.epoch
+    if committed:
+        h.commit()
+    h.service.close()
+    _Restored.seen.clear()
+    again = CoordinatorHarness(_Restored, 1, storage_url=h.storage_url)
+    again.start(RestorePoint(epoch, committed=committed))
+    assert _Restored.seen == [(epoch, committed)]
