@@ -130,3 +130,29 @@ def test_merges_apply_inserts_updates_deletes_and_truncates_by_key_once_per_epoc
     assert again.merge(2, third, ["id"]) == COMMIT
     assert target.rows() == [(6, "f2")]
     assert again.table_epoch() == 2
+
+
+def test_an_iceberg_merge_deletes_and_updates_by_a_composite_key(tmp_path: Any) -> None:
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    from sparkcoord.sinks.changes import OP_COLUMN, Reduced
+    from sparkcoord.sinks.iceberg import IcebergCommitter
+
+    schema = pa.schema([("region", pa.string()), ("id", pa.int64()), ("qty", pa.int64())])
+    catalog = SqlCatalog("composite", uri=f"sqlite:///{tmp_path}/catalog.db",
+                         warehouse=f"file://{tmp_path}/warehouse")
+    catalog.create_namespace_if_not_exists("lake")
+    c = IcebergCommitter(catalog, "lake.c", "job", schema, run_id="run")
+    c.open()
+
+    def batch(*rows: tuple[str, int, int | None, str]) -> Reduced:
+        return Reduced(pa.Table.from_pylist(
+            [{"region": r, "id": i, "qty": q, OP_COLUMN: op} for r, i, q, op in rows],
+            schema=schema.append(pa.field(OP_COLUMN, pa.string()))), truncated=False)
+
+    c.merge(0, batch(("eu", 1, 10, "r"), ("us", 1, 20, "r"), ("eu", 2, 30, "r")),
+            ["region", "id"])
+    c.merge(1, batch(("eu", 1, None, "d"), ("us", 1, 21, "u")), ["region", "id"])
+    data = catalog.load_table("lake.c").scan().to_arrow()
+    assert sorted(zip(*(data.column(n).to_pylist() for n in ("region", "id", "qty")),
+                      strict=True)) == [("eu", 2, 30), ("us", 1, 21)]
