@@ -227,10 +227,15 @@ class SinkCoordinator(OperatorCoordinator):
         kill_point("lake-committing", epoch)  # tests only
         try:
             if self.target.mode == "merge":
-                staged = read_files(self.target.location, files,
-                                    storage_options=dict(self.target.storage_options) or None)
-                changes = reduce_changes(staged, self.target.table)
-                decision = self._committer.merge(epoch, changes, self.target.keys)
+                def load() -> Any:
+                    # only for an epoch not in the table yet: once merged, the cleanup after
+                    # the commit deletes the staged files, and a restore that commits the
+                    # epoch again must not need them
+                    staged = read_files(self.target.location, files, storage_options=dict(
+                        self.target.storage_options) or None)
+                    return reduce_changes(staged, self.target.table)
+
+                decision = self._committer.merge(epoch, load, self.target.keys)
             else:
                 decision = self._committer.commit(epoch, list(files))
         except ChangeStreamError as e:

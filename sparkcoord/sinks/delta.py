@@ -34,7 +34,7 @@ import datetime
 import json
 import time
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from sparkcoord.sinks.changes import Reduced, merge_clauses
@@ -105,14 +105,17 @@ class DeltaCommitter:
         self._fence.committed(epoch)
         return COMMIT
 
-    def merge(self, epoch: int, changes: Reduced, keys: Sequence[str]) -> Decision:
-        """Merge ``epoch``'s reduced changes into the table by ``keys`` in one transaction
+    def merge(self, epoch: int, load: Callable[[], Reduced], keys: Sequence[str]
+              ) -> Decision:
+        """Merge ``epoch``'s reduced changes (``load()``, called only when the epoch is to be
+        committed) into the table by ``keys`` in one transaction
         (rule 4: mode ``merge``; ``changes.py``), unless the table holds the epoch (commit
         worker thread; idempotent per epoch, fenced as :meth:`commit`). A missing table is
         created empty first (a commit of its own, carrying no epoch)."""
         decision, table, properties = self._decide(epoch)
         if decision == ALREADY_COMMITTED:
-            return decision
+            return decision  # ``load`` not called: the staged files may be gone already
+        changes = load()
         if table is None:
             try:
                 self._create([], None)

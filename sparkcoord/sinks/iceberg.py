@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import datetime
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from sparkcoord.sinks.changes import OP_COLUMN, Reduced
@@ -125,8 +125,10 @@ class IcebergCommitter:
         self._fence.committed(epoch)
         return COMMIT
 
-    def merge(self, epoch: int, changes: Reduced, keys: Sequence[str]) -> Decision:
-        """Apply ``epoch``'s reduced changes by ``keys`` in one table transaction (rule 5:
+    def merge(self, epoch: int, load: Callable[[], Reduced], keys: Sequence[str]
+              ) -> Decision:
+        """Apply ``epoch``'s reduced changes (``load()``, called only when the epoch is to be
+        committed) by ``keys`` in one table transaction (rule 5:
         mode ``merge``; ``changes.py``) unless the table holds the epoch: the deleted keys
         removed (every row after a truncate), then the rows put with pyiceberg's upsert
         (commit worker thread; idempotent per epoch, fenced as :meth:`commit`)."""
@@ -135,7 +137,8 @@ class IcebergCommitter:
 
         decision, table = self._decide(epoch)
         if decision == ALREADY_COMMITTED:
-            return decision
+            return decision  # ``load`` not called: the staged files may be gone already
+        changes = load()
         ops = changes.rows.column(OP_COLUMN)
         puts = changes.rows.filter(pc.not_equal(ops, "d")).drop_columns([OP_COLUMN])
         deleted = changes.rows.filter(pc.equal(ops, "d"))
