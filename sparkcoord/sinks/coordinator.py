@@ -249,7 +249,8 @@ class SinkCoordinator(OperatorCoordinator):
                  "committed" if decision == "commit" else "was in the table already",
                  self.target.name, len(files))
         if epoch > self._cleaned_through:
-            held = {f.path for f in files}
+            # rule 7: a merge's staged files are never in the table: garbage once merged
+            held = set() if self.target.mode == "merge" else {f.path for f in files}
             if decision != "commit":
                 # in the table already: whatever it holds is kept, ours or not (a fence
                 # that let another writer's epoch pass must still never cost its files)

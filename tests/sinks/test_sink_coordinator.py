@@ -386,3 +386,39 @@ def test_an_existing_table_of_other_columns_fails_the_job_naming_them_and_commit
     assert isinstance(context.failures[0], TableShapeError), context.failures
     assert "column types differ" in str(context.failures[0])
     assert table.read().equals(rows(0, 5))
+
+
+def test_a_merge_epoch_committed_and_cleaned_but_not_reported_is_skipped_after_a_restore(
+        tmp_path: Any) -> None:
+    # the cleanup after a merge deletes its staged files; a restore that commits the epoch
+    # again must see it in the table without reading them (it retried forever before)
+    from tests.sinks.test_changes import ROW, changes
+    from tests.sinks.test_changes import SCHEMA as CHANGES
+
+    uri = f"{tmp_path}/merged"
+    target = SinkTarget("delta", uri, JOB, pa.schema(list(ROW)), uri, mode="merge",
+                        input_schema=CHANGES, keys=("id",))
+    first_context = FakeContext()
+    first = SinkCoordinator(first_context, target)
+    first.reset_to_checkpoint(-1, None)
+    first.start()
+    state = checkpoint(first, 0)
+    staged = TaskFileWriter(uri, JOB, 0, 0, 0, CHANGES, row_group_rows=10).write_all(
+        [changes(("r", 10, None, 1, "a"), ("r", 10, None, 2, "b"))])
+    report(first, staged)
+    first.notify_checkpoint_complete(0)
+    settle(first, first_context)
+    first.close()  # the done report never reached a checkpoint: the restored one has it pending
+    assert not (set(list_data_files(uri)) & paths(staged))  # the cleanup deleted them
+    second_context = FakeContext()
+    second_context.restored_committed = True
+    second = SinkCoordinator(second_context, target)
+    second.reset_to_checkpoint(0, state)
+    second.start()
+    report(second, staged)  # the replay of batch 0's reports
+    second.notify_checkpoint_complete(0)
+    settle(second, second_context)
+    second.close()
+    from deltalake import DeltaTable
+
+    assert sorted(DeltaTable(uri).to_pyarrow_table().column("id").to_pylist()) == [1, 2]
