@@ -126,11 +126,6 @@ class SinkCoordinator(OperatorCoordinator):
         self._final_at_start = checkpoint_id - 1 if checkpoint_id >= 0 else NO_EPOCH
         self._running = {}
 
-    def start(self) -> None:
-        # nothing yet: the worker opens the table at the first checkpoint or commit (rule 4),
-        # once a restore's replay of the committed batch is in the ledger
-        pass
-
     def run_ending(self) -> Any:
         """An availableNow run ends once the commits handed over are done (coordinator.py)."""
         return self._worker.idle() if self._worker is not None else None
@@ -238,11 +233,8 @@ class SinkCoordinator(OperatorCoordinator):
                 decision = self._committer.merge(epoch, load, self.target.keys)
             else:
                 decision = self._committer.commit(epoch, list(files))
-        except ChangeStreamError as e:
+        except (ChangeStreamError, SinkFenceError) as e:
             self.context.fail_job(e)  # rule 6: loud, the commit stays pending
-            raise
-        except SinkFenceError as e:
-            self.context.fail_job(e)  # rule 6
             raise
         kill_point("lake-committed", epoch)  # tests only
         log.info("sink %r: epoch %d %s to %s (%d file(s))", self.context.operator_id, epoch,

@@ -67,9 +67,6 @@ class SinkSubtask(RecipientOperator):
         self._done = True
         return None
 
-    def snapshot_state(self) -> Any:
-        return None
-
     def close(self) -> None:
         if self._writer is not None and not self._done:
             try:

@@ -113,15 +113,20 @@ def test_run_ending_waits_until_a_coordinators_future_completes() -> None:
         service.close()
 
 
-def test_a_run_ending_future_that_fails_fails_the_job_naming_the_coordinator() -> None:
-    def failed(coordinator: Ending) -> Future[None]:
+def failed_with(error: BaseException) -> Any:
+    """An ``Ending`` ``make`` whose future has failed with ``error``."""
+    def make(coordinator: Ending) -> Future[None]:
         fut: Future[None] = Future()
-        fut.set_exception(OSError("the table's commit was refused"))
+        fut.set_exception(error)
         return fut
+    return make
 
+
+def test_a_run_ending_future_that_fails_fails_the_job_naming_the_coordinator() -> None:
     service = service_after_one_batch(
         CoordinatorSpec("quiet", Quiet, 1),
-        CoordinatorSpec("sink", functools.partial(Ending, make=failed), 1))
+        CoordinatorSpec("sink", functools.partial(
+            Ending, make=failed_with(OSError("the table's commit was refused"))), 1))
     try:
         with pytest.raises(JobFailed, match="coordinator 'sink'") as raised:
             service.run_ending()
@@ -169,13 +174,8 @@ def test_a_coordinator_that_raises_in_run_ending_makes_the_run_fail_not_end_as_d
 
 def test_a_coordinators_own_timeout_error_is_reported_as_its_failure_not_as_our_deadline(
 ) -> None:
-    def timed_out(coordinator: Ending) -> Future[None]:
-        fut: Future[None] = Future()
-        fut.set_exception(TimeoutError("the catalog did not answer"))
-        return fut
-
     service = service_after_one_batch(CoordinatorSpec("sink", functools.partial(
-        Ending, make=timed_out), 1))
+        Ending, make=failed_with(TimeoutError("the catalog did not answer"))), 1))
     try:
         with pytest.raises(JobFailed, match="failed as the availableNow run ended") as raised:
             service.run_ending()

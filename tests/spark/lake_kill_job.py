@@ -70,36 +70,50 @@ def table_location(workdir: str, kind: str) -> str:
     return str(catalog.load_table(name).location()).removeprefix("file://")
 
 
+def table_data(workdir: str, kind: str) -> Any:
+    """The table's rows (a ``pyarrow.Table``): deltalake / pyiceberg scans."""
+    if kind == "delta":
+        from deltalake import DeltaTable
+
+        return DeltaTable(table_location(workdir, kind)).to_pyarrow_table()
+    catalog, name = iceberg_table(workdir)
+    return catalog.load_table(name).scan().to_arrow()
+
+
+def referenced(workdir: str, kind: str) -> set[str]:
+    """The data files the table references, relative to its location."""
+    from sparkcoord.sinks.target import SinkTarget
+
+    location = table_location(workdir, kind)
+    if kind == "delta":
+        from sparkcoord.sinks.delta import DeltaCommitter
+
+        return DeltaCommitter(location, "check", None).referenced_paths()
+    options = catalog_options(workdir)
+    target = SinkTarget("iceberg", TABLE, "check", None, location, catalog={
+        "uri": options["catalog.uri"], "warehouse": options["catalog.warehouse"]})
+    return set(target.committer().referenced_paths())
+
+
+def data_files(workdir: str, kind: str) -> set[str]:
+    """The files in the table's data directory, relative to its location."""
+    directory = os.path.join(table_location(workdir, kind), "data")
+    return {f"data/{n}" for n in os.listdir(directory)} if os.path.isdir(directory) else set()
+
+
 def table_check(workdir: str, kind: str) -> dict[str, int]:
     """Rows lost, duplicated and unexpected (the table read back against the files' ids), and
     orphans: data files in the table's data directory that the table does not reference."""
     from collections import Counter
 
-    from sparkcoord.sinks.target import SinkTarget
-
-    location = table_location(workdir, kind)
-    if kind == "delta":
-        from deltalake import DeltaTable
-
-        from sparkcoord.sinks.delta import DeltaCommitter
-
-        ids = DeltaTable(location).to_pyarrow_table(columns=["id"]).column("id").to_pylist()
-        referenced = DeltaCommitter(location, "check", None).referenced_paths()
-    else:
-        catalog, name = iceberg_table(workdir)
-        ids = catalog.load_table(name).scan().to_arrow().column("id").to_pylist()
-        options = catalog_options(workdir)
-        target = SinkTarget("iceberg", name, "check", None, location, catalog={
-            "uri": options["catalog.uri"], "warehouse": options["catalog.warehouse"]})
-        referenced = target.committer().referenced_paths()
-    directory = os.path.join(location, "data")
-    present = {f"data/{n}" for n in os.listdir(directory)} if os.path.isdir(directory) else set()
+    ids = table_data(workdir, kind).column("id").to_pylist()
+    held, present = referenced(workdir, kind), data_files(workdir, kind)
     expected = expected_ids(workdir)
     counts = Counter(ids)
     return {"rows": len(ids), "expected": len(expected), "lost": len(expected - set(counts)),
             "duplicated": sum(c - 1 for c in counts.values() if c > 1),
             "unexpected": len(set(counts) - expected),
-            "orphans": len(present - referenced), "missing files": len(referenced - present)}
+            "orphans": len(present - held), "missing files": len(held - present)}
 
 
 class FailingSinkSubtask(SinkSubtask):

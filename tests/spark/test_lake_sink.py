@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from sparkcoord.sinks.task import SinkSubtask
+from tests.spark import lake_kill_job
 
 pytestmark = pytest.mark.spark
 
@@ -35,19 +36,15 @@ def write_files(data: pathlib.Path, first: int = 0, files: int = FILES) -> list[
 
 
 class Lake:
-    """The table a test writes: its sink builder and its contents read back."""
+    """The table a test writes (tests/spark/lake_kill_job.py's, in ``root``): its sink builder
+    and its contents read back."""
 
     def __init__(self, kind: str, root: pathlib.Path) -> None:
         self.kind, self.root = kind, root
-        self.catalog_options = {"catalog.uri": f"sqlite:///{root}/catalog.db",
-                                "catalog.warehouse": f"file://{root}/warehouse"}
+        self.catalog_options = lake_kill_job.catalog_options(str(root))
         if kind == "iceberg":
-            from pyiceberg.catalog.sql import SqlCatalog
-
-            catalog = SqlCatalog("default", uri=self.catalog_options["catalog.uri"],
-                                 warehouse=self.catalog_options["catalog.warehouse"])
-            catalog.create_namespace_if_not_exists("lake")
-        self.table = str(root / "delta") if kind == "delta" else "lake.events"
+            lake_kill_job.iceberg_table(str(root))  # creates the namespace "lake"
+        self.table = str(root / "delta") if kind == "delta" else lake_kill_job.TABLE
 
     def sink(self, job: Any, **options: Any) -> Any:
         from sparkcoord.sinks import LakeSink
@@ -57,45 +54,21 @@ class Lake:
             sink = sink.options(**self.catalog_options)
         return sink
 
-    def iceberg_table(self) -> Any:
-        from pyiceberg.catalog.sql import SqlCatalog
-
-        catalog = SqlCatalog("default", uri=self.catalog_options["catalog.uri"],
-                             warehouse=self.catalog_options["catalog.warehouse"])
-        return catalog.load_table(self.table)
-
     def rows(self) -> list[tuple[int, str]]:
-        if self.kind == "delta":
-            from deltalake import DeltaTable
-
-            data = DeltaTable(self.table).to_pyarrow_table()
-        else:
-            data = self.iceberg_table().scan().to_arrow()
+        data = lake_kill_job.table_data(str(self.root), self.kind)
         return sorted(zip(data.column("id").to_pylist(), data.column("name").to_pylist(),
                           strict=True))
 
     def location(self) -> pathlib.Path:
-        if self.kind == "delta":
-            return pathlib.Path(self.table)
-        return pathlib.Path(str(self.iceberg_table().location()).removeprefix("file://"))
+        return pathlib.Path(lake_kill_job.table_location(str(self.root), self.kind))
 
     def data_files(self) -> set[str]:
         """The data files in the table's data directory (relative to the table)."""
-        directory = self.location() / "data"
-        return {f"data/{n}" for n in os.listdir(directory)} if directory.exists() else set()
+        return lake_kill_job.data_files(str(self.root), self.kind)
 
     def referenced(self) -> set[str]:
         """The data files the table references."""
-        from sparkcoord.sinks.target import SinkTarget
-
-        if self.kind == "delta":
-            from sparkcoord.sinks.delta import DeltaCommitter
-
-            return DeltaCommitter(self.table, "x", None).referenced_paths()
-        target = SinkTarget("iceberg", self.table, "x", None, str(self.location()),
-                            catalog={k[len("catalog."):]: v
-                                     for k, v in self.catalog_options.items()})
-        return target.committer().referenced_paths()
+        return lake_kill_job.referenced(str(self.root), self.kind)
 
 
 class FailingSinkSubtask(SinkSubtask):
