@@ -10,6 +10,11 @@
   file of 10,000 rows per trigger) into Delta and into Iceberg; the sink's own commit times
   (``job.request("sink", "status")``: the table transaction and the cleanup after it) against
   the interval between batches. Target: <= 10% of it.
+- compaction: an ``availableNow`` run of 100 small batches (one parquet file of 1,000 rows per
+  trigger) into Delta and into Iceberg with ``compaction`` on and ``targetFileSize`` 64k, and
+  the same into Delta with it off (the baseline). Target: the median size of the table's
+  current data files with compaction on >= 50% of the target file size; the file counts and
+  the run times with it on and off are reported beside it.
 
     python bench/run.py --only lake_sink
 """
@@ -148,6 +153,57 @@ def commit_time(spark: Any, side: str, batches: int) -> dict[str, Any]:
         shutil.rmtree(top, ignore_errors=True)
 
 
+COMPACT_TARGET = 64 * 1024
+
+
+def _current_sizes(side: str, root: str) -> list[int]:
+    """The sizes of the table's current data files."""
+    import pyarrow as pa
+
+    if side == "delta":
+        from deltalake import DeltaTable
+
+        adds = pa.table(DeltaTable(os.path.join(root, "delta")).get_add_actions())
+        return [int(x) for x in adds.column("size_bytes").to_pylist()]
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    options = _catalog(root)
+    catalog = SqlCatalog("default", uri=options["catalog.uri"],
+                         warehouse=options["catalog.warehouse"])
+    files = catalog.load_table("lake.bench").inspect.files()
+    return [int(x) for x in files.column("file_size_in_bytes").to_pylist()]
+
+
+def compaction(spark: Any, side: str, on: bool, batches: int) -> dict[str, Any]:
+    """``batches`` small batches into ``side`` with compaction ``on`` or off: the current
+    files' sizes, the rows and the run's time."""
+    from bench.filesource import SCHEMA
+    from sparkcoord.sources import FileStream
+    from sparkcoord.spark import CoordinatedJob
+
+    top = tempfile.mkdtemp(prefix=f"bench-lake-compact-{side}-")
+    try:
+        data = os.path.join(top, "data")
+        written = write_dataset(data, "parquet", batches, 1_000)
+        t0 = time.perf_counter()
+        job = CoordinatedJob(spark, os.path.join(top, "ckpt"))
+        df = (FileStream(job).format("parquet").schema(SCHEMA)
+              .options(bounded="true", maxFilesPerTrigger="1").load(data))
+        table = os.path.join(top, "delta") if side == "delta" else "lake.bench"
+        sink = _sink(job, side, top).options(targetFileSize=str(COMPACT_TARGET),
+                                             compaction=on)
+        report = job.run(sink.writer(df, table).trigger(availableNow=True), timeout_s=900)
+        elapsed = time.perf_counter() - t0
+        assert report.failures == [], report.failures
+        got = _rows_written(side, top)
+        assert got == written, f"{side} wrote {got} rows of {written}"
+        sizes = sorted(_current_sizes(side, top))
+        return {"files": len(sizes), "median_bytes": statistics.median(sizes),
+                "seconds": elapsed, "rows": got}
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+
+
 def run(preset: str, spark: Any) -> dict[str, Any]:
     files, rows = (40, 2_000_000) if preset == "full" else (20, 1_000_000)
     rounds = 3 if preset == "full" else 2
@@ -172,4 +228,19 @@ def run(preset: str, spark: Any) -> dict[str, Any]:
         notes.append(f"- {side}: commit median {c['commit_s'] * 1000:.0f} ms (p90 "
                      f"{c['commit_p90_s'] * 1000:.0f} ms) over {c['commits']} commits of one "
                      f"10,000-row file each; batches every {c['interval_s']:.2f} s (median)")
+    small = 100  # the issue's figure: after 100 small batches, whatever the preset
+    off = compaction(spark, "delta", False, small)
+    for side in KINDS:
+        on = compaction(spark, side, True, small)
+        median = on["median_bytes"]
+        figures.append(figure(
+            "lake_sink", f"{side} median data file after {small} small batches, compaction on "
+            f"(baseline: Delta, compaction off)", median, "bytes", off["median_bytes"],
+            f">= 50% of targetFileSize ({COMPACT_TARGET:,} bytes)",
+            median >= 0.5 * COMPACT_TARGET, files=on["files"], files_off=off["files"]))
+        notes.append(f"- {side}, {small} batches of one 1,000-row file, targetFileSize "
+                     f"{COMPACT_TARGET:,}: compaction on {on['files']} current files, median "
+                     f"{median:,.0f} bytes ({median / COMPACT_TARGET:.0%} of the target), run "
+                     f"{on['seconds']:.1f} s; off (Delta): {off['files']} files, median "
+                     f"{off['median_bytes']:,.0f} bytes, run {off['seconds']:.1f} s")
     return {"figures": figures, "notes": notes, "raw": got}

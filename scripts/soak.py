@@ -24,6 +24,13 @@ Scenarios:
                lake kill point (a task's files not reported, before or after the table commit,
                mid-cleanup) or mid-batch, maybe with a sink task failure, then run to the end;
                judged against the files' ids and for orphan files (about 1 minute per seed)
+  merge        the lake sink in mode merge: PostgreSQL's change stream of a table merged by
+               key into Delta or Iceberg (tests/spark/cdc_lake_kill_job.py) on a PostgreSQL
+               started for the scenario, cdc_job's writers going on; killed with SIGKILL at a
+               lake kill point or mid-batch at an epoch chosen by the seed, bulk statements
+               run while it is down (updates, deletes, key changes or a truncate, by seed),
+               restarted; judged row by row against the source table, for orphan files and
+               for staged files of committed epochs left (about 1-2 minutes per seed)
   aligned      watermark alignment: two directories at 1x and 20x in an aligned availableNow
                run into a windowed count, P readers, bounded or continuous, a task failure
                or a fail_job chosen by the seed (one local session; ~20 s per seed)
@@ -450,11 +457,73 @@ def soak_sink(seeds: list[int]) -> dict[str, Any]:
     return row
 
 
+def soak_merge(seeds: list[int]) -> dict[str, Any]:
+    """The lake sink in mode ``merge`` (tests/spark/cdc_lake_kill_job.py): ``public.orders``
+    merged by key into a Delta or an Iceberg table, on a PostgreSQL 15 of its own, with 1-2
+    of cdc_job's writer processes (transactions and pace by seed) going on, killed with
+    SIGKILL at a lake kill point or ``mid-batch`` at an epoch chosen by the seed, a mix of
+    bulk statements run while it is down (``cdc_lake_kill_job.DOWN_MIXES``, by seed), then
+    restarted until it caught up. A seed passes when the table equals the source table row by
+    row, no data file is left that the table does not reference and no staged file of an
+    epoch the table holds is left (``cdc_lake_kill_job.judge``). A kill point the run did not
+    reach (a high epoch) leaves a run that ended by itself: judged the same."""
+    import pathlib
+    import random
+
+    from tests.postgres_server import PostgresServer
+    from tests.spark import cdc_lake_kill_job
+    from tests.spark.test_cdc_lake_kill import killed_and_restarted
+
+    points = ["lake-committed", "lake-cleaning", "lake-committing", "lake-written", "mid-batch"]
+    row = _files_row()
+    server = PostgresServer()
+    server.start()
+    try:
+        for seed in seeds:
+            rng = random.Random(seed)
+            # (point, format) pairs cycle every 10 seeds
+            point = points[seed % len(points)]
+            kind = ("delta", "iceberg")[(seed % len(points) + seed // len(points)) % 2]
+            epoch = rng.randint(1, 10)
+            writers = [seed * 10 + i for i in range(rng.randint(1, 2))]
+            transactions, pause_s = rng.randint(150, 400), round(rng.uniform(0.02, 0.08), 3)
+            down = rng.choice(sorted(cdc_lake_kill_job.DOWN_MIXES))
+            what = (f"{kind} {point}@{epoch}, {len(writers)}x{transactions} tx "
+                    f"pause {pause_s}, down {down}")
+            print(f"merge seed {seed}: {what}", flush=True)
+            workdir = pathlib.Path(tempfile.mkdtemp(prefix=f"soak-merge-{kind}-{seed}-"))
+            error, verdict = None, None
+            try:
+                verdict = killed_and_restarted(server, workdir, kind, point, epoch,
+                                               writers=writers, transactions=transactions,
+                                               pause_s=pause_s, down=down, must_kill=False)
+                if not verdict["killed"]:
+                    what += " (not reached)"
+            except Exception as exc:  # noqa: BLE001 - a failed seed, reported in the table
+                error = f"{type(exc).__name__}: {exc}"
+            row["runs"] += 1
+            if verdict is not None:
+                row["lost"] += verdict["missing"] + verdict["wrong"]
+                row["duplicated"] += verdict["extra"] + verdict["duplicated"]
+            clean = verdict is not None and all(
+                verdict[k] == 0 for k in cdc_lake_kill_job.CLEAN)
+            print(f"merge seed {seed}: {error or verdict}", flush=True)
+            if error is None and clean:
+                row["passes"] += 1
+                shutil.rmtree(workdir, ignore_errors=True)
+            else:
+                row["failed seeds"].append(f"{seed} {what} ({workdir}): "
+                                           f"{(error or str(verdict))[:160]}")
+    finally:
+        server.stop()
+    return row
+
+
 SCENARIOS = {"simulation": soak_simulation, "two-speeds": soak_two_speeds,
              "driver-kill": soak_driver_kill, "cluster": soak_cluster,
              "files-task": soak_files_task, "files-fail-job": soak_files_fail_job,
              "files-kill": soak_files_kill, "aligned": soak_aligned, "cdc": soak_cdc,
-             "sink": soak_sink}
+             "sink": soak_sink, "merge": soak_merge}
 
 
 def main() -> int:

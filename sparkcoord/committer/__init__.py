@@ -5,6 +5,7 @@ batch") for the file source's ``committer``.
 """
 
 from sparkcoord.committer.ledger import Commit, CommitLedger, LedgerState
-from sparkcoord.committer.worker import CommitFunction, CommitWorker
+from sparkcoord.committer.worker import CommitFunction, CommitStuck, CommitWorker
 
-__all__ = ["Commit", "CommitFunction", "CommitLedger", "CommitWorker", "LedgerState"]
+__all__ = ["Commit", "CommitFunction", "CommitLedger", "CommitStuck", "CommitWorker",
+           "LedgerState"]

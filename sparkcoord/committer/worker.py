@@ -6,7 +6,11 @@ Rules:
      and must never hold up the mailbox (the coordinator's events, requests and checkpoints).
   2. A commit that raises is retried with a growing pause (``retry_delay_s`` doubling up to
      ``max_retry_delay_s``), each failure logged as a WARNING naming the operator, the epoch
-     and the error; it is never skipped. The next commit waits for it.
+     and the error; it is never skipped. The next commit waits for it. One that has failed
+     for ``stuck_after_s`` and at least ``stuck_after_failures`` times in a row is *stuck*:
+     ``stuck(error)`` is called once (a coordinator fails the job with it: a continuous run
+     must not go on producing batches whose side effects never happen while only WARNINGs
+     say so), and the retries go on until the worker is stopped.
   3. Done is reported back on the mailbox (``run_in_coordinator_thread``), where the ledger
      forgets the commit; the report of a worker that was stopped is dropped by the fenced
      context, so a commit is forgotten only by the coordinator that saw it done.
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
@@ -48,10 +53,13 @@ class CommitWorker:
     def __init__(self, operator: str, commit: CommitFunction,
                  done: Callable[[int], None], *, retry_delay_s: float = 0.5,
                  max_retry_delay_s: float = 30.0,
-                 prepare: Callable[[], None] | None = None) -> None:
+                 prepare: Callable[[], None] | None = None,
+                 stuck: Callable[[Exception], None] | None = None,
+                 stuck_after_s: float = 300.0, stuck_after_failures: int = 8,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         """``done(epoch)`` is called on the worker thread once a commit returned; the owner
         posts it to its mailbox (``context.run_in_coordinator_thread``). ``prepare``: rule
-        4."""
+        4. ``stuck``: rule 2, called on the worker thread with a :class:`CommitStuck`."""
         if retry_delay_s <= 0 or max_retry_delay_s < retry_delay_s:
             raise ValueError(f"commit retry delays must satisfy 0 < retry_delay_s <= "
                              f"max_retry_delay_s, got {retry_delay_s} and {max_retry_delay_s}")
@@ -60,6 +68,10 @@ class CommitWorker:
         self._done = done
         self._retry_delay_s = retry_delay_s
         self._max_retry_delay_s = max_retry_delay_s
+        self._stuck = stuck
+        self._stuck_after_s = stuck_after_s
+        self._stuck_after_failures = stuck_after_failures
+        self._clock = clock
         self._queue: deque[Commit] = deque()
         self._wake = threading.Condition()
         self._stopped = False
@@ -155,7 +167,7 @@ class CommitWorker:
 
     def _attempt(self, what: str, action: Callable[[], None]) -> bool:
         """Run ``action`` until it returns (rule 2); False if the worker stopped meanwhile."""
-        delay, failures = self._retry_delay_s, 0
+        delay, failures, since, reported = self._retry_delay_s, 0, 0.0, False
         while True:
             try:
                 action()
@@ -165,9 +177,31 @@ class CommitWorker:
                 return True
             except Exception as exc:  # noqa: BLE001 - the user's commit: retried, never lost
                 failures += 1
+                now = self._clock()
+                since = now if failures == 1 else since
                 log.warning("operator %r: %s failed (attempt %d), retrying in %.1f s: %s: %s",
                             self.operator, what, failures, delay, type(exc).__name__, exc)
+                if (self._stuck is not None and not reported
+                        and failures >= self._stuck_after_failures
+                        and now - since >= self._stuck_after_s):
+                    reported = True
+                    self._stuck(CommitStuck(self.operator, what, failures, now - since, exc))
             with self._wake:
                 if self._wake.wait_for(lambda: self._stopped, timeout=delay):
                     return False
             delay = min(delay * 2, self._max_retry_delay_s)
+
+
+class CommitStuck(RuntimeError):
+    """A commit (or the worker's ``prepare``) failed over and over (rule 2); names the
+    operator, what failed, how often and for how long, and the last error."""
+
+    def __init__(self, operator: str, what: str, failures: int, seconds: float,
+                 last: Exception) -> None:
+        super().__init__(
+            f"operator {operator!r}: {what} failed {failures} times in a row over "
+            f"{seconds:.0f} s; last error: {type(last).__name__}: {last}. It stays pending "
+            f"in the checkpoint and runs again after a restart; fix the cause (the table's "
+            f"storage, its catalog, permissions) and restart the query")
+        self.operator, self.what, self.failures, self.seconds = operator, what, failures, seconds
+        self.last = last

@@ -14,7 +14,8 @@ finished), ``answered`` (a task got the logged answer to a request, mid-batch),
 ``sink-committed`` (the sink committed, Spark's commit log not written); the lake sink's
 ``lake-written`` (a task closed a data file, not reported yet), ``lake-committing`` (the
 batch committed in Spark, the table commit not made), ``lake-committed`` (the table commit
-made, not reported done) and ``lake-cleaning`` (a cleanup deleted one file of several).
+made, not reported done), ``lake-cleaning`` (a cleanup deleted one file of several) and
+``lake-compacted`` (a task rewrote a compaction bin, not reported yet).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ _PLAN = os.environ.get("SPARKCOORD_TEST_KILL")
 #: before calling :func:`kill_point`, so that a switch that is off costs them nothing
 KILLS_PLANNED = _PLAN is not None
 POINTS = ("sealing", "sealed", "mid-batch", "answered", "sink-committed", "lake-written",
-          "lake-committing", "lake-committed", "lake-cleaning")
+          "lake-committing", "lake-committed", "lake-cleaning", "lake-compacted")
 
 
 def kill_point(point: str, epoch: int) -> None:
@@ -45,7 +46,16 @@ def kill_point(point: str, epoch: int) -> None:
     os.write(fd, str(epoch).encode())
     os.fsync(fd)
     os.close(fd)
-    session, me = os.getsid(0), os.getpid()
+    kill_session(os.getsid(0))
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def kill_session(session: int) -> None:
+    """SIGKILL every process of ``session`` but the caller: a driver program, its JVM, the
+    source runner and the Python workers (in process groups of their own, in its session), as
+    when the driver's machine dies. Also ``sparkcoord demo pipeline``'s kill of its job, a
+    process it started with ``start_new_session=True`` (whose pid is the session's id)."""
+    me = os.getpid()
     for entry in os.listdir("/proc"):
         if entry.isdigit() and int(entry) != me:
             try:
@@ -53,4 +63,3 @@ def kill_point(point: str, epoch: int) -> None:
                     os.kill(int(entry), signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
-    os.kill(me, signal.SIGKILL)

@@ -66,6 +66,9 @@ def list_data_files(location: str, *, prefix: str = "",
     the table (``data/<name>``). Empty if the directory does not exist."""
     fs, root = _filesystem(location, storage_options)
     directory = f"{root}/{DATA_DIR}"
+    # an object store's filesystem keeps listings (s3fs: for good) and is shared in this
+    # process: the tasks wrote since, in other processes
+    fs.invalidate_cache(directory)
     try:
         # a prefix goes to the store (an object store lists only the names under it)
         names = (fs.glob(f"{directory}/{prefix}*") if prefix
@@ -98,5 +101,8 @@ def delete_files(location: str, paths: Iterable[str], *,
 def _filesystem(location: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:
     from fsspec.core import url_to_fs
 
-    fs, root = url_to_fs(location, **dict(storage_options or {}))
+    from sparkcoord.sinks.target import storage_options_for
+
+    # in fsspec's names (target.py): a sink's options may be named for delta-rs
+    fs, root = url_to_fs(location, **storage_options_for("fsspec", storage_options or {}))
     return fs, str(root).rstrip("/")

@@ -34,6 +34,13 @@ Rules:
      them, reduces them by key (``changes.py``) and merges the result into the table in one
      transaction (``delta.py`` rule 4). The staged files are never in the table, so the
      cleanup after the commit deletes them.
+  8. Option ``compaction`` (mode ``append``): the coordinator plans bins of small committed
+     files at each checkpoint and sends each subtask its bin (:class:`CompactionAssigned`)
+     before the checkpoint completes; a task's :class:`FilesCompacted` report is an item of
+     the running batch like a file, and the epoch's commit swaps it in (``compaction.py``
+     rules 1-6). The outputs of
+     a swap the commit made are kept by the cleanup after it, like the epoch's files; those
+     of a swap left out are not.
 
 Thread model: every callback on the coordinator's mailbox; the committer, the sweep and the
 cleanup on the commit worker's thread (``sparkcoord-commit-<operator>``).
@@ -59,6 +66,12 @@ from sparkcoord.sinks.cleanup import (
     files_to_delete,
     list_data_files,
 )
+from sparkcoord.sinks.compaction import (
+    CompactionAssigned,
+    CompactionPlanner,
+    CompactionState,
+    FilesCompacted,
+)
 from sparkcoord.sinks.fencing import NO_EPOCH, SinkFenceError
 from sparkcoord.sinks.files import DataFile, parse_file_name, read_files
 from sparkcoord.sinks.target import SinkTarget, TableShapeError
@@ -80,6 +93,8 @@ class SinkState:
     ledger: LedgerState = field(default_factory=LedgerState)
     #: the newest epoch whose commit was reported done
     committed_through: int = NO_EPOCH
+    #: rule 8 (option ``compaction``): the planner's state
+    compaction: CompactionState | None = None
 
 
 class SinkCoordinator(OperatorCoordinator):
@@ -95,14 +110,17 @@ class SinkCoordinator(OperatorCoordinator):
         self._committed_through = NO_EPOCH
         #: the newest epoch Spark committed before the restored checkpoint (the sweep's bound)
         self._final_at_start = NO_EPOCH
-        #: the running batch's files by subtask (rule 2)
-        self._running: dict[int, list[DataFile]] = {}
+        #: the running batch's reports by subtask (rule 2): files and compactions
+        self._running: dict[int, list[DataFile | FilesCompacted]] = {}
+        self._planner = self._new_planner(None)
         self._worker: CommitWorker | None = None
         #: status (handle_client_request): commits done by this start and their durations
         self._commits_done = 0
         self._commit_seconds: deque[float] = deque(maxlen=100)
-        #: worker thread only: how long the commit that ran last took
+        #: worker thread only: how long the commit that ran last took, and the files it
+        #: added to the table (none: the table held the epoch already; read by the report)
         self._last_commit_s = 0.0
+        self._last_committed_files: tuple[DataFile, ...] = ()
         #: worker thread only: the committer of this start, and the newest cleaned epoch
         self._committer: Any = None
         self._cleaned_through = NO_EPOCH
@@ -115,6 +133,9 @@ class SinkCoordinator(OperatorCoordinator):
         state = state or SinkState()
         self._ledger = CommitLedger(state.ledger)
         self._committed_through = state.committed_through
+        self._planner = self._new_planner(getattr(state, "compaction", None))
+        if self._planner is not None:
+            self._planner.restored(checkpoint_id)
         #: rule 4: the epochs whose commit our predecessor may have made: those pending in the
         #: checkpoint, and the restored one if its batch had committed in Spark (its logged
         #: reports are handed again); not an epoch this run produces, which another writer
@@ -125,6 +146,12 @@ class SinkCoordinator(OperatorCoordinator):
         # conservative: the restore point may be a batch that has not committed (a re-run)
         self._final_at_start = checkpoint_id - 1 if checkpoint_id >= 0 else NO_EPOCH
         self._running = {}
+
+    def _new_planner(self, state: CompactionState | None) -> CompactionPlanner | None:
+        if not self.target.compaction:
+            return None
+        return CompactionPlanner(self.target.target_file_bytes,
+                                 self.target.compaction_max_files, state)
 
     def run_ending(self) -> Any:
         """An availableNow run ends once the commits handed over are done (coordinator.py)."""
@@ -138,34 +165,49 @@ class SinkCoordinator(OperatorCoordinator):
 
     # ---------------------------------------------------------------- inputs (mailbox)
     def handle_event_from_operator(self, subtask: int, attempt: int, event: Any) -> None:
-        if not isinstance(event, FileWritten):
+        item = _item(event)
+        if item is None:
             raise TypeError(f"sink {self.context.operator_id!r}: subtask {subtask} sent a "
-                            f"{type(event).__name__}, not a FileWritten")
-        self._ledger.item_produced(event.file)
-        self._running.setdefault(subtask, []).append(event.file)
+                            f"{type(event).__name__}, not a FileWritten or FilesCompacted")
+        self._ledger.item_produced(item)
+        self._running.setdefault(subtask, []).append(item)
 
     def subtask_reset(self, subtask: int, checkpoint_id: int) -> None:
-        for file in self._running.pop(subtask, []):
-            self._ledger.item_withdrawn(file)
+        for item in self._running.pop(subtask, []):
+            self._ledger.item_withdrawn(item)
 
     def handle_items_withdrawn(self, subtask: int, attempt: int,
                                withdrawn: list[Withdrawn]) -> None:
         for w in withdrawn:
-            if isinstance(w.item, FileWritten):
-                self._ledger.item_withdrawn(w.item.file)
-                files = self._running.get(subtask, [])
-                if w.item.file in files:
-                    files.remove(w.item.file)
+            item = _item(w.item)
+            if item is not None:
+                self._ledger.item_withdrawn(item)
+                items = self._running.get(subtask, [])
+                if item in items:
+                    items.remove(item)
 
     def checkpoint_coordinator(self, checkpoint_id: int, result: Any) -> None:
         worker = self._started_worker()
         worker.submit(self._ledger.restored())  # a restore's pending commits, if not yet
+        compaction = None
+        if self._planner is not None:
+            compaction = self._planner.checkpoint_taken(checkpoint_id, self.context.parallelism)
+            gateways = dict(self.ready_gateways())
+            for subtask, inputs in enumerate(compaction.plans.get(checkpoint_id, ())):
+                # sent before the result: sealed into this epoch (rule 8); a subtask without
+                # a gateway now (its attempt failed) gets its bin back at the batch's commit
+                if subtask in gateways:
+                    gateways[subtask].send_event(CompactionAssigned(checkpoint_id, inputs))
         result.set_result(SinkState(self._ledger.checkpoint_taken(checkpoint_id),
-                                    self._committed_through))
+                                    self._committed_through, compaction))
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         commits = self._ledger.batch_committed(checkpoint_id)
         self._running = {}
+        if self._planner is not None:
+            self._planner.batch_committed(checkpoint_id, [
+                item.inputs for commit in commits if commit.epoch == checkpoint_id
+                for item in commit.items if isinstance(item, FilesCompacted)])
         self._started_worker().submit(commits)
 
     def _started_worker(self) -> CommitWorker:
@@ -176,12 +218,15 @@ class SinkCoordinator(OperatorCoordinator):
             post = self.context.run_in_coordinator_thread
             last_committed = self._committed_through
             pending = [e for e in self._ledger.pending_epochs if e in self._restored_pending]
-            held = {f.path for items in self._ledger.pending_items() for f in items}
+            held = {path for items in self._ledger.pending_items() for item in items
+                    for path in _written_paths(item)}
             self._worker = CommitWorker(
                 self.context.operator_id, self._commit,
                 lambda epoch: post(functools.partial(self._commit_done, epoch,
-                                                     self._last_commit_s)),
-                prepare=lambda: self._open(last_committed, pending, held))
+                                                     self._last_commit_s,
+                                                     self._last_committed_files)),
+                prepare=lambda: self._open(last_committed, pending, held),
+                stuck=self.context.fail_job)  # a commit failing for minutes fails the job
             self._worker.start()
         return self._worker
 
@@ -195,13 +240,17 @@ class SinkCoordinator(OperatorCoordinator):
         return {"table": self.target.name, "job_id": self.target.job_id,
                 "committed_through": self._committed_through,
                 "pending": self._ledger.pending_epochs, "commits": self._commits_done,
-                "commit_s": list(self._commit_seconds)}
+                "commit_s": list(self._commit_seconds),
+                "small_files": None if self._planner is None else self._planner.small_files}
 
-    def _commit_done(self, epoch: int, seconds: float) -> None:
+    def _commit_done(self, epoch: int, seconds: float,
+                     committed: tuple[DataFile, ...]) -> None:
         self._ledger.commit_done(epoch)
         self._committed_through = max(self._committed_through, epoch)
         self._commits_done += 1
         self._commit_seconds.append(seconds)
+        if self._planner is not None:
+            self._planner.files_committed(committed)  # compaction.py rule 1
 
     # ---------------------------------------------------------------- commit worker thread
     def _open(self, last_committed: int, pending: list[int], held: set[str]) -> None:
@@ -216,10 +265,12 @@ class SinkCoordinator(OperatorCoordinator):
         self._committer = committer
         self._cleaned_through = self._final_at_start
 
-    def _commit(self, epoch: int, files: Sequence[Any]) -> None:
+    def _commit(self, epoch: int, items: Sequence[Any]) -> None:
         """Rule 3's commit and rule 5's cleanup of one epoch (worker thread)."""
         started = time.perf_counter()
         kill_point("lake-committing", epoch)  # tests only
+        files = [i for i in items if isinstance(i, DataFile)]
+        swaps = [i for i in items if isinstance(i, FilesCompacted) and i.outputs]
         try:
             if self.target.mode == "merge":
                 def load() -> Any:
@@ -232,23 +283,40 @@ class SinkCoordinator(OperatorCoordinator):
 
                 decision = self._committer.merge(epoch, load, self.target.keys)
             else:
-                decision = self._committer.commit(epoch, list(files))
+                decision = self._committer.commit(epoch, files, swaps)
         except (ChangeStreamError, SinkFenceError) as e:
             self.context.fail_job(e)  # rule 6: loud, the commit stays pending
             raise
         kill_point("lake-committed", epoch)  # tests only
-        log.info("sink %r: epoch %d %s to %s (%d file(s))", self.context.operator_id, epoch,
+        swapped = [s for s in swaps if s not in getattr(self._committer, "left_out", ())]
+        log.info("sink %r: epoch %d %s to %s (%d file(s)%s)", self.context.operator_id, epoch,
                  "committed" if decision == "commit" else "was in the table already",
-                 self.target.name, len(files))
+                 self.target.name, len(files),
+                 f", {len(swapped)} compaction(s)" if swaps else "")
+        added = tuple(files) + tuple(o for s in swapped for o in s.outputs)
+        referenced: set[str] | None = None
+        if decision != "commit":
+            referenced = self._committer.referenced_paths()
+            # compaction.py rule 1: what the table holds of this epoch's reports (a pending
+            # commit restored or a replayed batch: all; a re-run batch's new files: none)
+            added = tuple(f for f in added if f.path in referenced)
+        self._last_committed_files = added
         if epoch > self._cleaned_through:
             # rule 7: a merge's staged files are never in the table: garbage once merged
-            held = set() if self.target.mode == "merge" else {f.path for f in files}
-            if decision != "commit":
+            held = set() if self.target.mode == "merge" else {f.path for f in added}
+            if referenced is not None:
                 # in the table already: whatever it holds is kept, ours or not (a fence
                 # that let another writer's epoch pass must still never cost its files)
-                held |= self._committer.referenced_paths()
+                held |= referenced
             self._sweep(epoch, held, epochs=(self._cleaned_through + 1, epoch))
             self._cleaned_through = epoch
+        elif self.target.mode == "merge" and files:
+            # rule 7 after a restore: an epoch pending in the restored checkpoint at or below
+            # the sweep's bound (its staged files were held by the sweep at start, for this
+            # commit; the cleanups after commits start above it): the table holds the epoch
+            # now, so its staged files are garbage
+            delete_files(self.target.location, [f.path for f in files],
+                         storage_options=dict(self.target.storage_options) or None)
         self._last_commit_s = time.perf_counter() - started  # read by the done report
 
     def _sweep(self, final_through: int, held: set[str],
@@ -278,6 +346,20 @@ class SinkCoordinator(OperatorCoordinator):
             deleted += delete_files(self.target.location, doomed[1:], storage_options=options)
             log.info("sink %r: deleted %d data file(s) no commit holds (%s)",
                      self.context.operator_id, deleted, ", ".join(doomed[:3]))
+
+
+def _item(report: Any) -> DataFile | FilesCompacted | None:
+    """The ledger item of a task's report (rule 1, rule 8), ``None`` if it is none."""
+    if isinstance(report, FileWritten):
+        return report.file
+    return report if isinstance(report, FilesCompacted) else None
+
+
+def _written_paths(item: DataFile | FilesCompacted) -> list[str]:
+    """The paths of the files a ledger item's task wrote."""
+    if isinstance(item, FilesCompacted):
+        return [f.path for f in item.outputs]
+    return [item.path]
 
 
 def _epoch_of(path: str) -> int:

@@ -20,7 +20,12 @@ Rules:
      6) merges the epoch's reduced changes by key (``changes.py``) with delta-rs's merge,
      whose commit carries the same application transactions, so it is fenced and
      idempotent per epoch alike; the reported files are then staging files the table never
-     references (cleanup deletes them after the commit). Compaction (item 7) comes later.
+     references (cleanup deletes them after the commit).
+  5. Compaction (``compaction.py`` rule 4, mode ``append``): an epoch's commit carries its
+     swaps too, a remove action per input and an add action per output, both with
+     ``dataChange`` false (the table's rows do not change: a streaming reader of the table
+     skips them). A swap one of whose inputs is not among the table's current files is left
+     out (:attr:`DeltaCommitter.left_out`).
 
 Thread model: :meth:`DeltaCommitter.open` and :meth:`DeltaCommitter.commit` run on the sink
 coordinator's commit worker thread (``sparkcoord.committer.worker``), one at a time; the
@@ -69,6 +74,8 @@ class DeltaCommitter:
         self.configuration = dict(configuration or {})
         self._fence: EpochFence | None = None
         self._table: Any = None
+        #: the swaps the last :meth:`commit` left out (rule 5)
+        self.left_out: list[Any] = []
 
     # ------------------------------------------------------------------ commands
     def open(self, last_committed: int = NO_EPOCH, pending: Iterable[int] = ()) -> int:
@@ -87,15 +94,20 @@ class DeltaCommitter:
         self._fence = fence
         return fence.known
 
-    def commit(self, epoch: int, files: Sequence[DataFile]) -> Decision:
-        """Commit ``epoch``'s reported ``files`` in one transaction, unless the table holds it
+    def commit(self, epoch: int, files: Sequence[DataFile],
+               swaps: Sequence[Any] = ()) -> Decision:
+        """Commit ``epoch``'s reported ``files`` and compaction ``swaps``
+        (``compaction.FilesCompacted``, rule 5) in one transaction, unless the table holds it
         (commit worker thread, once the batch of ``epoch`` committed in Spark; again after a
         failure or a restore: idempotent per epoch). Raises
         :class:`~sparkcoord.sinks.fencing.SecondWriter` per fencing rules 3 and 4."""
+        self.left_out = []
         decision, table, properties = self._decide(epoch)
         if decision == ALREADY_COMMITTED:
             return decision
-        actions = [add_action(f) for f in files]
+        actions: list[Any] = [add_action(f) for f in files]
+        if swaps:
+            actions += self._swap_actions(table, swaps)
         if table is None:
             self._create(actions, properties)  # rule 3
         else:
@@ -104,6 +116,30 @@ class DeltaCommitter:
         assert self._fence is not None
         self._fence.committed(epoch)
         return COMMIT
+
+    def _swap_actions(self, table: Any, swaps: Sequence[Any]) -> list[Any]:
+        """Rule 5: the actions of the swaps whose inputs are all current files."""
+        from deltalake.transaction import RemoveAction
+
+        current = self._current_paths(table)
+        now = int(time.time() * 1000)
+        actions: list[Any] = []
+        for swap in swaps:
+            if any(f.path not in current for f in swap.inputs):
+                self.left_out.append(swap)
+                continue
+            actions += [RemoveAction(f.path, False, now, f.bytes) for f in swap.inputs]
+            actions += [add_action(f, data_change=False) for f in swap.outputs]
+        return actions
+
+    @staticmethod
+    def _current_paths(table: Any) -> set[str]:
+        if table is None:
+            return set()
+        import pyarrow as pa
+
+        adds = pa.table(table.get_add_actions())  # an arro3 batch: through the C stream
+        return {str(p) for p in adds.column("path").to_pylist()}
 
     def merge(self, epoch: int, load: Callable[[], Reduced], keys: Sequence[str]
               ) -> Decision:
@@ -170,22 +206,22 @@ class DeltaCommitter:
         table = self._load()
         if table is None:
             return set()
-        import pyarrow as pa
-
-        adds = pa.table(table.get_add_actions())  # an arro3 batch: through the C stream
-        paths = {str(p) for p in adds.column("path").to_pylist()}
-        return paths | self._removed_paths()
+        return self._current_paths(table) | self._removed_paths()
 
     # ------------------------------------------------------------------ internals
     def _load(self) -> Any:
         from deltalake import DeltaTable
         from deltalake.exceptions import TableNotFoundError
 
+        from sparkcoord.sinks.target import storage_options_for
+
         if self._table is not None:
             self._table.update_incremental()
             return self._table
         try:
-            self._table = DeltaTable(self.table_uri, storage_options=self.storage_options or None)
+            # in delta-rs's names: the options may be a sink's, named for any library
+            self._table = DeltaTable(self.table_uri, storage_options=storage_options_for(
+                "delta", self.storage_options) or None)
         except TableNotFoundError:
             return None
         return self._table
@@ -201,17 +237,26 @@ class DeltaCommitter:
         from deltalake import Schema
         from deltalake.transaction import create_table_with_add_actions
 
+        from sparkcoord.sinks.target import storage_options_for
+
         # mode "error": a table created meanwhile (a racing writer) fails this attempt; the
         # commit worker's retry finds the table and meets the fence (rule 2)
         create_table_with_add_actions(
             self.table_uri, Schema.from_arrow(self.schema), actions, mode="error",
             configuration=self.configuration or None,
-            storage_options=self.storage_options or None, commit_properties=properties)
+            storage_options=storage_options_for("delta", self.storage_options) or None,
+            commit_properties=properties)
 
     def _removed_paths(self) -> set[str]:
         from fsspec.core import url_to_fs
 
-        fs, root = url_to_fs(f"{self.table_uri}/_delta_log", **self.storage_options)
+        from sparkcoord.sinks.target import storage_options_for
+
+        # the log read directly, with fsspec: delta-rs's names would be lost on s3fs (which
+        # ignores names it does not know, and would then reach AWS instead of the endpoint)
+        fs, root = url_to_fs(f"{self.table_uri}/_delta_log",
+                             **storage_options_for("fsspec", self.storage_options))
+        fs.invalidate_cache(root)  # s3fs keeps listings for good: commits came since
         removed: set[str] = set()
         for name in fs.ls(root, detail=False):
             base = str(name).rsplit("/", 1)[-1]
@@ -237,11 +282,12 @@ def _unquote(path: str) -> str:
     return unquote(path)  # the log stores paths URL-encoded
 
 
-def add_action(file: DataFile) -> Any:
-    """The Delta add action of a reported file: its stats JSON from the task's statistics."""
+def add_action(file: DataFile, *, data_change: bool = True) -> Any:
+    """The Delta add action of a reported file: its stats JSON from the task's statistics
+    (``data_change`` false: a compaction's output, rule 5)."""
     from deltalake.transaction import AddAction
 
-    return AddAction(file.path, file.bytes, {}, int(time.time() * 1000), True,
+    return AddAction(file.path, file.bytes, {}, int(time.time() * 1000), data_change,
                      json.dumps(delta_stats(file), separators=(",", ":")))
 
 

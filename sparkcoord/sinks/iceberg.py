@@ -29,7 +29,13 @@ Rules:
   5. Mode ``append`` adds the reported files; mode ``merge`` (a change stream, issue 28 item
      6) applies the epoch's reduced changes by key (``changes.py``) in the epoch's one
      transaction: a delete by key filter (every row after a truncate), then pyiceberg's upsert
-     of the rows put; the same summary and properties fence it. Compaction comes later.
+     of the rows put; the same summary and properties fence it.
+  6. Compaction (``compaction.py`` rule 4, mode ``append``): an epoch with swaps commits one
+     overwrite snapshot instead of the fast append: the inputs' entries of the current
+     snapshot deleted, the outputs and the epoch's files added (pyiceberg has no "replace"
+     operation: a reader of the table's appends only sees an overwrite whose rows are the
+     epoch's plus the rewritten ones). A swap one of whose inputs is not in the current
+     snapshot is left out (:attr:`IcebergCommitter.left_out`).
 
 Thread model: as ``delta.py``: commands on the commit worker thread, one at a time.
 """
@@ -75,6 +81,8 @@ class IcebergCommitter:
         self.location = location
         self._fence: EpochFence | None = None
         self._table: Any = None
+        #: the swaps the last :meth:`commit` left out (rule 6)
+        self.left_out: list[Any] = []
 
     @property
     def name(self) -> str:
@@ -107,23 +115,52 @@ class IcebergCommitter:
             raise RuntimeError("IcebergCommitter.table_location before open()")
         return str(self._table.location()).rstrip("/")
 
-    def commit(self, epoch: int, files: Sequence[DataFile]) -> Decision:
-        """Commit ``epoch``'s reported ``files`` in one snapshot unless the table holds it
+    def commit(self, epoch: int, files: Sequence[DataFile],
+               swaps: Sequence[Any] = ()) -> Decision:
+        """Commit ``epoch``'s reported ``files`` and compaction ``swaps``
+        (``compaction.FilesCompacted``, rule 6) in one snapshot unless the table holds it
         (commit worker thread; idempotent per epoch). Raises
         :class:`~sparkcoord.sinks.fencing.SecondWriter` per fencing rules 3 and 4."""
+        self.left_out = []
         decision, table = self._decide(epoch)
         if decision == ALREADY_COMMITTED:
             return decision
         location = self.table_location
+        removed = self._swapped_entries(table, swaps) if swaps else []
+        added = list(files) + [o for s in swaps if s not in self.left_out for o in s.outputs]
         with table.transaction() as tx:
             self._mark(tx, epoch)
-            with tx.update_snapshot(snapshot_properties=self._summary(epoch)).fast_append() \
-                    as append:
-                for f in files:
-                    append.append_data_file(iceberg_data_file(table, location, f))
+            update = tx.update_snapshot(snapshot_properties=self._summary(epoch))
+            with (update.overwrite() if removed else update.fast_append()) as producer:
+                for entry in removed:
+                    producer.delete_data_file(entry)
+                for f in added:
+                    producer.append_data_file(iceberg_data_file(table, location, f))
         assert self._fence is not None
         self._fence.committed(epoch)
         return COMMIT
+
+    def _swapped_entries(self, table: Any, swaps: Sequence[Any]) -> list[Any]:
+        """Rule 6: the current snapshot's data files the swaps remove, leaving out (into
+        :attr:`left_out`) a swap one of whose inputs the snapshot does not hold."""
+        snapshot = table.current_snapshot()
+        current: dict[str, Any] = {}
+        if snapshot is not None:
+            location = self.table_location + "/"
+            for manifest in snapshot.manifests(io=table.io):
+                for entry in manifest.fetch_manifest_entry(io=table.io, discard_deleted=True):
+                    path = str(entry.data_file.file_path)
+                    for prefix in (location, _strip_scheme(location)):
+                        if path.startswith(prefix):
+                            current[path[len(prefix):]] = entry.data_file
+                            break
+        removed: list[Any] = []
+        for swap in swaps:
+            if any(f.path not in current for f in swap.inputs):
+                self.left_out.append(swap)
+                continue
+            removed += [current[f.path] for f in swap.inputs]
+        return removed
 
     def merge(self, epoch: int, load: Callable[[], Reduced], keys: Sequence[str]
               ) -> Decision:

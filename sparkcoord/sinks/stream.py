@@ -28,6 +28,9 @@ Options (strings, as Spark's):
     the PostgreSQL source's change stream of one captured table, applied to the table by key
     each epoch: ``changes.py``; the table's columns are those of ``after``).
   - ``targetFileSize``: roll to a new data file at this size (default ``128m``).
+  - ``compaction``: ``true`` to rewrite small files of earlier epochs into files of the
+    target size, swapped in with a later epoch's commit (mode ``append``; default ``false``:
+    ``compaction.py``); ``compactionMaxFiles``: at most this many files into one (100).
   - ``parallelism``: at most how many tasks write (default: Spark's default parallelism):
     the DataFrame's partitions are coalesced to it, without a shuffle (as Spark's own file
     sinks write each partition where it is).
@@ -36,7 +39,9 @@ Options (strings, as Spark's):
   - ``catalog``: Iceberg only, the catalog's name (default ``default``); ``catalog.<key>``:
     its properties for ``pyiceberg.catalog.load_catalog`` (pyiceberg's configuration file
     and environment apply too).
-  - ``storage_options(**)``: fsspec / delta-rs options of the table's storage.
+  - ``storage_options(**)``: options of the table's storage (an S3 endpoint, a region),
+    each given to fsspec, delta-rs and pyiceberg's FileIO in its own names
+    (``target.storage_options_for``; docs/sinks.md, "On S3").
 No option may carry a credential (``target.py``): credentials come from each process's
 environment. Thread model: the user's driver program thread.
 """
@@ -49,8 +54,14 @@ from typing import TYPE_CHECKING, Any
 
 from sparkcoord.core.text import parse_bytes
 from sparkcoord.sinks.changes import key_names, table_schema
+from sparkcoord.sinks.compaction import DEFAULT_MAX_FILES
 from sparkcoord.sinks.coordinator import sink_coordinator
-from sparkcoord.sinks.target import FORMATS, SinkTarget, refuse_credentials
+from sparkcoord.sinks.target import (
+    FORMATS,
+    SinkTarget,
+    refuse_credentials,
+    storage_options_for,
+)
 from sparkcoord.sinks.task import sink_subtask
 from sparkcoord.spark.session import resolve_location
 from sparkcoord.spark.spec import OperatorSpec
@@ -61,7 +72,8 @@ if TYPE_CHECKING:
 
     from sparkcoord.spark.job import CoordinatedJob
 
-_OPTIONS = {"jobid", "targetfilesize", "parallelism", "source", "name", "catalog", "mode"}
+_OPTIONS = {"jobid", "targetfilesize", "parallelism", "source", "name", "catalog", "mode",
+            "compaction", "compactionmaxfiles"}
 
 
 class LakeSink:
@@ -73,7 +85,7 @@ class LakeSink:
         self.job = job
         self._format = "delta"
         self._options: dict[str, str] = {}
-        self._storage_options: dict[str, str] = {}
+        self._storage_options: dict[str, Any] = {}
 
     def format(self, fmt: str) -> LakeSink:
         """``delta`` or ``iceberg``."""
@@ -85,8 +97,8 @@ class LakeSink:
     def option(self, key: str, value: Any) -> LakeSink:
         if not key.lower().startswith("catalog.") and key.lower() not in _OPTIONS:
             raise ValueError(f"unknown lake sink option {key!r}: use one of jobId, mode, "
-                             f"targetFileSize, parallelism, source, name, catalog, "
-                             f"catalog.<property>")
+                             f"targetFileSize, compaction, compactionMaxFiles, parallelism, "
+                             f"source, name, catalog, catalog.<property>")
         refuse_credentials({key: value}, "lake sink")
         self._options[key] = str(value).lower() if isinstance(value, bool) else str(value)
         return self
@@ -97,10 +109,17 @@ class LakeSink:
         return self
 
     def storage_options(self, **options: Any) -> LakeSink:
-        """fsspec and delta-rs options of the table's storage (an endpoint, a region), handed
-        to the coordinator and every task; no credentials (``target.py``)."""
+        """Options of the table's storage (an S3 endpoint, a region; driver program thread),
+        handed to the coordinator and every task, each library's in its names
+        (``target.storage_options_for``: the S3 settings by any of their names, ``fsspec.<k>``
+        and ``delta.<k>`` for one library); no credentials (``target.py``)."""
         refuse_credentials(options, "storage")
-        self._storage_options.update({k: str(v) for k, v in options.items()})
+        merged = {**self._storage_options, **options}
+        for library in ("fsspec", "delta", "iceberg"):
+            storage_options_for(library, merged)  # a conflict fails here, where it was made
+        # values as given: fsspec takes bools and numbers (``anon=False`` as a string would be
+        # true); delta-rs's strings are made by storage_options_for
+        self._storage_options = merged
         return self
 
     def writer(self, df: DataFrame, table: str) -> DataStreamWriter:
@@ -136,13 +155,23 @@ class LakeSink:
             table = resolve_location(self.job.spark, table, "Delta table")
         catalog = {k[len("catalog."):]: v for k, v in self._options.items()
                    if k.lower().startswith("catalog.")}
+        io = storage_options_for("iceberg", self._storage_options)
+        for key, value in io.items() if self._format == "iceberg" else ():
+            # the catalog's FileIO writes the table's metadata where the tasks write its data
+            if str(catalog.setdefault(key, value)) != str(value):
+                raise ValueError(f"storage option {key} is {value!r}, option catalog.{key} "
+                                 f"{catalog[key]!r}: the table's metadata and its data files "
+                                 "would go to different places; give one")
         target = SinkTarget(
             self._format, table, lowered.get("jobid") or self._default_job_id(table), schema,
-            table, storage_options=dict(self._storage_options),
+            table, storage_options=storage_options_for("fsspec", self._storage_options),
+            delta_options=storage_options_for("delta", self._storage_options),
             catalog_name=lowered.get("catalog", "default"), catalog=catalog,
             target_file_bytes=parse_bytes("targetFileSize",
                                           lowered.get("targetfilesize", "128m")),
-            mode=mode, input_schema=rows_schema if mode == "merge" else None, keys=keys)
+            mode=mode, input_schema=rows_schema if mode == "merge" else None, keys=keys,
+            compaction=_flag("compaction", lowered.get("compaction", "false")),
+            compaction_max_files=int(lowered.get("compactionmaxfiles", DEFAULT_MAX_FILES)))
         if self._format == "iceberg":
             target = dataclasses.replace(target, location=target.committer().prepare_table())
         parallelism = int(lowered.get("parallelism") or
@@ -158,3 +187,9 @@ class LakeSink:
     def _default_job_id(self, table: str) -> str:
         digest = hashlib.sha256(f"{self.job.checkpoint_dir}\0{table}".encode()).hexdigest()
         return f"sc{digest[:16]}"
+
+
+def _flag(name: str, value: str) -> bool:
+    if value.strip().lower() not in ("true", "false"):
+        raise ValueError(f"lake sink option {name!r}: use true or false, not {value!r}")
+    return value.strip().lower() == "true"

@@ -16,6 +16,10 @@ Rules:
   5. A batch that carries no new epoch of the coordinated source (DESIGN rule 11: a no-data
      batch of a stateful query, another source's data) cannot report files: a subtask with
      rows there fails its task with an error saying so, and nothing is written for good.
+  6. Option ``compaction``: the coordinator's :class:`CompactionAssigned` event of the epoch
+     (delivered before the rows) names the subtask's bin; after its rows the subtask
+     rewrites it and reports the rewrite (``compaction.py`` rule 3). A task retry gets the
+     same event (it is sealed into the epoch) and writes new files.
 
 Thread model: one subtask per Spark task, used from the task's thread only.
 """
@@ -27,6 +31,7 @@ from typing import Any
 
 from sparkcoord.operator import RecipientOperator, SubtaskContext
 from sparkcoord.runtime.kills import kill_point
+from sparkcoord.sinks.compaction import CompactionAssigned, rewrite
 from sparkcoord.sinks.coordinator import FileWritten
 from sparkcoord.sinks.files import TaskFileWriter
 from sparkcoord.sinks.target import SinkTarget
@@ -41,9 +46,18 @@ class SinkSubtask(RecipientOperator):
         self._writer: TaskFileWriter | None = None
         self._reported = 0
         self._done = False
+        #: rule 6: the bin to rewrite after the rows
+        self._bin: CompactionAssigned | None = None
 
     def open(self, context: SubtaskContext, state: Any) -> None:
         self._context = context
+
+    def handle_operator_event(self, event: Any) -> Iterable[tuple[Any, ...]] | None:
+        if not isinstance(event, CompactionAssigned):
+            raise TypeError(f"sink subtask got a {type(event).__name__}, not a "
+                            f"CompactionAssigned")
+        self._bin = event
+        return None
 
     def process_arrow(self, batch: Any) -> Iterable[tuple[Any, ...]] | None:
         if batch.num_rows == 0:
@@ -64,8 +78,24 @@ class SinkSubtask(RecipientOperator):
         if self._writer is not None:
             self._writer.close()
             self._report()
+        if self._bin is not None:
+            self._compact(self._bin)
         self._done = True
         return None
+
+    def _compact(self, assigned: CompactionAssigned) -> None:
+        """Rule 6."""
+        context = self._context
+        assert context is not None
+        if assigned.epoch != context.epoch:
+            raise ValueError(f"sink subtask {context.subtask}: a compaction of epoch "
+                             f"{assigned.epoch} delivered in the batch of epoch {context.epoch}")
+        report = rewrite(self.target.location, self.target.job_id, context.epoch,
+                         context.subtask, context.spark_attempt, self.target.rows_schema,
+                         assigned.inputs, target_file_bytes=self.target.target_file_bytes,
+                         storage_options=dict(self.target.storage_options) or None)
+        kill_point("lake-compacted", context.epoch)  # tests only
+        context.send_event(report)
 
     def close(self) -> None:
         if self._writer is not None and not self._done:

@@ -227,7 +227,8 @@ class SplitEnumerator(OperatorCoordinator):
             ledger = self._ledger
             self._commits = CommitWorker(
                 self.context.operator_id, self.committer,
-                lambda epoch: post(lambda: ledger.commit_done(epoch)))
+                lambda epoch: post(lambda: ledger.commit_done(epoch)),
+                stuck=self.context.fail_job)  # a commit failing for minutes fails the job
             self._commits.submit(ledger.restored())  # rule 6: what a restore left pending
         if self.alignment_options is not None:
             self._alignment_timer = self.context.call_periodically(

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from sparkcoord.committer import Commit, CommitWorker
+from sparkcoord.committer import Commit, CommitStuck, CommitWorker
 
 
 class Recorder:
@@ -229,3 +229,45 @@ def test_idle_on_a_stopped_worker_fails() -> None:
     error = waiter.exception(timeout=0)
     assert isinstance(error, RuntimeError)
     assert "'files'" in str(error) and "the commit worker stopped" in str(error)
+
+
+class SteppingClock:
+    """A clock that moves ``step`` seconds at each reading (the worker reads it per failure)."""
+
+    def __init__(self, step: float) -> None:
+        self.now, self.step = 0.0, step
+
+    def __call__(self) -> float:
+        self.now += self.step
+        return self.now
+
+
+def run_failing(failures: int, seconds_per_failure: float) -> tuple[Recorder, list[BaseException]]:
+    """A commit of epoch 0 that fails ``failures`` times, each failure read
+    ``seconds_per_failure`` later on the worker's clock (stuck after 5 failures over 60 s):
+    the recorder once it succeeded, and what ``stuck`` was called with."""
+    rec = Recorder(failures={0: failures})
+    rec.expected = 1
+    stuck: list[BaseException] = []
+    worker = CommitWorker("sink", rec.commit, rec.reported, retry_delay_s=0.001,
+                          max_retry_delay_s=0.001, stuck=stuck.append, stuck_after_s=60.0,
+                          stuck_after_failures=5, clock=SteppingClock(seconds_per_failure))
+    worker.submit([Commit(0, ("a",))])
+    assert rec.all_done.wait(30)  # retried to the end, reported stuck or not
+    worker.stop()
+    return rec, stuck
+
+
+def test_a_commit_failing_long_enough_is_reported_stuck_once_and_still_retried() -> None:
+    rec, stuck = run_failing(12, 20.0)
+    assert rec.done == [0] and len(stuck) == 1
+    error = stuck[0]
+    assert isinstance(error, CommitStuck)
+    text = str(error)
+    assert "'sink'" in text and "commit of epoch 0" in text and "5 times" in text
+    assert "store unavailable for epoch 0" in text and "restart" in text
+
+
+def test_a_commit_failing_often_but_briefly_is_not_reported_stuck() -> None:
+    rec, stuck = run_failing(20, 1.0)
+    assert stuck == [] and rec.done == [0]

@@ -388,23 +388,36 @@ def test_an_existing_table_of_other_columns_fails_the_job_naming_them_and_commit
     assert table.read().equals(rows(0, 5))
 
 
+def merge_target(uri: str) -> SinkTarget:
+    """A Delta table at ``uri`` merged by key from test_changes' change rows."""
+    from tests.sinks.test_changes import ROW
+    from tests.sinks.test_changes import SCHEMA as CHANGES
+
+    return SinkTarget("delta", uri, JOB, pa.schema(list(ROW)), uri, mode="merge",
+                      input_schema=CHANGES, keys=("id",))
+
+
+def stage_changes(uri: str) -> list[DataFile]:
+    """Epoch 0's staged change rows (two reads of key 10), as subtask 0 writes them."""
+    from tests.sinks.test_changes import SCHEMA as CHANGES
+    from tests.sinks.test_changes import changes
+
+    return TaskFileWriter(uri, JOB, 0, 0, 0, CHANGES, row_group_rows=10).write_all(
+        [changes(("r", 10, None, 1, "a"), ("r", 10, None, 2, "b"))])
+
+
 def test_a_merge_epoch_committed_and_cleaned_but_not_reported_is_skipped_after_a_restore(
         tmp_path: Any) -> None:
     # the cleanup after a merge deletes its staged files; a restore that commits the epoch
     # again must see it in the table without reading them (it retried forever before)
-    from tests.sinks.test_changes import ROW, changes
-    from tests.sinks.test_changes import SCHEMA as CHANGES
-
     uri = f"{tmp_path}/merged"
-    target = SinkTarget("delta", uri, JOB, pa.schema(list(ROW)), uri, mode="merge",
-                        input_schema=CHANGES, keys=("id",))
+    target = merge_target(uri)
     first_context = FakeContext()
     first = SinkCoordinator(first_context, target)
     first.reset_to_checkpoint(-1, None)
     first.start()
     state = checkpoint(first, 0)
-    staged = TaskFileWriter(uri, JOB, 0, 0, 0, CHANGES, row_group_rows=10).write_all(
-        [changes(("r", 10, None, 1, "a"), ("r", 10, None, 2, "b"))])
+    staged = stage_changes(uri)
     report(first, staged)
     first.notify_checkpoint_complete(0)
     settle(first, first_context)
@@ -422,3 +435,71 @@ def test_a_merge_epoch_committed_and_cleaned_but_not_reported_is_skipped_after_a
     from deltalake import DeltaTable
 
     assert sorted(DeltaTable(uri).to_pyarrow_table().column("id").to_pylist()) == [1, 2]
+
+
+class BrokenStoreCoordinator(SinkCoordinator):
+    """Every commit fails as a store that went away would."""
+
+    def _commit(self, epoch: int, files: Sequence[Any]) -> None:
+        raise OSError(f"store unavailable (epoch {epoch})")
+
+
+def test_a_commit_that_keeps_failing_fails_the_job_naming_the_epoch_and_the_error(
+        table: Table, monkeypatch: Any) -> None:
+    import functools
+
+    import sparkcoord.sinks.coordinator as module
+    from sparkcoord.committer import CommitStuck, CommitWorker
+
+    # the worker's thresholds shrunk: stuck after 3 failures, however short the time
+    monkeypatch.setattr(module, "CommitWorker", functools.partial(
+        CommitWorker, retry_delay_s=0.01, max_retry_delay_s=0.01, stuck_after_s=0.0,
+        stuck_after_failures=3))
+    coordinator, context = table.start(cls=BrokenStoreCoordinator)
+    checkpoint(coordinator, 0)
+    report(coordinator, table.write(0, rows(0, 10)))
+    coordinator.notify_checkpoint_complete(0)
+    wait_until(lambda: bool(context.failures))
+    cause = context.failures[0]
+    assert isinstance(cause, CommitStuck)
+    assert "'sink'" in str(cause) and "epoch 0" in str(cause)
+    assert "store unavailable" in str(cause)
+    assert coordinator.handle_client_request("status")["pending"] == [0]  # still pending
+
+
+class KilledBeforeCleanup(SinkCoordinator):
+    """The commit lands; the process dies before the cleanup after it (``lake-committed``)."""
+
+    def _sweep(self, final_through: int, held: set[str],
+               epochs: tuple[int, int] | None = None) -> None:
+        if epochs is not None:
+            raise SystemExit("killed")  # ends the commit worker's thread here
+        super()._sweep(final_through, held, epochs)
+
+
+def test_a_merge_epoch_pending_in_a_later_checkpoint_has_its_staged_files_deleted_after_a_restore(
+        tmp_path: Any) -> None:
+    uri = f"{tmp_path}/merged"
+    target = merge_target(uri)
+    context = FakeContext()
+    first = KilledBeforeCleanup(context, target)
+    first.reset_to_checkpoint(-1, None)
+    first.start()
+    checkpoint(first, 0)
+    staged = stage_changes(uri)
+    report(first, staged)
+    first.notify_checkpoint_complete(0)  # the merge of 0 goes to the worker...
+    state = checkpoint(first, 1)  # ...and checkpoint 1 is taken while it is pending
+    assert list(state.ledger.pending) == [0]
+    wait_until(lambda: target.committer().table_epoch() == 0)  # merged, then the "kill"
+    first.close()
+    assert paths(staged) <= set(list_data_files(uri))
+    second_context = FakeContext()
+    second = SinkCoordinator(second_context, target)
+    second.reset_to_checkpoint(1, state)  # epoch 0 pending, at or below the sweep's bound
+    second.start()
+    checkpoint(second, 2)
+    settle(second, second_context)
+    assert second_context.failures == []
+    assert not paths(staged) & set(list_data_files(uri))  # kept forever before the fix
+    second.close()

@@ -1,12 +1,13 @@
 """A lake-sink job run as its own process by the sink's driver-kill tests and the soak:
-``python -m tests.spark.lake_kill_job <workdir> <delta|iceberg> [<failure> <seed>]``.
+``python -m tests.spark.lake_kill_job <workdir> <delta|iceberg> [<failure> <seed> [compact]]``.
 
 An ``availableNow`` run of a JSON-lines file source (2 files per batch) over
 ``<workdir>/data`` into a Delta table or an Iceberg table (pyiceberg's SQL catalog on sqlite
 in ``<workdir>``) through :class:`~sparkcoord.sinks.LakeSink`, with 2 writing tasks and small
 data files (several per task). SPARKCOORD_TEST_KILL may kill it at a kill point
 (sparkcoord.runtime.kills: the lake points and ``mid-batch``); ``<failure>`` ``task`` fails
-one sink task once after it wrote and reported its files (at a batch chosen by ``<seed>``).
+one sink task once after it wrote and reported its files (at a batch chosen by ``<seed>``);
+``compact`` turns the sink's compaction on (its small files are swapped for larger ones).
 :func:`table_check` judges a work directory: the table against every file's ids, and the data
 files left beside the table.
 """
@@ -95,6 +96,22 @@ def referenced(workdir: str, kind: str) -> set[str]:
     return set(target.committer().referenced_paths())
 
 
+def current(workdir: str, kind: str) -> set[str]:
+    """The data files of the table's current version, relative to its location."""
+    import pyarrow as pa
+
+    location = table_location(workdir, kind)
+    if kind == "delta":
+        from deltalake import DeltaTable
+
+        adds = pa.table(DeltaTable(location).get_add_actions())
+        return {str(p) for p in adds.column("path").to_pylist()}
+    catalog, name = iceberg_table(workdir)
+    prefix = location.rstrip("/") + "/"
+    return {str(p).removeprefix("file://").removeprefix(prefix)
+            for p in catalog.load_table(name).inspect.files().column("file_path").to_pylist()}
+
+
 def data_files(workdir: str, kind: str) -> set[str]:
     """The files in the table's data directory, relative to its location."""
     directory = os.path.join(table_location(workdir, kind), "data")
@@ -113,7 +130,8 @@ def table_check(workdir: str, kind: str) -> dict[str, int]:
     return {"rows": len(ids), "expected": len(expected), "lost": len(expected - set(counts)),
             "duplicated": sum(c - 1 for c in counts.values() if c > 1),
             "unexpected": len(set(counts) - expected),
-            "orphans": len(present - held), "missing files": len(held - present)}
+            "orphans": len(present - held), "missing files": len(held - present),
+            "swapped out": len(held - current(workdir, kind))}
 
 
 class FailingSinkSubtask(SinkSubtask):
@@ -136,7 +154,8 @@ class FailingSinkSubtask(SinkSubtask):
         return None
 
 
-def run_job(spark: Any, workdir: str, kind: str, failure: str = "none", seed: int = 0) -> Any:
+def run_job(spark: Any, workdir: str, kind: str, failure: str = "none", seed: int = 0,
+            compaction: bool = False) -> Any:
     """One availableNow run over what ``<workdir>/data`` holds (driver program thread)."""
     from sparkcoord.sinks import LakeSink
     from sparkcoord.sources import FileStream
@@ -146,7 +165,9 @@ def run_job(spark: Any, workdir: str, kind: str, failure: str = "none", seed: in
     df = (FileStream(job).format("json").schema(SCHEMA)
           .options(maxFilesPerTrigger="2", parallelism="2").load(os.path.join(workdir, "data")))
     sink = LakeSink(job).format(kind).options(targetFileSize="8k", parallelism="2",
-                                              jobId="events")
+                                              jobId="events", compaction=compaction)
+    if compaction:
+        sink = sink.option("compactionMaxFiles", "2")  # a bin as soon as 2 small files are in
     if kind == "iceberg":
         iceberg_table(workdir)  # the namespace
         sink = sink.options(**catalog_options(workdir))
@@ -168,7 +189,9 @@ def main() -> None:
     workdir, kind = sys.argv[1], sys.argv[2]
     failure = sys.argv[3] if len(sys.argv) > 3 else "none"
     seed = int(sys.argv[4]) if len(sys.argv) > 4 else 0
-    report = run_job(spark_session("sparkcoord-lake-kill-job"), workdir, kind, failure, seed)
+    compaction = len(sys.argv) > 5 and sys.argv[5] == "compact"
+    report = run_job(spark_session("sparkcoord-lake-kill-job"), workdir, kind, failure, seed,
+                     compaction)
     print("done", table_check(workdir, kind), report.restarts, report.failures)
 
 

@@ -26,27 +26,29 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 def run_lake_job(workdir: pathlib.Path, kind: str, kill: str | None, failure: str = "none",
-                 seed: int = 0) -> subprocess.CompletedProcess[str]:
+                 seed: int = 0, compaction: bool = False) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k != "SPARKCOORD_TEST_KILL"}
     env["PYSPARK_PYTHON"] = sys.executable
     if kill is not None:
         env["SPARKCOORD_TEST_KILL"] = kill
     return subprocess.run([sys.executable, "-m", "tests.spark.lake_kill_job", str(workdir),
-                           kind, failure, str(seed)], cwd=REPO, env=env,
+                           kind, failure, str(seed)] + (["compact"] if compaction else []),
+                          cwd=REPO, env=env,
                           start_new_session=True, timeout=400, capture_output=True, text=True)
 
 
 def kill_then_finish(workdir: pathlib.Path, kind: str, point: str, epoch: int,
-                     failure: str = "none", seed: int = 0) -> None:
+                     failure: str = "none", seed: int = 0, compaction: bool = False) -> None:
     """Run until the kill (with ``failure`` too), write more files, run to the end; assert
     both runs' exits."""
     write_files(str(workdir), 0, 8)
     markers = workdir / "markers"
-    first = run_lake_job(workdir, kind, f"{point}:{epoch}:{markers}", failure, seed)
+    first = run_lake_job(workdir, kind, f"{point}:{epoch}:{markers}", failure, seed,
+                         compaction)
     assert first.returncode == -signal.SIGKILL, first.stderr[-3000:]
     assert (markers / f"killed-{point}").exists()
     write_files(str(workdir), 8, 2)  # files arriving while the job is down
-    second = run_lake_job(workdir, kind, None)
+    second = run_lake_job(workdir, kind, None, compaction=compaction)
     assert second.returncode == 0, second.stderr[-3000:]
 
 
@@ -69,3 +71,19 @@ def test_a_killed_driver_leaves_the_table_exact_and_no_orphan_after_the_restart(
     assert check["rows"] == check["expected"] == 10 * 200, check
     assert check["lost"] == check["duplicated"] == check["unexpected"] == 0, check
     assert check["orphans"] == check["missing files"] == 0, check
+
+
+@pytest.mark.parametrize("point,kind", [
+    ("lake-compacted", "delta"),     # a task rewrote its bin, not reported
+    pytest.param("lake-compacted", "iceberg", marks=pytest.mark.slow),
+    pytest.param("lake-committed", "iceberg", marks=pytest.mark.slow),
+    pytest.param("lake-committing", "delta", marks=pytest.mark.slow),
+])
+def test_a_killed_driver_compacting_leaves_the_table_exact_with_its_small_files_swapped_out(
+        tmp_path, point: str, kind: str) -> None:
+    kill_then_finish(tmp_path, kind, point, 1, compaction=True)
+    check = table_check(str(tmp_path), kind)
+    assert check["rows"] == check["expected"] == 10 * 200, check
+    assert check["lost"] == check["duplicated"] == check["unexpected"] == 0, check
+    assert check["orphans"] == check["missing files"] == 0, check
+    assert check["swapped out"] > 0, check  # compaction happened, before or after the kill
