@@ -105,20 +105,66 @@ def _cdc(args: argparse.Namespace) -> int:
     return 0
 
 
+#: ``sparkcoord demo [which]``: the coordinators demo (sparkcoord/demo.py, the default) and the
+#: PostgreSQL -> Delta pipeline with a driver kill (sparkcoord/demo_pipeline.py)
+DEMOS = ("numbers", "pipeline")
+_DEMO_OPTIONS = {"numbers": ("fast", "slow", "master"), "pipeline": ("rows", "seconds")}
+
+
+def _demo_options_of_the_other(args: argparse.Namespace) -> str:
+    """The options given that belong to the demo not chosen (``--rows`` for ``numbers``,
+    ``--master`` for ``pipeline``), as ``--a, --b``; empty when none."""
+    other = next(d for d in DEMOS if d != args.which)
+    return ", ".join(f"--{name}" for name in _DEMO_OPTIONS[other]
+                     if getattr(args, name) is not None)
+
+
+def _demo_pipeline(args: argparse.Namespace, workdir: str) -> int:
+    """``sparkcoord demo pipeline`` (the command's main thread, ``workdir`` prepared): exit
+    code 0 on PASS, 1 otherwise, 130 when interrupted (Ctrl-C or SIGTERM: its PostgreSQL and
+    its driver are stopped first)."""
+    rows = 2000 if args.rows is None else args.rows
+    seconds = 20.0 if args.seconds is None else args.seconds
+    from sparkcoord.demo_pipeline import run_pipeline_demo
+
+    try:
+        return 0 if run_pipeline_demo(workdir, rows, seconds, prepared=True) else 1
+    except KeyboardInterrupt:
+        print("sparkcoord demo pipeline: interrupted", file=sys.stderr)
+        return 130
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sparkcoord", description=sparkcoord.__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=sparkcoord.__version__)
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="run the demonstration pipeline on local Spark")
+    demo = sub.add_parser(
+        "demo", help="run a demonstration on local Spark: `demo` (or `demo numbers`), two "
+                     "coordinators with injected failures; `demo pipeline`, PostgreSQL -> CDC "
+                     "-> Delta with the driver killed in the middle")
+    demo.add_argument("which", nargs="?", choices=DEMOS, default="numbers",
+                      help="numbers (default): the coordinators demo; pipeline: a PostgreSQL "
+                           "the demo starts, a writer, the CDC source into a Delta table by "
+                           "key, the driver SIGKILLed and restarted, a verdict comparing both "
+                           "tables row by row (needs PostgreSQL 15's server binaries, psycopg "
+                           "and deltalake)")
     demo.add_argument("--dir", default="sparkcoord-demo",
                       help="work directory (wiped first; a non-empty one the demo did not "
                            "create is refused unless --force)")
     demo.add_argument("--force", action="store_true",
                       help="wipe --dir even if the demo did not create it")
-    demo.add_argument("--fast", type=int, default=200, help="numbers per subtask, fast coordinator")
-    demo.add_argument("--slow", type=int, default=10, help="numbers per subtask, slow coordinator")
+    demo.add_argument("--fast", type=int, default=None,
+                      help="numbers: numbers per subtask, fast coordinator (200)")
+    demo.add_argument("--slow", type=int, default=None,
+                      help="numbers: numbers per subtask, slow coordinator (10)")
     demo.add_argument("--master", default=None,
-                      help="a standalone master URL (spark://host:port) instead of local[2,4]")
+                      help="numbers: a standalone master URL (spark://host:port) instead of "
+                           "local[2,4]")
+    demo.add_argument("--rows", type=int, default=None,
+                      help="pipeline: rows of the source table before the writer starts (2000)")
+    demo.add_argument("--seconds", type=float, default=None,
+                      help="pipeline: how long the writer writes (20); the driver is killed "
+                           "after a third of it")
     cluster = sub.add_parser("cluster", help="start a Spark standalone cluster on this machine "
                                              "and keep it up until Ctrl-C")
     cluster.add_argument("--workers", type=int, default=2, help="number of workers")
@@ -184,12 +230,26 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "demo":
         from sparkcoord.demo import WorkDirNotOurs, prepare_workdir, run_demo, spark_log_settings
 
+        wrong = _demo_options_of_the_other(args)
+        if wrong:
+            print(f"sparkcoord demo {args.which}: {wrong} belong(s) to the other demo",
+                  file=sys.stderr)
+            return 2
+        if (args.rows is not None and args.rows < 1) or (args.seconds is not None
+                                                         and args.seconds <= 0):
+            print("sparkcoord demo pipeline: --rows must be >= 1 and --seconds > 0",
+                  file=sys.stderr)
+            return 2
         workdir = os.path.abspath(args.dir)
         try:
             prepare_workdir(workdir, args.force)  # before Spark starts: refuse in a second
         except WorkDirNotOurs as exc:
             print(f"sparkcoord demo: {exc}", file=sys.stderr)
             return 2
+        if args.which == "pipeline":
+            return _demo_pipeline(args, workdir)
+        args.fast = 200 if args.fast is None else args.fast
+        args.slow = 10 if args.slow is None else args.slow
         spark = None
         if args.master:
             from sparkcoord.spark.cluster import standalone_session_builder

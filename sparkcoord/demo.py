@@ -122,6 +122,19 @@ def spark_log_settings(workdir: str) -> dict[str, str]:
     return {"spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile=file:{config}"}
 
 
+def demo_session(workdir: str, app_name: str) -> Any:
+    """The local[2,4] session a demo starts (its driver program's main thread), Spark's own log
+    in ``<workdir>/spark.log`` (:func:`spark_log_settings`)."""
+    from pyspark.sql import SparkSession
+
+    builder = (SparkSession.builder.master("local[2,4]").appName(app_name)
+               .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
+               .config("spark.ui.showConsoleProgress", "false"))
+    for key, value in spark_log_settings(workdir).items():
+        builder = builder.config(key, value)
+    return builder.getOrCreate()
+
+
 def _spark_log_summary(console: Console, workdir: str, ok: bool) -> None:
     path = os.path.join(workdir, SPARK_LOG)
     if not os.path.exists(path):
@@ -147,20 +160,13 @@ def run_demo(workdir: str, fast_total: int = 200, slow_total: int = 10,
     given (whose logging it leaves alone)."""
     console = console or Console()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
     if not prepared:
         prepare_workdir(workdir, force)
     out, markers = os.path.join(workdir, "out"), os.path.join(workdir, "markers")
     console.print(f"[bold]sparkcoord demo[/] in {workdir}: starting local Spark (local[2,4]) ...")
     owned = spark is None
     if spark is None:
-        builder = (SparkSession.builder.master("local[2,4]").appName("sparkcoord-demo")
-                   .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
-                   .config("spark.ui.showConsoleProgress", "false"))
-        for key, value in spark_log_settings(workdir).items():
-            builder = builder.config(key, value)
-        spark = builder.getOrCreate()
+        spark = demo_session(workdir, "sparkcoord-demo")
     ok = False
     try:
         # sparkcoord's ERROR lines stay on the console; its WARNING lines about restarts are

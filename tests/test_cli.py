@@ -41,3 +41,43 @@ def test_the_demo_wipes_its_own_directory_and_with_force_any_directory(tmp_path)
     (other / "x").write_text("x")
     prepare_workdir(str(other), force=True)
     assert sorted(p.name for p in other.iterdir()) == [DEMO_MARKER]
+
+
+def test_demo_pipeline_is_a_choice_of_demo_and_plain_demo_stays_the_numbers_demo(
+        tmp_path, monkeypatch) -> None:
+    """``sparkcoord demo`` runs the coordinators demo with its defaults as before; ``sparkcoord
+    demo pipeline`` runs the PostgreSQL -> Delta demo with its own sizes (no Spark here)."""
+    import sparkcoord.demo
+    import sparkcoord.demo_pipeline
+
+    calls: list[tuple] = []
+    monkeypatch.setattr(sparkcoord.demo, "run_demo", lambda workdir, fast, slow, **kw:
+                        calls.append(("numbers", workdir, fast, slow)) or True)
+    monkeypatch.setattr(sparkcoord.demo_pipeline, "run_pipeline_demo",
+                        lambda workdir, rows, seconds, **kw:
+                        calls.append(("pipeline", workdir, rows, seconds)) or False)
+    assert main(["demo", "--dir", str(tmp_path / "a")]) == 0
+    assert main(["demo", "numbers", "--dir", str(tmp_path / "b"), "--fast", "7"]) == 0
+    assert main(["demo", "pipeline", "--dir", str(tmp_path / "c"), "--rows", "50",
+                 "--seconds", "3"]) == 1  # a FAIL verdict is exit code 1
+    assert main(["demo", "pipeline", "--dir", str(tmp_path / "d")]) == 1
+    assert calls == [("numbers", str(tmp_path / "a"), 200, 10),
+                     ("numbers", str(tmp_path / "b"), 7, 10),
+                     ("pipeline", str(tmp_path / "c"), 50, 3.0),
+                     ("pipeline", str(tmp_path / "d"), 2000, 20.0)]
+
+
+def test_demo_refuses_the_other_demos_options_and_bad_sizes_before_touching_its_dir(
+        tmp_path, capsys) -> None:
+    import pytest
+
+    for argv, message in [
+            (["demo", "pipeline", "--master", "spark://h:7077"], "--master belong(s) to the other"),
+            (["demo", "--rows", "10"], "--rows belong(s) to the other demo"),
+            (["demo", "pipeline", "--rows", "0"], "--rows must be >= 1"),
+            (["demo", "pipeline", "--seconds", "0"], "--seconds > 0")]:
+        assert main([*argv, "--dir", str(tmp_path / "never")]) == 2
+        assert message in capsys.readouterr().err
+        assert not (tmp_path / "never").exists()
+    with pytest.raises(SystemExit):
+        main(["demo", "pipelines"])
