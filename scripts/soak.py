@@ -411,7 +411,8 @@ def soak_sink(seeds: list[int]) -> dict[str, Any]:
     holds every file's rows once and its data directory holds exactly the files it
     references (``lake_kill_job.table_check``). A kill point the run did not reach (a high
     epoch, a cleanup with nothing to delete) leaves a run that ended by itself: judged the
-    same."""
+    same. Seeds whose ``seed // 10`` is odd run with the sink's compaction on (its point
+    ``lake-compacted`` among the points)."""
     import pathlib
     import random
     import signal
@@ -424,20 +425,23 @@ def soak_sink(seeds: list[int]) -> dict[str, Any]:
     for seed in seeds:
         rng = random.Random(seed)
         kind = ("delta", "iceberg")[seed % 2]
-        point, epoch = points[(seed // 2) % len(points)], rng.randint(0, 3)
+        compaction = (seed // 10) % 2 == 1
+        kinds_of_point = [*points, "lake-compacted"] if compaction else points
+        point = kinds_of_point[(seed // 2) % len(kinds_of_point)]
+        epoch = rng.randint(0, 3)
         failure = "task" if point == "lake-cleaning" else rng.choice(["none", "task"])
         workdir = pathlib.Path(tempfile.mkdtemp(prefix=f"soak-sink-{kind}-{seed}-"))
-        what = f"{kind} {point}@{epoch} {failure}"
+        what = f"{kind} {point}@{epoch} {failure}" + (" compaction" if compaction else "")
         error, check = None, None
         try:
             write_files(str(workdir), 0, 8)
             first = run_lake_job(workdir, kind, f"{point}:{epoch}:{workdir / 'markers'}",
-                                 failure, seed)
+                                 failure, seed, compaction)
             if first.returncode not in (0, -signal.SIGKILL):
                 error = f"first run exited {first.returncode}: {first.stderr[-200:]}"
             else:
                 write_files(str(workdir), 8, rng.randint(1, 3))
-                second = run_lake_job(workdir, kind, None)
+                second = run_lake_job(workdir, kind, None, compaction=compaction)
                 if second.returncode != 0:
                     error = f"second run exited {second.returncode}: {second.stderr[-200:]}"
             check = table_check(str(workdir), kind)
