@@ -197,19 +197,30 @@ def _files_row() -> dict[str, Any]:
             "failed seeds": []}
 
 
+def _tally(row: dict[str, Any], seed: int, what: str, workdir: Any, error: str | None,
+           verdict: dict[str, Any] | None, lost: int, duplicated: int, clean: bool,
+           width: int = 120) -> None:
+    """Count one seed's run in ``row``: a pass (its directory removed) or a failed seed with
+    its directory and the error or the verdict."""
+    row["runs"] += 1
+    row["lost"] += lost
+    row["duplicated"] += duplicated
+    if error is None and verdict is not None and clean:
+        row["passes"] += 1
+        shutil.rmtree(workdir, ignore_errors=True)
+    else:
+        row["failed seeds"].append(f"{seed} {what} ({workdir}): "
+                                   f"{(error or str(verdict))[:width]}")
+
+
 def _files_tally(row: dict[str, Any], seed: int, what: str, workdir: str,
                  error: str | None) -> None:
     from tests.spark.files_kill_job import sink_check
 
-    row["runs"] += 1
     check = sink_check(workdir)
-    row["lost"] += check["lost"]
-    row["duplicated"] += check["duplicated"] + check["unexpected"]
-    if error is None and check["lost"] == check["duplicated"] == check["unexpected"] == 0:
-        row["passes"] += 1
-        shutil.rmtree(workdir, ignore_errors=True)
-    else:
-        row["failed seeds"].append(f"{seed} {what} ({workdir}): {(error or str(check))[:80]}")
+    _tally(row, seed, what, workdir, error, check, check["lost"],
+           check["duplicated"] + check["unexpected"],
+           check["lost"] == check["duplicated"] == check["unexpected"] == 0, width=80)
 
 
 def _files_in_session(seeds: list[int], failure: str) -> dict[str, Any]:
@@ -447,17 +458,10 @@ def soak_sink(seeds: list[int]) -> dict[str, Any]:
             check = table_check(str(workdir), kind)
         except Exception as exc:  # noqa: BLE001 - a failed seed, reported in the table
             error = f"{type(exc).__name__}: {exc}"
-        row["runs"] += 1
-        if check is not None:
-            row["lost"] += check["lost"]
-            row["duplicated"] += check["duplicated"] + check["unexpected"]
         clean = check is not None and all(check[k] == 0 for k in (
             "lost", "duplicated", "unexpected", "orphans", "missing files"))
-        if error is None and clean:
-            row["passes"] += 1
-            shutil.rmtree(workdir, ignore_errors=True)
-        else:
-            row["failed seeds"].append(f"{seed} {what} ({workdir}): {(error or str(check))[:120]}")
+        _tally(row, seed, what, workdir, error, check, check["lost"] if check else 0,
+               check["duplicated"] + check["unexpected"] if check else 0, clean)
     return row
 
 
@@ -505,19 +509,12 @@ def soak_merge(seeds: list[int]) -> dict[str, Any]:
                     what += " (not reached)"
             except Exception as exc:  # noqa: BLE001 - a failed seed, reported in the table
                 error = f"{type(exc).__name__}: {exc}"
-            row["runs"] += 1
-            if verdict is not None:
-                row["lost"] += verdict["missing"] + verdict["wrong"]
-                row["duplicated"] += verdict["extra"] + verdict["duplicated"]
             clean = verdict is not None and all(
                 verdict[k] == 0 for k in cdc_lake_kill_job.CLEAN)
             print(f"merge seed {seed}: {error or verdict}", flush=True)
-            if error is None and clean:
-                row["passes"] += 1
-                shutil.rmtree(workdir, ignore_errors=True)
-            else:
-                row["failed seeds"].append(f"{seed} {what} ({workdir}): "
-                                           f"{(error or str(verdict))[:160]}")
+            _tally(row, seed, what, workdir, error, verdict,
+                   verdict["missing"] + verdict["wrong"] if verdict else 0,
+                   verdict["extra"] + verdict["duplicated"] if verdict else 0, clean, width=160)
     finally:
         server.stop()
     return row
