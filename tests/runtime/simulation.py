@@ -85,6 +85,11 @@ class World:
     committed_sends: dict[int, dict[SubtaskId, list[Any]]] = field(default_factory=dict)
     # (subtask, epoch, seq) -> the answer any attempt of any run saw for that request
     observed: dict[tuple[SubtaskId, int, int], Any] = field(default_factory=dict)
+    # (subtask, epoch) -> (run, items) of an attempt of a subtask that asks which finished the
+    # batch without a word at its end (it asked nothing and continued no history: gate rule
+    # 6), so that no log tells a later run what a sink may hold (``Simulation.task_step``)
+    silent_finishes: dict[tuple[SubtaskId, int], tuple[int, list[Any]]] = field(
+        default_factory=dict)
     # the driver program's client: its next request number, the one it waits for (it
     # re-sends it, also to the next run, until it gets an answer), and the answered ones
     client_next: int = 0
@@ -729,7 +734,19 @@ class Simulation:
                     task.asks.add(len(task.sends))
                     task.sends.append(("q", s, epoch, i, n))
                 task.sends.append(("y", s, epoch, i, n))
-            if task.number == 0 and task.adopted:
+            silent = self.world.silent_finishes.get((task.sid, task.epoch))
+            if silent is not None and silent[0] < self.runs:
+                # the batch runs again after a restart and an attempt of an earlier run that
+                # asked nothing finished it: a sink may hold its output, yet it said nothing
+                # at its end and its log may be gone (truncated: its operator answered no
+                # request in it) or never written (its task never connected), so the gate
+                # cannot hold this rerun to it. The worker keeps the contract (a task that
+                # runs a batch again sends the same items: docs/decisions.md 47) in every
+                # attempt; a rerun that breaks it here would be silent (seed 5544).
+                assert task.sends[:len(silent[1])] == silent[1], (task.attempt, silent)
+                task.sends = list(silent[1])
+                self.stats["rerun-after-silent-finish"] += 1
+            elif task.number == 0 and task.adopted:
                 # the batch runs again after a restart: the worker sends what its first run
                 # logged (the contract when that run's task may have finished: gate rule 6;
                 # tests/runtime/test_requests.py covers a rerun that does not)
@@ -775,6 +792,10 @@ class Simulation:
             task.phase = "finish"
         elif task.phase == "finish":
             task.done = True
+            if task.sid.operator == "ask" and not (
+                    task.history_length or any(i < task.seq for i in task.asks)):
+                self.world.silent_finishes[(task.sid, task.epoch)] = (
+                    self.runs, task.sends[:task.seq])
 
     def _request_step(self, task: Task) -> None:
         """Ask request ``task.seq`` (or look whether its answer came): the task blocks on it."""

@@ -22,6 +22,7 @@ from collections import Counter
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sparkcoord.core.ids import SubtaskId
 from tests.runtime.simulation import STORAGE_CRASH_POINTS, Simulation
 
 EXAMPLES = int(os.environ.get("SPARKCOORD_EXAMPLES", "500"))
@@ -70,3 +71,43 @@ def test_the_simulation_really_injects_every_kind_of_failure() -> None:
                  "orphan-parts-swept", "garbage-record-replaced",
                  *(f"storage-crash: {point}" for point in STORAGE_CRASH_POINTS)):
         assert totals[kind] > 0, f"no {kind} in 60 seeds: {dict(totals)}"
+
+
+def test_a_batch_that_runs_again_sends_what_an_earlier_runs_finished_attempt_that_asked_nothing_sent(
+        ) -> None:
+    """Seed 5544 (183 steps, parallelism 2, per subtask): an attempt of "ask" stopped before
+    its first request (its time budget) and finished, the sink committed the batch, the driver
+    died before Spark's commit log, and the batch ran again. The finished attempt asked
+    nothing, so it said nothing at its end (gate rule 6) and its operator's log, without a
+    request, was truncated: no log tells the rerun that a sink holds an output without
+    answers. The simulated worker then asked in the rerun, and the subtask's state held an
+    answer that the sink did not. A worker keeps the contract (a task that runs a batch again
+    sends the same items): the simulation's rerun now sends what the earlier run's finished
+    attempt sent, and sink and state agree."""
+    sim = Simulation(1, parallelism=1, defer_probability=0.0, per_subtask_operator=False)
+    try:
+        sim.driver_step()  # run 1: first call latestOffset(-1): the coordinators start
+        sim.mailboxes.run_all()
+        ask = sim.coordinator("ask")
+        assert ask is not None
+        ask.context.run_in_coordinator_thread(lambda: ask.send_next(0))  # ("x", 0, 0) is held
+        sim.mailboxes.run_all()
+        while sim.phase != "running":
+            sim.driver_step(force_checkpoint=True)
+            sim.mailboxes.run_all()
+        for task in list(sim.tasks.values()):
+            while not task.done:
+                sim.task_step(task)
+                if task.sid.operator == "ask" and task.phase == "send":
+                    # a worker with a time budget: this attempt stops before its first item
+                    task.sends, task.asks = [], set()
+                sim.mailboxes.run_all()
+        assert sim.tasks[SubtaskId("ask", 0)].rows == [("x", 0, 0)]
+        sim.driver_step()
+        assert sim.phase == "sink-committed"  # the sink holds batch 0, with no answer
+        sim.crash("the driver dies before Spark's commit log")
+        sim.drain()  # run 2 runs batch 0 again, then the rest without faults
+        assert sim.stats["rerun-after-silent-finish"] == 1
+        sim.check_invariants()
+    finally:
+        sim.cleanup()
