@@ -339,9 +339,10 @@ class CoordinatedJob:
         mapped with ``mapInArrow``; the result has ``schema``. ``shuffle=False`` coalesces
         instead (no shuffle: each task maps the partitions it is given where they are, and a
         subtask may get none in a batch), for an operator that does not care which rows it
-        gets and whose coordinator sends its subtasks no events (a sink writing files: an
-        event for a subtask that gets no task in a batch would never be delivered). See :mod:`sparkcoord.spark.recipient` for how batches map
-        to epochs.
+        gets and whose coordinator copes with an event that is never handled: one sealed for a
+        subtask that gets no task in a batch completes at the batch's commit unseen (the lake
+        sink's compaction plans such a bin again). See :mod:`sparkcoord.spark.recipient` for
+        how batches map to epochs.
         """
         from pyspark.sql.pandas.types import to_arrow_schema
 
