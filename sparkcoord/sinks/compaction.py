@@ -16,6 +16,10 @@ Rules:
      before the checkpoint completes, so the event is sealed into epoch N (``core/valve.py``
      rule 1) and every attempt of the batch of N, a retry or a re-run after a restore, gets
      the same bin. A file in a bin is planned again only if the bin is given back (rule 5).
+     Events and reports name the bin's files by path only (a wide table's statistics of 100
+     files would not fit an event); the plan in the state keeps their reports. A checkpoint
+     that was aborted (a tolerated failure) leaves its bins' events to the next epoch's
+     seal: a subtask rewrites every bin it is handed, whatever epoch planned it.
      Not a request: a request answered in an epoch makes every task retry of the operator
      adopt the failed attempt's history (``core/inbound.py`` rule 5), and a sink task's
      retry writes files under new names, so it could not send the same reports again.
@@ -27,8 +31,12 @@ Rules:
      no outputs: nothing is swapped and its files are not planned again.
   4. The swap is part of the epoch's commit (``delta.py``, ``iceberg.py``): the inputs
      removed and the outputs added (neither a change of the table's data) with the epoch's
-     files, in one transaction. A swap one of whose inputs is no longer in the table's
-     current files is left out (rows would be duplicated); its outputs are cleanup's.
+     files, in one transaction that fails rather than lands over a commit it did not read
+     (the commit worker's retry reads the table again). A swap one of whose inputs is no
+     longer in the table's current files is left out (rows would be duplicated), and so is
+     every swap of a table that may hold deletes outside data files (Iceberg delete files,
+     Delta deletion vectors: the rewrite reads the raw files and would bring deleted rows
+     back); its outputs are cleanup's.
   5. A bin is given back (its files small again, first in line) when its epoch's batch
      committed in Spark without its swap (the subtask got no task in that batch, so its
      event was never delivered: the sink's partitions are coalesced, not shuffled). A swapped bin's files are never planned again,
@@ -65,18 +73,19 @@ Bin = tuple[DataFile, ...]
 
 @dataclass(frozen=True)
 class CompactionAssigned:
-    """Event, coordinator to subtask: rewrite ``inputs`` in the batch of ``epoch`` (rule 2)."""
+    """Event, coordinator to subtask: rewrite the files at ``inputs`` (paths relative to the
+    table), planned at checkpoint ``epoch`` (rule 2)."""
 
     epoch: int
-    inputs: Bin
+    inputs: tuple[str, ...]
 
 
 @dataclass(frozen=True)
 class FilesCompacted:
-    """Event, subtask to coordinator: ``inputs`` rewritten into ``outputs`` (rule 3; no
-    outputs: an input could not be read, nothing to swap)."""
+    """Event, subtask to coordinator: the files at ``inputs`` rewritten into ``outputs``
+    (rule 3; no outputs: an input could not be read, nothing to swap)."""
 
-    inputs: Bin
+    inputs: tuple[str, ...]
     outputs: tuple[DataFile, ...]
 
 
@@ -112,11 +121,11 @@ class CompactionPlanner:
         limit = self.target_bytes * SMALL_FRACTION
         self._small.extend(f for f in files if f.bytes < limit)
 
-    def batch_committed(self, epoch: int, swapped: Iterable[Bin]) -> None:
-        """The batch of ``epoch`` committed in Spark with the swaps of ``swapped`` among its
-        reports (rule 5): the bins of ``epoch`` and before that were not swapped are given
-        back."""
-        done = {_paths(b) for b in swapped}
+    def batch_committed(self, epoch: int, swapped: Iterable[tuple[str, ...]]) -> None:
+        """The batch of ``epoch`` committed in Spark with the swaps of the bins whose paths
+        are ``swapped`` among its reports (rule 5): the bins of ``epoch`` and before that
+        were not swapped are given back."""
+        done = set(swapped)
         back: list[DataFile] = []
         for planned in sorted(e for e in self._plans if e <= epoch):
             back.extend(f for b in self._plans.pop(planned) if _paths(b) not in done
@@ -165,8 +174,13 @@ def _paths(files: Bin) -> tuple[str, ...]:
     return tuple(f.path for f in files)
 
 
+def bin_paths(files: Bin) -> tuple[str, ...]:
+    """A bin as its events name it (rule 2)."""
+    return _paths(files)
+
+
 def rewrite(location: str, job_id: str, epoch: int, subtask: int, attempt: int, schema: Any,
-            inputs: Bin, *, target_file_bytes: int,
+            inputs: tuple[str, ...], *, target_file_bytes: int,
             storage_options: Mapping[str, Any] | None = None) -> FilesCompacted:
     """Rewrite ``inputs`` (files of the table at ``location``) into files of the target size
     named as ``epoch``'s data files of ``subtask`` (rule 3). Spark task thread, after the
@@ -180,13 +194,13 @@ def rewrite(location: str, job_id: str, epoch: int, subtask: int, attempt: int, 
                             target_file_bytes=target_file_bytes, filesystem=fs,
                             storage_options=storage_options)
     try:
-        for f in inputs:
+        for path in inputs:
             try:
-                with fs.open(f"{str(root).rstrip('/')}/{f.path}", "rb") as handle:
+                with fs.open(f"{str(root).rstrip('/')}/{path}", "rb") as handle:
                     table = pq.read_table(handle)
             except FileNotFoundError:
                 log.warning("compaction: %s of epoch %d is gone from the table's storage; "
-                            "its bin of %d file(s) is not compacted", f.path, epoch,
+                            "its bin of %d file(s) is not compacted", path, epoch,
                             len(inputs))
                 writer.abort()
                 return FilesCompacted(inputs, ())

@@ -71,6 +71,7 @@ from sparkcoord.sinks.compaction import (
     CompactionPlanner,
     CompactionState,
     FilesCompacted,
+    bin_paths,
 )
 from sparkcoord.sinks.fencing import NO_EPOCH, SinkFenceError
 from sparkcoord.sinks.files import DataFile, parse_file_name, read_files
@@ -197,7 +198,8 @@ class SinkCoordinator(OperatorCoordinator):
                 # sent before the result: sealed into this epoch (rule 8); a subtask without
                 # a gateway now (its attempt failed) gets its bin back at the batch's commit
                 if subtask in gateways:
-                    gateways[subtask].send_event(CompactionAssigned(checkpoint_id, inputs))
+                    gateways[subtask].send_event(
+                        CompactionAssigned(checkpoint_id, bin_paths(inputs)))
         result.set_result(SinkState(self._ledger.checkpoint_taken(checkpoint_id),
                                     self._committed_through, compaction))
 
@@ -310,13 +312,18 @@ class SinkCoordinator(OperatorCoordinator):
                 held |= referenced
             self._sweep(epoch, held, epochs=(self._cleaned_through + 1, epoch))
             self._cleaned_through = epoch
-        elif self.target.mode == "merge" and files:
-            # rule 7 after a restore: an epoch pending in the restored checkpoint at or below
-            # the sweep's bound (its staged files were held by the sweep at start, for this
-            # commit; the cleanups after commits start above it): the table holds the epoch
-            # now, so its staged files are garbage
-            delete_files(self.target.location, [f.path for f in files],
-                         storage_options=dict(self.target.storage_options) or None)
+        else:
+            # after a restore: an epoch pending in the restored checkpoint at or below the
+            # sweep's bound (the sweep at start held what it reported, for this commit; the
+            # cleanups after commits start above it): what the commit did not put in the
+            # table is garbage now, a merge's staged files (rule 7) and the outputs of a
+            # swap left out (rule 8)
+            kept = {f.path for f in added}
+            doomed = ([f.path for f in files] if self.target.mode == "merge" else
+                      [o.path for s in swaps for o in s.outputs if o.path not in kept])
+            if doomed:
+                delete_files(self.target.location, doomed,
+                             storage_options=dict(self.target.storage_options) or None)
         self._last_commit_s = time.perf_counter() - started  # read by the done report
 
     def _sweep(self, final_through: int, held: set[str],

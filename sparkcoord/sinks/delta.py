@@ -25,7 +25,12 @@ Rules:
      swaps too, a remove action per input and an add action per output, both with
      ``dataChange`` false (the table's rows do not change: a streaming reader of the table
      skips them). A swap one of whose inputs is not among the table's current files is left
-     out (:attr:`DeltaCommitter.left_out`).
+     out (:attr:`DeltaCommitter.left_out`), and so is every swap of a table whose protocol
+     allows deletion vectors. A commit with swaps is not retried by delta-rs over a commit
+     that landed since the table was read (``max_commit_retries=0``): delta-rs would rebase
+     the blind append over another writer's OPTIMIZE or DELETE of an input and the rows
+     would be in the table twice (a review found it); the commit worker's retry reads the
+     table again and leaves such a swap out.
 
 Thread model: :meth:`DeltaCommitter.open` and :meth:`DeltaCommitter.commit` run on the sink
 coordinator's commit worker thread (``sparkcoord.committer.worker``), one at a time; the
@@ -62,14 +67,20 @@ class DeltaCommitter:
     def __init__(self, table_uri: str, job_id: str, schema: Any, *,
                  storage_options: Mapping[str, str] | None = None,
                  run_id: str | None = None,
-                 configuration: Mapping[str, str | None] | None = None) -> None:
+                 configuration: Mapping[str, str | None] | None = None,
+                 fsspec_options: Mapping[str, Any] | None = None) -> None:
         """``schema``: the sink's ``pyarrow.Schema`` (the table's, when rule 3 creates it);
         ``run_id``: this coordinator start's id (a fresh one by default); ``configuration``:
-        Delta table properties for a table rule 3 creates."""
+        Delta table properties for a table rule 3 creates; ``storage_options``: delta-rs's
+        names; ``fsspec_options``: the same store in fsspec's names, for reading the log
+        directly (default: translated from ``storage_options``, which loses fsspec-only
+        settings such as ``client_kwargs``)."""
         self.table_uri = table_uri.rstrip("/")
         self.job_id = check_job_id(job_id)
         self.schema = schema
         self.storage_options = dict(storage_options or {})
+        self.fsspec_options = (dict(fsspec_options) if fsspec_options is not None else
+                               None)
         self.run_id = run_id or uuid.uuid4().hex
         self.configuration = dict(configuration or {})
         self._fence: EpochFence | None = None
@@ -107,7 +118,10 @@ class DeltaCommitter:
             return decision
         actions: list[Any] = [add_action(f) for f in files]
         if swaps:
-            actions += self._swap_actions(table, swaps)
+            swapping = self._swap_actions(table, swaps)
+            if swapping:
+                actions += swapping
+                properties.max_commit_retries = 0  # rule 5: fail, never rebase a swap
         if table is None:
             self._create(actions, properties)  # rule 3
         else:
@@ -121,25 +135,31 @@ class DeltaCommitter:
         """Rule 5: the actions of the swaps whose inputs are all current files."""
         from deltalake.transaction import RemoveAction
 
-        current = self._current_paths(table)
+        features = (table.protocol().reader_features or []) if table is not None else []
+        if "deletionVectors" in features:
+            self.left_out.extend(swaps)  # a rewrite of the raw files would undo deletes
+            return []
+        current = self._current_sizes(table)
         now = int(time.time() * 1000)
         actions: list[Any] = []
         for swap in swaps:
-            if any(f.path not in current for f in swap.inputs):
+            if any(p not in current for p in swap.inputs):
                 self.left_out.append(swap)
                 continue
-            actions += [RemoveAction(f.path, False, now, f.bytes) for f in swap.inputs]
+            actions += [RemoveAction(p, False, now, current[p]) for p in swap.inputs]
             actions += [add_action(f, data_change=False) for f in swap.outputs]
         return actions
 
     @staticmethod
-    def _current_paths(table: Any) -> set[str]:
+    def _current_sizes(table: Any) -> dict[str, int]:
+        """The table's current data files (relative paths) and their sizes."""
         if table is None:
-            return set()
+            return {}
         import pyarrow as pa
 
         adds = pa.table(table.get_add_actions())  # an arro3 batch: through the C stream
-        return {str(p) for p in adds.column("path").to_pylist()}
+        return dict(zip((str(p) for p in adds.column("path").to_pylist()),
+                        (int(b) for b in adds.column("size_bytes").to_pylist()), strict=True))
 
     def merge(self, epoch: int, load: Callable[[], Reduced], keys: Sequence[str]
               ) -> Decision:
@@ -206,7 +226,7 @@ class DeltaCommitter:
         table = self._load()
         if table is None:
             return set()
-        return self._current_paths(table) | self._removed_paths()
+        return set(self._current_sizes(table)) | self._removed_paths()
 
     # ------------------------------------------------------------------ internals
     def _load(self) -> Any:
@@ -254,8 +274,9 @@ class DeltaCommitter:
 
         # the log read directly, with fsspec: delta-rs's names would be lost on s3fs (which
         # ignores names it does not know, and would then reach AWS instead of the endpoint)
-        fs, root = url_to_fs(f"{self.table_uri}/_delta_log",
-                             **storage_options_for("fsspec", self.storage_options))
+        options = (self.fsspec_options if self.fsspec_options is not None else
+                   storage_options_for("fsspec", self.storage_options))
+        fs, root = url_to_fs(f"{self.table_uri}/_delta_log", **options)
         fs.invalidate_cache(root)  # s3fs keeps listings for good: commits came since
         removed: set[str] = set()
         for name in fs.ls(root, detail=False):

@@ -35,7 +35,9 @@ Rules:
      snapshot deleted, the outputs and the epoch's files added (pyiceberg has no "replace"
      operation: a reader of the table's appends only sees an overwrite whose rows are the
      epoch's plus the rewritten ones). A swap one of whose inputs is not in the current
-     snapshot is left out (:attr:`IcebergCommitter.left_out`).
+     snapshot is left out (:attr:`IcebergCommitter.left_out`), and so is every swap while
+     the snapshot has delete files (a rewrite of the raw data files would undo them). A
+     concurrent commit fails ours (rule 3), and the retry reads the table again.
 
 Thread model: as ``delta.py``: commands on the commit worker thread, one at a time.
 """
@@ -143,12 +145,20 @@ class IcebergCommitter:
     def _swapped_entries(self, table: Any, swaps: Sequence[Any]) -> list[Any]:
         """Rule 6: the current snapshot's data files the swaps remove, leaving out (into
         :attr:`left_out`) a swap one of whose inputs the snapshot does not hold."""
+        from pyiceberg.manifest import ManifestContent
+
         snapshot = table.current_snapshot()
         current: dict[str, Any] = {}
         if snapshot is not None:
             location = self.table_location + "/"
             for manifest in snapshot.manifests(io=table.io):
-                for entry in manifest.fetch_manifest_entry(io=table.io, discard_deleted=True):
+                entries = manifest.fetch_manifest_entry(io=table.io, discard_deleted=True)
+                if manifest.content == ManifestContent.DELETES:
+                    if entries:  # deletes outside data files: no swap is safe
+                        self.left_out.extend(swaps)
+                        return []
+                    continue
+                for entry in entries:
                     path = str(entry.data_file.file_path)
                     for prefix in (location, _strip_scheme(location)):
                         if path.startswith(prefix):
@@ -156,10 +166,10 @@ class IcebergCommitter:
                             break
         removed: list[Any] = []
         for swap in swaps:
-            if any(f.path not in current for f in swap.inputs):
+            if any(p not in current for p in swap.inputs):
                 self.left_out.append(swap)
                 continue
-            removed += [current[f.path] for f in swap.inputs]
+            removed += [current[p] for p in swap.inputs]
         return removed
 
     def merge(self, epoch: int, load: Callable[[], Reduced], keys: Sequence[str]

@@ -216,7 +216,8 @@ class SinkTarget:
             from sparkcoord.sinks.delta import DeltaCommitter
 
             return DeltaCommitter(self.location, self.job_id, self.schema, run_id=run_id,
-                                  storage_options=dict(self.delta_options) or None)
+                                  storage_options=dict(self.delta_options) or None,
+                                  fsspec_options=dict(self.storage_options))
         from sparkcoord.sinks.iceberg import IcebergCommitter
 
         return IcebergCommitter(self.load_catalog(), self.table, self.job_id, self.schema,

@@ -46,8 +46,9 @@ class SinkSubtask(RecipientOperator):
         self._writer: TaskFileWriter | None = None
         self._reported = 0
         self._done = False
-        #: rule 6: the bin to rewrite after the rows
-        self._bin: CompactionAssigned | None = None
+        #: rule 6: the bins to rewrite after the rows (more than one after an aborted
+        #: checkpoint left its bin to this epoch: compaction.py rule 2)
+        self._bins: list[CompactionAssigned] = []
 
     def open(self, context: SubtaskContext, state: Any) -> None:
         self._context = context
@@ -56,7 +57,7 @@ class SinkSubtask(RecipientOperator):
         if not isinstance(event, CompactionAssigned):
             raise TypeError(f"sink subtask got a {type(event).__name__}, not a "
                             f"CompactionAssigned")
-        self._bin = event
+        self._bins.append(event)
         return None
 
     def process_arrow(self, batch: Any) -> Iterable[tuple[Any, ...]] | None:
@@ -78,8 +79,8 @@ class SinkSubtask(RecipientOperator):
         if self._writer is not None:
             self._writer.close()
             self._report()
-        if self._bin is not None:
-            self._compact(self._bin)
+        for assigned in self._bins:
+            self._compact(assigned)
         self._done = True
         return None
 
@@ -87,9 +88,6 @@ class SinkSubtask(RecipientOperator):
         """Rule 6."""
         context = self._context
         assert context is not None
-        if assigned.epoch != context.epoch:
-            raise ValueError(f"sink subtask {context.subtask}: a compaction of epoch "
-                             f"{assigned.epoch} delivered in the batch of epoch {context.epoch}")
         report = rewrite(self.target.location, self.target.job_id, context.epoch,
                          context.subtask, context.spark_attempt, self.target.rows_schema,
                          assigned.inputs, target_file_bytes=self.target.target_file_bytes,

@@ -34,6 +34,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -176,8 +177,12 @@ class PostgresServer:
         if self._owner is not None:
             os.chown(self.root, *self._owner)
         self._reachable()
+        # only the server's user (and root) may reach the trusted socket; the bootstrap
+        # superuser's TCP password is random (a fixed one let any local user in as
+        # superuser, and a superuser runs programs: COPY ... FROM PROGRAM)
+        os.chmod(self.root, 0o700)
         pwfile = self.root / "bootstrap.pw"
-        pwfile.write_text("bootstrap-pw\n")
+        pwfile.write_text(secrets.token_urlsafe(24) + "\n")
         if self._owner is not None:
             os.chown(pwfile, *self._owner)
         self._run("initdb", "-D", str(self.data), "-U", BOOTSTRAP_USER, "-E", "UTF8",
