@@ -86,3 +86,21 @@ def test_an_iceberg_sinks_storage_endpoint_that_differs_from_its_catalogs_is_ref
     with pytest.raises(ValueError, match="storage option s3.endpoint is 'http://127.0.0.1:9000'"
                                          ", option catalog.s3.endpoint 'http://elsewhere:9000'"):
         sink.operator_spec(Frame(), "lake.events")
+
+
+def test_the_delta_committer_reads_its_log_with_the_tasks_fsspec_options_untranslated(
+        tmp_path: Any) -> None:
+    # found by a review: the log read translated delta-rs's names back and lost what only
+    # fsspec knows (client_kwargs such as verify), so a store the tasks reached was not
+    # reachable from the committer's log read
+    import pyarrow as pa
+
+    from sparkcoord.sinks.target import SinkTarget
+
+    fsspec_form = {"endpoint_url": "http://127.0.0.1:9", "client_kwargs": {"verify": False}}
+    target = SinkTarget("delta", "s3://b/t", "job", pa.schema([("id", pa.int64())]),
+                        "s3://b/t", storage_options=fsspec_form,
+                        delta_options=storage_options_for("delta", fsspec_form))
+    committer = target.committer()
+    assert committer.fsspec_options == fsspec_form
+    assert committer.storage_options["AWS_ENDPOINT_URL"] == "http://127.0.0.1:9"
