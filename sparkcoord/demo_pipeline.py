@@ -142,12 +142,13 @@ class _Demo:
             return False
         try:
             try:
-                self.server.start()
-            except PermissionError as exc:  # root, and the postgres user cannot reach the dir
-                self.server.stop()
-                self.say(f"{exc}; PostgreSQL goes in a temporary directory instead")
-                self.server = PostgresServer(roles=[role])
-                self.server.start()
+                try:
+                    self.server.start()
+                except PermissionError as exc:  # root, and the postgres user cannot reach it
+                    self.server.stop()
+                    self.say(f"{exc}; PostgreSQL goes in a temporary directory instead")
+                    self.server = PostgresServer(roles=[role])
+                    self.server.start()
             except RuntimeError as exc:  # initdb or pg_ctl failed: their output and the log
                 raise DemoFailed(f"PostgreSQL did not start: {exc}") from exc
             return self._run()
