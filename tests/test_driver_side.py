@@ -14,7 +14,7 @@ from sparkcoord.runtime.config import ServiceConfig
 from sparkcoord.runtime.service import JobFailed
 from sparkcoord.spark.driver import DriverSide
 from sparkcoord.spark.spec import OperatorSpec, SourceSpec
-from tests.channel.test_cancel_wait import Parks, parked_request_when_failing
+from tests.channel.test_cancel_wait import Parks, parked_request_when_failing, record_sleeps
 
 NO_EPOCH = -1
 
@@ -81,10 +81,7 @@ def test_a_request_waiting_when_the_job_fails_is_refused_with_the_hold(tmp_path,
     # Regression: the failing service answers its waiting requests before it tells its
     # listeners, so the hold was still 0 for them: the task failed at once, with a traceback,
     # and Spark retried it (seen about once in eight runs of tests/spark/test_quiet_failover)
-    from sparkcoord.channel import client as client_module
-
-    slept: list[float] = []
-    monkeypatch.setattr(client_module.time, "sleep", slept.append)
+    slept = record_sleeps(monkeypatch)
     d = driver_side(tmp_path, cancel_wait_s=30.0, coordinator=Parks)
     try:
         epoch = d.latest_epoch(NO_EPOCH)

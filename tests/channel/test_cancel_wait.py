@@ -48,12 +48,30 @@ def running(tmp_path) -> Iterator[tuple[CoordinationService, ChannelServer]]:
     service.close()
 
 
+def record_sleeps(monkeypatch: Any) -> list[float]:
+    """The sleeps (seconds) of this test's threads (its own, and the thread
+    :func:`parked_request_when_failing` asks from), recorded instead of slept. ``time`` is one
+    module for every thread: a thread an earlier test left behind (a client retrying a
+    closed channel) sleeps for real, or its retry loop would spin and flood the record (seen
+    in CI: 325,954 sleeps of 1 s)."""
+    slept: list[float] = []
+    real = client_module.time.sleep
+
+    def sleep(seconds: float) -> None:
+        current = threading.current_thread()
+        if current is threading.main_thread() or current.name.endswith("(ask)"):
+            slept.append(seconds)
+        else:
+            real(seconds)
+
+    monkeypatch.setattr(client_module.time, "sleep", sleep)
+    return slept
+
+
 @pytest.fixture()
 def sleeps(monkeypatch) -> list[float]:
     """The client's sleeps (seconds), recorded instead of slept."""
-    slept: list[float] = []
-    monkeypatch.setattr(client_module.time, "sleep", slept.append)
-    return slept
+    return record_sleeps(monkeypatch)
 
 
 def attempt(service: CoordinationService, index: int, number: int = 0) -> TaskAttempt:
