@@ -38,9 +38,8 @@ Rules:
      files at each checkpoint and sends each subtask its bin (:class:`CompactionAssigned`)
      before the checkpoint completes; a task's :class:`FilesCompacted` report is an item of
      the running batch like a file, and the epoch's commit swaps it in (``compaction.py``
-     rules 1-6). The outputs of
-     a swap the commit made are kept by the cleanup after it, like the epoch's files; those
-     of a swap left out are not.
+     rules 1-6). The outputs of a swap the commit made are kept by the cleanup after it,
+     like the epoch's files; those of a swap left out are deleted.
 
 Thread model: every callback on the coordinator's mailbox; the committer, the sweep and the
 cleanup on the commit worker's thread (``sparkcoord-commit-<operator>``).
