@@ -144,7 +144,7 @@ class CompactionPlanner:
             raise CheckpointIdRegression("compaction: checkpoint taken", epoch, self._snapshot)
         self._snapshot = epoch
         bins: list[Bin] = []
-        # a plan restored for this very epoch stands (rule 2: tasks may hold its answers)
+        # a plan restored for this very epoch stands (rule 2: its events may be sealed)
         while epoch not in self._plans and len(bins) < parallelism:
             taken, size = 0, 0
             while taken < len(self._small) and size < self.target_bytes \
