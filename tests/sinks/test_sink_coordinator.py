@@ -406,16 +406,23 @@ def stage_changes(uri: str) -> list[DataFile]:
         [changes(("r", 10, None, 1, "a"), ("r", 10, None, 2, "b"))])
 
 
+def fresh(target: SinkTarget, cls: type[SinkCoordinator] = SinkCoordinator
+          ) -> tuple[SinkCoordinator, FakeContext]:
+    """A coordinator of ``target`` started with nothing checkpointed."""
+    context = FakeContext()
+    coordinator = cls(context, target)
+    coordinator.reset_to_checkpoint(-1, None)
+    coordinator.start()
+    return coordinator, context
+
+
 def test_a_merge_epoch_committed_and_cleaned_but_not_reported_is_skipped_after_a_restore(
         tmp_path: Any) -> None:
     # the cleanup after a merge deletes its staged files; a restore that commits the epoch
     # again must see it in the table without reading them (it retried forever before)
     uri = f"{tmp_path}/merged"
     target = merge_target(uri)
-    first_context = FakeContext()
-    first = SinkCoordinator(first_context, target)
-    first.reset_to_checkpoint(-1, None)
-    first.start()
+    first, first_context = fresh(target)
     state = checkpoint(first, 0)
     staged = stage_changes(uri)
     report(first, staged)
@@ -481,10 +488,7 @@ def test_a_merge_epoch_pending_in_a_later_checkpoint_has_its_staged_files_delete
         tmp_path: Any) -> None:
     uri = f"{tmp_path}/merged"
     target = merge_target(uri)
-    context = FakeContext()
-    first = KilledBeforeCleanup(context, target)
-    first.reset_to_checkpoint(-1, None)
-    first.start()
+    first, context = fresh(target, KilledBeforeCleanup)
     checkpoint(first, 0)
     staged = stage_changes(uri)
     report(first, staged)
