@@ -3,15 +3,16 @@
 Rules:
   1. Register the task attempt first; then send events numbered 0, 1, ... (no gaps).
   2. A first attempt may register lazily (:meth:`register_with_first_event`): the REGISTER
-     frame then travels just before its first event frame, on the same connection, so the
-     server still handles it first; a task that sends nothing never connects. A retried
+     frame then travels just before its first frame (an event, a request or its FINISHED), on
+     the same connection, so the server still handles it first. A retried
      attempt registers eagerly, so that the service resets the coordinator before anything
      else even if the retry sends nothing.
   3. A registration's reply tells the length of the history the attempt continues (a retry,
      or the rerun of a batch after a restore, adopts the logged history once requests were
-     answered). An attempt that asked a request or continues a history says at its end how
-     many items it sent (:meth:`finish`): the service logs it and withdraws the rest of a
-     longer history (docs/decisions.md 47).
+     answered). Every attempt says at its end how many items it sent (:meth:`finish`), also
+     one that sent nothing: the service logs it, withdraws the rest of a longer history
+     (docs/decisions.md 47), and holds a batch that runs again after a restart to it (a sink
+     may hold the finished attempt's output: decision 76).
   4. Up to ``window`` events may be unacknowledged; :meth:`flush` waits for every
      acknowledgement. The task must not finish its batch before ``flush`` returns.
   5. Coalescing (like Nagle's algorithm): an event sent while none is in flight goes out at
@@ -118,7 +119,6 @@ class ChannelClient:
         self.execution_attempt = 0
         #: the length of the history this attempt continues (its registration's reply)
         self.history_length = 0
-        self._asked = False  # whether this attempt sent a request (it then says when it ends)
         self._register_pending = False  # lazy registration not written yet
         self._register_acked = False
         self.next_seq = 0
@@ -199,7 +199,6 @@ class ChannelClient:
         and :class:`ChannelUnavailable` when the service cannot be reached (rule 7).
         """
         self._write_pending()  # events sent before the request go first, in order
-        self._asked = True
         seq = self.next_seq
         self.next_seq += 1
         self._request = (seq, payload)
@@ -274,16 +273,19 @@ class ChannelClient:
             self._with_retries(self._read_one_reply)
 
     def finish(self) -> None:
-        """The task's batch is done: wait for every acknowledgement (:meth:`flush`), then, if
-        this attempt asked a request or continues a history (rule 3), say how many items it
-        sent and wait until the service logged it (and withdrew the rest of a longer
-        history). Task thread, at the end of the batch, before the task's state is stored."""
+        """The task's batch is done: wait for every acknowledgement (:meth:`flush`), then say
+        how many items this attempt sent and wait until the service logged it (and withdrew
+        the rest of a longer history): rule 3. An attempt that sent nothing registers with
+        it (rule 2). Task thread, at the end of the batch, before the task's state is stored
+        and before any of its rows can reach a sink."""
         self.flush()
-        if not self._asked and not self.history_length:
-            return  # nothing was answered to this attempt: nothing to withdraw, ever
 
         def once() -> None:
-            self._connected().sendall(encode(Finished(self.attempt, self.next_seq), self.secret))
+            frame = encode(Finished(self.attempt, self.next_seq), self.secret)
+            if self._register_pending:  # it sent nothing: the registration goes first
+                frame = encode(Register(self.attempt), self.secret) + frame
+                self._register_pending = False
+            self._connected().sendall(frame)
             while not any(r.request is FrameType.FINISHED for r in self._read_replies()):
                 pass
 

@@ -24,20 +24,23 @@ Rules (DESIGN.md section 2, rules 6 and 7, and docs/decisions.md 36):
      *adopts* the history instead: another subtask may already have acted on an answer computed
      from it, so it must stay true; the retry re-sends it (checked, not applied again) and
      continues it. Nothing is reset, and the coordinator is not told.
-  6. An attempt that asked a request or adopted a history says when it finished the batch and
-     how many items it sent (registration tells it the history's length); it is logged. If it
-     sent fewer than its history holds, the items from that number on are *withdrawn*: cut
-     from the history (a later retry that sends them again asks anew) and handed to the
-     coordinator's ``handle_items_withdrawn`` with their logged answers, in log order, so
-     what those answers handed out goes back instead of vanishing (DESIGN 2c,
-     docs/decisions.md 47). A replay meets the entry at the same place and withdraws the same.
-     Only within a run: a failed attempt's output never reaches the sink, but when the batch
-     runs again after a restart and an attempt of an earlier run had finished, a sink may
-     hold that attempt's output (Spark's file sink keeps a batch it committed when only the
-     commit log was lost): a shorter history then is divergence (rule 4), not a withdrawal,
-     and so is an item beyond it. An attempt that asked nothing and continued nothing says
-     nothing at its end, so a kept history without a request counts as finished by the
-     earlier run that wrote it.
+  6. Every attempt says when it finished the batch and how many items it sent, also one that
+     sent nothing (it then registers with its finish); it is logged. Registration tells an
+     attempt the length of the history it continues. If it sent fewer than its history holds,
+     the items from that number on are *withdrawn*: cut from the history (a later retry that
+     sends them again asks anew) and handed to the coordinator's ``handle_items_withdrawn``
+     with their logged answers, in log order, so what those answers handed out goes back
+     instead of vanishing (DESIGN 2c, docs/decisions.md 47). A replay meets the entry at the
+     same place and withdraws the same. Only within a run: a failed attempt's output never
+     reaches the sink, but when the batch runs again after a restart and an attempt of an
+     earlier run had finished, a sink may hold that attempt's output (Spark's file sink keeps
+     a batch it committed when only the commit log was lost), so only a *logged* finish binds
+     the rerun (a task finishes before its rows can reach a sink, so an attempt whose finish
+     is not logged left nothing there; docs/decisions.md 76): where the operator's log is
+     kept (rule 5: it answered a request), a shorter history than the finish is divergence
+     (rule 4), not a withdrawal, and so is an item beyond it; where it is not kept (no
+     request), the finishes alone are kept, and a request of that subtask in the rerun is
+     divergence (the finished attempt asked none, and its output holds no answer).
   7. A client of the job (the user's driver program: core/entries.py's ``DriverClient``) asks
      requests too, with its own sequence per (operator, client). A client's request is in no
      subtask's history: it always survives, a task retry replays it to the reset coordinator
@@ -251,6 +254,10 @@ class InboundGate:
         # the items each withdrawal in the log took back (rule 6), for replays
         self._withdrawals: dict[FinishedEntry, tuple[WithdrawnItem, ...]] = {}
         self._requested: set[str] = set()  # operators that accepted a request this epoch
+        # subtasks whose batch an attempt of an earlier run finished without asking, in an
+        # operator whose log held no request (so only the finish was kept): a request of a
+        # later run's attempt is divergence (rule 6)
+        self._finished_unasked: dict[SubtaskId, TaskAttempt] = {}
         # the newest client requests, (operator, client, seq) -> answer (None: not yet), kept
         # across epochs (a client re-sends a request it got no answer to, also to the next
         # run after a restart) and bounded; a restore seeds it from the log it replays
@@ -271,19 +278,12 @@ class InboundGate:
 
     def epoch_resumed(self, epoch: int, entries: Iterable[LogEntry]) -> None:
         """The batch of ``epoch`` runs again in this run, continuing the kept log ``entries``
-        of an earlier run (a restore to an uncommitted epoch whose log holds requests): the
-        histories they make up are adopted by this run's attempts (rule 5)."""
+        of an earlier run (:func:`kept_at_rerun`): the histories they make up are adopted by
+        this run's attempts (rule 5), and the finishes they hold bind them (rule 6)."""
         self.epoch_started(epoch)
         self._logged = epoch
         for entry in entries:
             self._replay(entry)
-        for sid, history in self._histories.items():
-            if not history.finishes and not any(isinstance(i, RequestEntry)
-                                                for i in history.items):
-                # its attempt asked nothing, so it said nothing at its end: it may have
-                # finished, and a sink may hold its output (rule 6)
-                live = self._live[sid]
-                history.finishes[live.run] = (live, history.length)
 
     def batch_committed(self, epoch: int) -> None:
         """Spark committed the batch of ``epoch``: its events are final, later ones dropped."""
@@ -492,6 +492,15 @@ class InboundGate:
         if self._earlier_finish(history, attempt) is not None:
             return RequestDecision(Verdict.REJECT, self._beyond(history, attempt),
                                    execution_attempt, diverged=True)
+        unasked = self._finished_unasked.get(sid)
+        if unasked is not None and unasked.run != attempt.run:
+            return RequestDecision(
+                Verdict.REJECT,
+                f"nondeterministic subtask: {sid} asked request {seq} of epoch {attempt.epoch}, "
+                f"but the batch runs again after a restart and {unasked} had finished it "
+                f"without asking any: a sink may hold that attempt's output, so a task that "
+                f"runs a batch again must send the same items (rule 6)",
+                execution_attempt, diverged=True)
         entry = RequestEntry(attempt, seq, payload)
         history.append(entry, 1)
         self._log.append(entry)
@@ -631,7 +640,7 @@ class InboundGate:
                 continue
             sid = entry.attempt.subtask
             if isinstance(entry, FinishedEntry):
-                if self._withdrawals[entry] and sid != excluding and (
+                if self._withdrawals.get(entry) and sid != excluding and (
                         operator is None or sid.operator == operator):
                     out.append(ReplayedItem(entry.attempt, entry.seq, b"",
                                             withdrawn=self._withdrawals[entry]))
@@ -683,8 +692,14 @@ class InboundGate:
             self._log.append(entry)
             return
         if isinstance(entry, FinishedEntry):
-            if entry.attempt.subtask in self._histories:
+            sid = entry.attempt.subtask
+            if sid in self._histories:
                 self._withdraw(entry)
+            else:
+                # a finish kept without its history (kept_at_rerun: its operator answered
+                # no request): that attempt asked nothing, and a sink may hold its output
+                self._finished_unasked.setdefault(sid, entry.attempt)
+                self._log.append(entry)
             return
         if isinstance(entry, (ClientRequestEntry, ClientResponseEntry)):
             self.clients_replayed([entry])
@@ -755,6 +770,7 @@ class InboundGate:
         self._answers.clear()
         self._withdrawals.clear()
         self._requested.clear()
+        self._finished_unasked.clear()
         self._log.clear()
 
 
@@ -777,10 +793,12 @@ def operators_with_requests(entries: Iterable[LogEntry]) -> set[str]:
 
 
 def kept_at_rerun(entries: Iterable[LogEntry]) -> list[LogEntry]:
-    """What a restore to an uncommitted epoch keeps of its log (docs/decisions.md 36, 38):
-    every entry of the operators that answered a subtask's request, and every client request
-    and answer (a client was answered: the effect must survive); the rest is truncated."""
+    """What a restore to an uncommitted epoch keeps of its log (docs/decisions.md 36, 38, 76):
+    every entry of the operators that answered a subtask's request, every client request and
+    answer (a client was answered: the effect must survive), and every other operator's
+    finishes (a sink may hold a finished attempt's output: its subtask may not ask in the
+    rerun, gate rule 6); the rest is truncated."""
     entries = list(entries)
     keep = operators_with_requests(entries)
     return [e for e in entries if e.attempt.subtask.operator in keep
-            or isinstance(e, (ClientRequestEntry, ClientResponseEntry))]
+            or isinstance(e, (ClientRequestEntry, ClientResponseEntry, FinishedEntry))]

@@ -6,9 +6,9 @@ earlier epoch, open the operator, hand it every event of the epoch in send order
 data, ``process``, wait until every event sent to the coordinator is acknowledged, store the
 state for this epoch, close.
 
-A first attempt registers lazily (its REGISTER frame travels with its first event; a task
-that sends nothing never connects); a retry registers before anything else. See the rules of
-:mod:`sparkcoord.channel.client`.
+A first attempt registers lazily (its REGISTER frame travels with its first event, or with
+its FINISHED when it sent nothing: every task says when it finished, docs/decisions.md 76); a
+retry registers before anything else. See the rules of :mod:`sparkcoord.channel.client`.
 """
 
 from __future__ import annotations

@@ -85,11 +85,10 @@ class World:
     committed_sends: dict[int, dict[SubtaskId, list[Any]]] = field(default_factory=dict)
     # (subtask, epoch, seq) -> the answer any attempt of any run saw for that request
     observed: dict[tuple[SubtaskId, int, int], Any] = field(default_factory=dict)
-    # (subtask, epoch) -> (run, items) of an attempt of a subtask that asks which finished the
-    # batch without a word at its end (it asked nothing and continued no history: gate rule
-    # 6), so that no log tells a later run what a sink may hold (``Simulation.task_step``)
-    silent_finishes: dict[tuple[SubtaskId, int], tuple[int, list[Any]]] = field(
-        default_factory=dict)
+    # (subtask, epoch) -> run -> the items of that run's newest attempt whose finish the
+    # service took (gate rule 6): a sink may hold its output, so a later run's worker sends
+    # the same items (the contract: ``Simulation.task_step``)
+    finishes: dict[tuple[SubtaskId, int], dict[int, list[Any]]] = field(default_factory=dict)
     # the driver program's client: its next request number, the one it waits for (it
     # re-sends it, also to the next run, until it gets an answer), and the answered ones
     client_next: int = 0
@@ -513,6 +512,7 @@ class Task:
     done: bool = False
     history_length: int = 0  # the adopted history's length (registration says it)
     adopted: bool = False    # it continues a logged history (a retry, or a rerun's task)
+    registered: bool = False  # a first attempt registers with its first item or its finish
 
 
 # ------------------------------------------------------------------------- the simulation
@@ -604,6 +604,11 @@ class Simulation:
 
     def _driver_step(self, force_checkpoint: bool) -> None:
         if self.service.failure is not None:
+            if "nondeterministic subtask" in self.service.failure:
+                # the simulated workers keep the contract (a batch that runs again sends
+                # what a finished attempt sent): the gate must never call them divergent
+                self.violations.append(f"a contract-keeping worker was refused: "
+                                       f"{self.service.failure}")
             self.crash(f"job failed: {self.service.failure}")
             return
         w = self.world
@@ -708,13 +713,11 @@ class Simulation:
         """Advance one task by one step (raises TaskFailed when the service refuses it)."""
         svc = self.service
         if task.phase == "register":
-            decision = svc.inbox.attempt_registered(task.attempt)
-            if decision.verdict is Verdict.REJECT:
-                raise TaskFailed(decision.reason)
-            if decision.adopted:
-                self.stats["retry-adopted"] += 1  # rule 5 of the gate: no reset
-            task.history_length = decision.history_length
-            task.adopted = decision.adopted
+            if task.number > 0 or svc.inbox.history_length(task.sid) > 0:
+                # a retry, or a rerun's task that continues a kept history, registers at once
+                # (as the real one does: CoordinatedPartition.continues_history); a first
+                # attempt registers with its first item, or with its finish
+                self._register(task)
             restored = self.storage.read_subtask_state(task.sid, task.epoch)
             task.state = pickle.loads(restored[1]) if restored else []
             task.phase = "apply"
@@ -725,32 +728,50 @@ class Simulation:
                 task.state.append(event)
                 task.rows.append(event)
             # one event back per numbered event received (replies start no new exchange);
-            # subtasks of "ask" first ask a request before each (both share one sequence)
+            # subtasks of "ask" also ask a request with each, before it or (odd s + i) after
             count = sum(1 for e in task.rows if e[0] == "x")
             n, s, epoch = len(task.state), task.sid.index, task.epoch
             task.sends = []
             for i in range(count):
+                if task.sid.operator == "ask" and (s + i) % 2:
+                    # an event before the request: a history may hold events and no request
+                    # yet (decision 75: such a history that did not finish binds nothing)
+                    task.sends.append(("y", s, epoch, i, n))
+                    task.asks.add(len(task.sends))
+                    task.sends.append(("q", s, epoch, i, n))
+                    continue
                 if task.sid.operator == "ask":
                     task.asks.add(len(task.sends))
                     task.sends.append(("q", s, epoch, i, n))
                 task.sends.append(("y", s, epoch, i, n))
-            silent = self.world.silent_finishes.get((task.sid, task.epoch))
-            if silent is not None and silent[0] < self.runs:
-                # the batch runs again after a restart and an attempt of an earlier run that
-                # asked nothing finished it: a sink may hold its output, yet it said nothing
-                # at its end and its log may be gone (truncated: its operator answered no
-                # request in it) or never written (its task never connected), so the gate
-                # cannot hold this rerun to it. The worker keeps the contract (a task that
-                # runs a batch again sends the same items: docs/decisions.md 47) in every
-                # attempt; a rerun that breaks it here would be silent (seed 5544).
-                assert task.sends[:len(silent[1])] == silent[1], (task.attempt, silent)
-                task.sends = list(silent[1])
-                self.stats["rerun-after-silent-finish"] += 1
+            earlier = [(run, sent) for run, sent in
+                       self.world.finishes.get((task.sid, task.epoch), {}).items()
+                       if run < self.runs]
+            finished = min(earlier) if earlier else None
+            if finished is not None:
+                # the batch runs again after a restart and an attempt of an earlier run
+                # finished it: a sink may hold its output. The worker keeps the contract (a
+                # task that runs a batch again sends the same items: docs/decisions.md 47,
+                # 76) in every attempt; the gate refuses a rerun that breaks it (a contract
+                # keeping worker is never refused: ``_driver_step``), and
+                # tests/runtime/test_requests.py covers reruns that break it
+                assert task.sends[:len(finished[1])] == finished[1], (task.attempt, finished)
+                task.sends = list(finished[1])
+                self.stats["rerun-after-finish"] += 1
             elif task.number == 0 and task.adopted:
-                # the batch runs again after a restart: the worker sends what its first run
-                # logged (the contract when that run's task may have finished: gate rule 6;
-                # tests/runtime/test_requests.py covers a rerun that does not)
-                task.sends = task.sends[:task.history_length]
+                # the batch runs again after a restart and continues a history whose attempt
+                # did not finish: the worker sends what that run logged and stops (a time
+                # budget), or goes on past it (decision 75: a history without a finish binds
+                # nothing)
+                if self.rng.random() < 0.5 and len(task.sends) > task.history_length:
+                    self.stats["rerun-continued-unfinished-history"] += 1
+                else:
+                    task.sends = task.sends[:task.history_length]
+            elif task.adopted and task.history_length and self.rng.random() < 0.5:
+                # a retry whose time budget runs out inside the history it adopted: what it
+                # does not send again is withdrawn at its finish
+                task.sends = task.sends[:self.rng.randint(0, task.history_length - 1)]
+                self.stats["retry-stops-inside-history"] += 1
             elif task.sends and self.rng.random() < (0.5 if task.number else 0.1):
                 # a worker with a time budget: this attempt stops after a prefix of its items
                 # (a retry that asks less than the attempt whose history it adopted)
@@ -771,35 +792,55 @@ class Simulation:
             else:
                 task.phase = "finished"
         elif task.phase == "finished":
-            if task.history_length or any(i < task.seq for i in task.asks):
-                # it asked, or adopted a history: it says how many items it sent, and what it
-                # did not send of a longer history is withdrawn (gate rule 6); the task waits
-                # until the coordinator took that back
-                if task.pending is None:
-                    task.pending = svc.inbox.attempt_finished(task.attempt, task.seq)
-                    task.pending.add_done_callback(
-                        lambda f, t=task, n=task.seq: self._withdrawn_taken(t, n, f.result()))
-                if not task.pending.done():
-                    return
-                decision, task.pending = task.pending.result(), None
-                if decision.verdict is Verdict.REJECT:
-                    raise TaskFailed(decision.reason)
-                if decision.withdrawn:
-                    self.stats["withdrawn"] += 1
+            # every attempt says how many items it sent (one that sent nothing registers with
+            # it), and what it did not send of a longer history is withdrawn (gate rule 6);
+            # the task waits until the coordinator took that back
+            if task.pending is None:
+                if not task.registered:
+                    self.stats["registered-with-finish"] += 1
+                self._register(task)
+                task.pending = svc.inbox.attempt_finished(task.attempt, task.seq)
+                task.pending.add_done_callback(
+                    lambda f, t=task, n=task.seq: self._withdrawn_taken(t, n, f.result()))
+                if not task.pending.done() or task.pending.result().verdict is Verdict.ACCEPT:
+                    # logged (the decision may wait for the coordinator to take items back):
+                    # from here on the log binds a later run to these items (gate rule 6)
+                    self.world.finishes.setdefault((task.sid, task.epoch), {})[self.runs] = (
+                        task.sends[:task.seq])
+            if not task.pending.done():
+                return
+            decision, task.pending = task.pending.result(), None
+            if decision.verdict is Verdict.REJECT:
+                raise TaskFailed(decision.reason)
+            if decision.withdrawn:
+                self.stats["withdrawn"] += 1
             task.phase = "snapshot"
         elif task.phase == "snapshot":
             self.storage.write_subtask_state(task.sid, task.epoch, pickle.dumps(task.state))
             task.phase = "finish"
         elif task.phase == "finish":
             task.done = True
-            if task.sid.operator == "ask" and not (
-                    task.history_length or any(i < task.seq for i in task.asks)):
-                self.world.silent_finishes[(task.sid, task.epoch)] = (
-                    self.runs, task.sends[:task.seq])
+
+    def _register(self, task: Task) -> None:
+        """Register ``task``'s attempt if it has not yet (a first attempt does it lazily, with
+        its first item or its finish, as the real client does: channel client rule 2)."""
+        if task.registered:
+            return
+        decision = self.service.inbox.attempt_registered(task.attempt)
+        if decision.verdict is Verdict.REJECT:
+            raise TaskFailed(decision.reason)
+        if decision.adopted:
+            self.stats["retry-adopted"] += 1  # rule 5 of the gate: no reset
+        if task.number == 0 and not (task.phase == "register"):
+            self.stats["registered-lazily"] += 1
+        task.history_length = decision.history_length
+        task.adopted = decision.adopted
+        task.registered = True
 
     def _request_step(self, task: Task) -> None:
         """Ask request ``task.seq`` (or look whether its answer came): the task blocks on it."""
         if task.pending is None:
+            self._register(task)
             task.pending = self.service.inbox.request_received(
                 task.attempt, task.seq, pickle.dumps(task.sends[task.seq]))
         if not task.pending.done():
@@ -837,6 +878,7 @@ class Simulation:
         self.stats["answers"] += 1
 
     def _send_run(self, task: Task, first: int, count: int) -> RunDecision:
+        self._register(task)
         payloads = tuple(pickle.dumps(task.sends[i]) for i in range(first, first + count))
         decision = self.service.inbox.event_runs_received([(task.attempt, first, payloads)])[0]
         if decision.rejected:
@@ -936,6 +978,13 @@ class Simulation:
         except TaskFailed as exc:
             self.fail_task(task.sid, str(exc))
             return
+        if (faults and task.phase == "snapshot" and task.seq and task.sid.operator == "ask"
+                and self.rng.random() < 0.5):
+            # its finish was taken, then its task failed (writing its output): the retry
+            # adopts or resets, and may send less (a withdrawal)
+            self.stats["failed-after-finish"] += 1
+            self.fail_task(task.sid, "injected after its finish")
+            return
         if faults and self.stats["withdrawn"] > withdrawn and self.rng.random() < 0.4:
             # right after a withdrawal: the batch runs again from a restore that replays the
             # log with the withdrawal in it (or, once committed, the crash-idle case below)
@@ -1004,6 +1053,9 @@ class Simulation:
             # undoes whatever it was accepted (rule 7)
             zombie = rng.choice(self.zombies)
             if zombie.seq < len(zombie.sends) and zombie.seq not in zombie.asks:
+                if not zombie.registered:  # its REGISTER frame goes out with the event
+                    zombie.registered = (self.service.inbox.attempt_registered(zombie.attempt)
+                                         .verdict is not Verdict.REJECT)
                 superseded = self.service.inbox.live_attempt(zombie.sid) != zombie.attempt
                 decision = self.service.inbox.event_received(zombie.attempt, zombie.seq,
                                                        pickle.dumps(zombie.sends[zombie.seq]))

@@ -577,19 +577,91 @@ def test_a_rerun_may_send_anything_when_its_earlier_runs_finished_attempt_was_re
     assert rerun.service.failure is None
 
 
-def test_a_rerun_that_sends_fewer_events_than_a_kept_history_without_requests_fails_the_job() -> None:
-    """An attempt that asked nothing says nothing at its end: it may have finished, and a sink
-    may hold its output, so its kept history counts as finished by its run."""
+def test_a_rerun_that_sends_fewer_events_than_a_finished_history_without_requests_fails_the_job(
+        ) -> None:
+    """Every attempt says when it finished (decision 76): a finished attempt's history is
+    bound, with or without requests of its own, once its operator's log is kept."""
     h = returning()
     h.request_from_subtask(1, "next")  # the operator answered a request: its log is kept
     for event in ("e0", "e1", "e2"):
         h.send_from_subtask(0, event)
+    h.finish_task(0)  # a sink may hold its output
     epoch = h.epoch
     h.service.close()
     rerun = _rerun(h.storage_url, epoch)
     rerun.send_from_subtask(0, "e0")
     with pytest.raises(InputRefused, match="nondeterministic subtask"):
         rerun.finish_task(0)
+    assert "after 3" in (rerun.service.failure or "")
+
+
+def test_a_rerun_continues_a_kept_history_whose_attempt_had_not_finished_when_the_driver_died(
+        ) -> None:
+    """Decision 75's deterministic job refused at every restart: subtask 1 asked (the log is
+    kept), subtask 0 sent an event and the driver died before subtask 0 asked. Its history
+    was counted as finished after 1 item, so the rerun's request was refused, run after run.
+    Only a logged finish binds a rerun now."""
+    h = returning()
+    assert h.request_from_subtask(1, "next") == 0
+    h.send_from_subtask(0, "e0")
+    epoch = h.epoch
+    h.service.close()  # the driver dies before subtask 0 asks
+    rerun = _rerun(h.storage_url, epoch)
+    rerun.send_from_subtask(0, "e0")
+    assert rerun.request_from_subtask(0, "next") == 1
+    assert rerun.finish_task(0).verdict.name == "ACCEPT"
+    assert rerun.service.failure is None
+
+
+def test_a_rerun_that_asks_where_an_earlier_runs_attempt_finished_without_asking_fails_the_job(
+        ) -> None:
+    """Decision 75's silent divergence: no subtask asked in the epoch, so the operator's log
+    is not kept, yet subtask 0's attempt finished and a sink may hold its output (with no
+    answer in it). Its finish is kept, and a rerun that asks now is refused loudly instead of
+    taking work that the sink's output will never hold."""
+    h = returning()
+    h.send_from_subtask(0, "e0")
+    h.finish_task(0)
+    epoch = h.epoch
+    h.service.close()  # the driver dies between the sink's commit and Spark's commit log
+    rerun = _rerun(h.storage_url, epoch)
+    rerun.send_from_subtask(0, "e0")
+    with pytest.raises(RequestFailed):
+        rerun.request_from_subtask(0, "next")
+    assert "nondeterministic subtask" in (rerun.service.failure or "")
+    assert "without asking any" in (rerun.service.failure or "")
+
+
+def test_a_rerun_without_requests_may_send_other_events_than_the_finished_attempt_did() -> None:
+    """Where no request was asked, the rerun's events replace the earlier run's (DESIGN rule
+    8: the log is truncated), as before: a sink task that writes files under new names
+    reports other bytes in every run."""
+    h = returning()
+    h.send_from_subtask(0, "e0")
+    h.finish_task(0)
+    h.finish_task(1)  # a task that sent nothing says so too
+    epoch = h.epoch
+    h.service.close()
+    rerun = _rerun(h.storage_url, epoch)
+    for event in ("f0", "f1"):
+        rerun.send_from_subtask(0, event)
+    assert rerun.finish_task(0).verdict.name == "ACCEPT"
+    assert rerun.finish_task(1).verdict.name == "ACCEPT"
+    assert rerun.service.failure is None
+
+
+def test_a_finish_without_a_request_still_binds_the_batch_after_a_second_restart() -> None:
+    h = returning()
+    h.finish_task(0)  # run 1: subtask 0 finished having sent nothing
+    epoch = h.epoch
+    h.service.close()
+    run2 = _rerun(h.storage_url, epoch)
+    assert run2.request_from_subtask(1, "next") == 0  # now the operator's log is kept
+    run2.service.close()  # the driver dies again before subtask 0's task ran
+    run3 = _rerun(h.storage_url, epoch)
+    with pytest.raises(RequestFailed):
+        run3.request_from_subtask(0, "next")
+    assert "without asking any" in (run3.service.failure or "")
 
 
 def test_a_registration_sent_again_is_told_the_history_length_again() -> None:
