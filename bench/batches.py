@@ -89,18 +89,31 @@ def _worker_footprint(tmp: str) -> dict[str, dict[str, float]]:
 
     plain = PlainReader(8, 125, carry=True)
     spec = SourceSpec("steady", f"{tmp}/footprint", [OperatorSpec("steady", SteadyCoordinator,
-                                                                  SteadyOperator, 8)], SCHEMA)
-    events = [cloudpickle.dumps(k) for k in range(125)]
-    tasks = {"plain": (plain, plain.partitions({"batch": 0}, {"batch": 1})[0]),
-             "coordinated": (CoordinatedStreamReader(spec), CoordinatedPartition(
-                 "steady", 0, 1, events, ("127.0.0.1", 9), b"s" * 32, "footprint"))}
+                                                                  SteadyOperator, 8)], SCHEMA,
+                      checkpoint_interval_s=0)
+    # A real driver side in this process, with a sealed epoch: every task connects once at
+    # its end to say it finished (docs/decisions.md 76), so it needs a service to talk to.
+    # Each fresh worker runs the same partition (attempt 0 again: a duplicate registration and
+    # finish, answered as such).
+    driver = CoordinatedStreamReader(spec)
+    start = driver.initialOffset()
+    part = driver.partitions(start, driver.latestOffset(start))[0]
+    assert isinstance(part, CoordinatedPartition) and len(part.events) == 125, part
     runs: dict[str, list[dict[str, float]]] = {"plain": [], "coordinated": []}
-    for _ in range(3):  # alternate fresh workers: this machine's speed drifts between processes
-        for kind, task in tasks.items():
-            proc = subprocess.run([sys.executable, "-c", textwrap.dedent(_WORKER_TASK)],
-                                  input=cloudpickle.dumps(task), capture_output=True, check=True,
-                                  timeout=120)
-            runs[kind].append(json.loads(proc.stdout))
+    try:
+        for _ in range(3):  # alternate fresh workers: this machine's speed drifts
+            tasks = {"plain": (plain, plain.partitions({"batch": 0}, {"batch": 1})[0]),
+                     "coordinated": (CoordinatedStreamReader(spec), part)}
+            for kind, task in tasks.items():
+                proc = subprocess.run([sys.executable, "-c", textwrap.dedent(_WORKER_TASK)],
+                                      input=cloudpickle.dumps(task), capture_output=True,
+                                      timeout=120)
+                if proc.returncode:
+                    raise RuntimeError(f"the {kind} footprint task failed: "
+                                       f"{proc.stderr.decode()[-2000:]}")
+                runs[kind].append(json.loads(proc.stdout))
+    finally:
+        driver.stop()
     out = {kind: {"objects": statistics.median(r["objects"] for r in rs),
                   "gc_ms": statistics.median(r["gc_ms"] for r in rs)} for kind, rs in runs.items()}
     return out
