@@ -8,7 +8,8 @@ the benchmark fails naming the package when the jar is missing) and a PostgreSQL
 (tests/postgres_server.py), PGPASSWORD exported before Spark starts.
 - ours: ``PostgresCDC`` with ``startupMode=initial`` in an ``availableNow`` run, each batch
   counted by ``foreachBatch``, from the query's start to its end (the snapshot, the hand-over,
-  the stream up to where the run started), two readers, the default chunk size;
+  the stream up to where the run started), two readers, the default chunk size; the notes list
+  each batch's rows and when its count ran (the run's batch structure);
 - Spark's: ``spark.read.jdbc`` with ``partitionColumn`` on the key, ``numPartitions`` 2 (the
   cores), the bounds the key's min and max, into the ``noop`` sink, start to end.
 Both read every column of every row; the table has an integer key, an integer, a numeric, a
@@ -46,6 +47,9 @@ def run(preset: str) -> dict[str, Any]:
     notes = [f"- {rows:,} rows, {raw['chunks']} chunks: ours {ours:.1f} s ({rows / ours:,.0f} "
              f"rows/s, {raw['ours_rows']:,} rows read), Spark's JDBC read partitioned on the key "
              f"{spark:.1f} s ({rows / spark:,.0f} rows/s, {raw['jdbc_rows']:,} rows)"]
+    if raw.get("batches"):
+        notes.append(f"- ours in {len(raw['batches'])} batches (id, rows, the batch's count "
+                     f"from-to, s since the start): {raw['batches']}")
     return {"figures": figures, "notes": notes, "raw": raw}
 
 
@@ -103,9 +107,14 @@ def _main(preset: str) -> None:
         job = CoordinatedJob(spark, os.path.join(work, "ckpt"))
         df = PostgresCDC(job).options(tables="public.big").load(url)
         counted: list[int] = []
+        #: per batch: (id, rows, start and end of its foreachBatch count, s since the start)
+        batches: list[tuple[int, int, float, float]] = []
 
         def count(batch: Any, batch_id: int) -> None:
+            begin = time.perf_counter() - started
             counted.append(batch.count())
+            batches.append((batch_id, counted[-1], round(begin, 3),
+                            round(time.perf_counter() - started, 3)))
 
         started = time.perf_counter()
         job.run(df.writeStream.foreachBatch(count).trigger(availableNow=True))
@@ -113,7 +122,7 @@ def _main(preset: str) -> None:
         spark.stop()
         print("RESULT " + json.dumps({"rows": rows, "ours_s": ours_s, "jdbc_s": jdbc_s,
                                       "ours_rows": sum(counted), "jdbc_rows": jdbc_rows,
-                                      "chunks": -(-rows // 10_000)}))
+                                      "chunks": -(-rows // 10_000), "batches": batches}))
     finally:
         server.stop()
         import shutil

@@ -30,7 +30,7 @@ def test_options_are_parsed_with_defaults_and_each_error_names_its_option() -> N
                                           "ChunkSize": "500"})
     assert opts.tables == (TableName("public", "a"), TableName("public", "b"))
     assert (opts.startup, opts.chunk_size, opts.parallelism, opts.max_chunks_per_batch,
-            opts.max_changes_per_batch, opts.poll_interval_s) == (INITIAL, 500, 2, 8, 10_000, 0.1)
+            opts.max_changes_per_batch, opts.poll_interval_s) == (INITIAL, 500, 2, 16, 10_000, 0.1)
     assert connection == {"sslmode": "disable"}  # everything else is a libpq keyword
     assert parse_cdc_options({"tables": "a", "startupMode": "LATEST"})[0].startup == LATEST
     for options, named in [({}, "'tables'"), ({"tables": "a", "startupMode": "earliest"},
@@ -65,9 +65,9 @@ def test_building_the_source_reads_the_shapes_and_ships_no_password(
     assert after["seen"].dataType.simpleString() == "timestamp"
     assert struct["op"].nullable is False
     config = spec.operator.args[0]
-    # maxChunksPerBatch (8) is each reader's: the enumerator hands out 8 per reader a batch
-    assert config.max_chunks_per_batch == 8
-    assert spec.coordinator.keywords["max_chunks_per_batch"] == 8 * spec.parallelism == 16
+    # maxChunksPerBatch (16) is each reader's: the enumerator hands out 16 per reader a batch
+    assert config.max_chunks_per_batch == 16
+    assert spec.coordinator.keywords["max_chunks_per_batch"] == 16 * spec.parallelism == 32
     assert config.slot == default_slot_name(StubJob.checkpoint_dir, "postgres")
     assert config.publication == config.slot
     # what Spark pickles and ships to its processes holds no password

@@ -1,10 +1,11 @@
 """The PostgreSQL source's enumerator (sparkcoord/sources/postgres/enumerator.py) under the
 CoordinatorHarness (manual mailboxes, manual workers, no server): chunk planning runs on a
-worker and never on the mailbox, the stream goes out only in a batch after the checkpoint that
-holds the complete snapshot, the slot is confirmed only after the batch holding the reported
-position committed, the stream reads up to a bound learned off the mailbox that joins the state
-at a boundary, an availableNow run reads to the position it started at and ends, and a restore
-from a checkpoint taken in the middle of the snapshot neither loses nor repeats a chunk."""
+worker and never on the mailbox (the first boundary waits up to a second for the set-up), the
+stream goes out in the batch of the checkpoint that holds the complete snapshot, the slot is
+confirmed only after the batch holding the reported position committed, the stream reads up to
+a bound learned off the mailbox that joins the state at a boundary, an availableNow run reads to
+the position it started at and ends, and a restore from a checkpoint taken in the middle of the
+snapshot neither loses nor repeats a chunk."""
 
 from __future__ import annotations
 
@@ -145,10 +146,14 @@ class Readers:
 
 def harness(io: FakeIO, runner: ManualRunner, slot_runner: ManualRunner, *, url: str,
             parallelism: int = 2, tables: Sequence[TableName] = (ORDERS,),
-            startup: str = "initial", available_now: bool = False) -> CoordinatorHarness:
+            startup: str = "initial", available_now: bool = False,
+            first_boundary_wait_s: float = 0.0) -> CoordinatorHarness:
+    """The enumerator under the harness; by default its first boundary does not wait for the
+    set-up (the tests that are about that wait say so)."""
     provider = functools.partial(PostgresEnumerator, io=lambda: io, tables=tuple(tables),
                                  startup=startup, plan_ahead=4, runner=runner,
-                                 slot_runner=slot_runner, poll_interval_s=0.5)
+                                 slot_runner=slot_runner, poll_interval_s=0.5,
+                                 first_boundary_wait_s=first_boundary_wait_s)
     h = CoordinatorHarness(provider, parallelism, storage_url=url, available_now=available_now)
     io.harness = h
     return h
@@ -192,6 +197,65 @@ def test_chunk_planning_runs_on_a_worker_never_on_the_mailbox_and_never_delays_a
     assert not any(io.on_mailbox)
 
 
+def seal(h: CoordinatorHarness, future: Any) -> None:
+    """Seal a checkpoint the test triggered itself (as ``h.checkpoint()`` does)."""
+    record = h.service.seal(future.result())
+    h.service.inbox.epoch_logged(record.epoch)
+    h.run()
+
+
+def test_the_first_boundary_waits_for_the_set_up_so_that_the_first_batch_reads_chunks(
+        tmp_path: Any) -> None:
+    """Decision 77: the set-up's cycle (publication, slot, the first chunks) joins at the
+    first boundary when it arrives within ``first_boundary_wait_s``; a slower one joins at the
+    next boundary, and no later boundary waits for planning."""
+    io = FakeIO({ORDERS: list(range(1000))}, chunk_size=10)
+    runner, slot_runner = ManualRunner(), ManualRunner()
+    h = harness(io, runner, slot_runner, url=f"file://{tmp_path}/ckpt",
+                first_boundary_wait_s=1.0)
+    h.start()
+    first = h.trigger_checkpoint()
+    h.run()
+    assert not first.done() and io.set_ups == 0  # waits for the worker
+    runner.run_all()  # the set-up and the first chunks, on the worker
+    h.run()
+    assert first.done() and first.exception() is None
+    seal(h, first)
+    chunk = h.request_from_subtask(0, NextChunk())  # the first batch reads
+    assert isinstance(chunk, SnapshotChunk) and chunk.index == 0
+    assert not any(io.on_mailbox)
+    # later boundaries never wait for planning
+    for _ in range(3):
+        h.request_from_subtask(1, NextChunk())
+    assert len(runner.queued) == 1  # a cycle for more chunks waits on the worker
+    h.commit()
+    assert h.checkpoint() is not None and len(runner.queued) == 1
+
+
+def test_the_first_boundary_waits_for_the_set_up_only_so_long(tmp_path: Any) -> None:
+    io = FakeIO({ORDERS: list(range(1000))}, chunk_size=10)
+    runner, slot_runner = ManualRunner(), ManualRunner()
+    h = harness(io, runner, slot_runner, url=f"file://{tmp_path}/ckpt",
+                first_boundary_wait_s=1.0)
+    h.start()
+    first = h.trigger_checkpoint()
+    h.run()
+    h.clock.advance(0.9)
+    h.run()
+    assert not first.done()
+    h.clock.advance(0.1)  # the wait ran out: the boundary completes without the set-up
+    h.run()
+    assert first.done() and first.exception() is None
+    seal(h, first)
+    assert h.request_from_subtask(0, NextChunk()) == NoSplitNow()
+    runner.run_all()  # the slow set-up arrives: it joins at the next boundary
+    h.run()
+    h.commit()
+    assert h.checkpoint() is not None
+    chunk = h.request_from_subtask(0, NextChunk())
+    assert isinstance(chunk, SnapshotChunk) and chunk.index == 0
+
+
 def test_planning_keeps_two_batches_of_chunks_pending_at_the_per_batch_limit(
         tmp_path: Any) -> None:
     """Planned chunks join at boundaries (rule 2): with fewer pending than a batch may take,
@@ -227,8 +291,11 @@ def drive(h: CoordinatorHarness, runner: ManualRunner, readers: Readers,
     raise AssertionError("the enumerator never got there")
 
 
-def test_the_stream_goes_out_only_in_a_batch_after_the_checkpoint_holding_the_whole_snapshot(
+def test_the_stream_goes_out_in_the_batch_of_the_checkpoint_holding_the_whole_snapshot(
         tmp_path: Any) -> None:
+    """Not earlier: the batch whose requests complete the snapshot gets no stream. Not later
+    (decision 77): that checkpoint's batch runs only after the batches holding every snapshot
+    row and report committed, so a batch more would do nothing."""
     io = FakeIO({ORDERS: list(range(50)), USERS: list(range(0, 300, 7))}, chunk_size=10)
     runner, slot_runner = ManualRunner(), ManualRunner()
     h = harness(io, runner, slot_runner, url=f"file://{tmp_path}/ckpt", tables=(ORDERS, USERS))
@@ -243,13 +310,8 @@ def test_the_stream_goes_out_only_in_a_batch_after_the_checkpoint_holding_the_wh
     # has anything left to ask for)
     assert h.service.wants_batch()
     h.checkpoint()  # the boundary that holds the complete snapshot
-    done_at = h.epoch
     assert status(h)["phase"] == "hand-over"
-    assert h.request_from_subtask(0, NextChunk()) == NoSplitNow()  # still that checkpoint's batch
-    h.commit()
-    h.checkpoint()
-    assert h.epoch > done_at
-    stream = h.request_from_subtask(1, NextChunk())
+    stream = h.request_from_subtask(1, NextChunk())  # that checkpoint's batch
     assert isinstance(stream, StreamSplit) and stream.filter is not None
     hws = dict(hw for hws in [readers.unreported[0], readers.unreported[1]] for hw in hws)
     assert hws == {}  # everything was reported
@@ -275,10 +337,7 @@ def stream_out(h: CoordinatorHarness, runner: ManualRunner) -> StreamSplit:
     """A ``latest`` source's stream, handed to subtask 0."""
     runner.run_all()
     h.run()
-    h.checkpoint()  # the slot exists at this boundary
-    assert h.request_from_subtask(0, NextChunk()) == NoSplitNow()
-    h.commit()
-    h.checkpoint()
+    h.checkpoint()  # the slot exists at this boundary: the stream goes out in its batch
     stream = h.request_from_subtask(0, NextChunk())
     assert isinstance(stream, StreamSplit)
     return stream
@@ -433,6 +492,32 @@ def test_an_available_now_run_reads_the_stream_to_where_it_started_and_then_asks
     slot_runner.run_all()
     h.run()
     assert not h.coordinator._work_left()  # type: ignore[attr-defined]
+
+
+def test_an_available_now_snapshot_ends_with_the_batch_that_hands_the_stream_out(
+        tmp_path: Any) -> None:
+    """Decision 77: the boundary that completes the snapshot hands the stream out in its own
+    batch and asks for no other; a run whose stream starts past its end then ends there, also
+    while the slot worker has yet to confirm the stream's start."""
+    io = FakeIO({ORDERS: list(range(40))}, chunk_size=10)
+    io.insert_lsn = 900  # the run's end: before every chunk's high watermark (from 1000 on)
+    runner, slot_runner = ManualRunner(), ManualRunner()
+    h = harness(io, runner, slot_runner, url=f"file://{tmp_path}/ckpt", available_now=True)
+    h.start()
+    slot_runner.run_all()  # the run's end, learned at its start
+    h.run()
+    readers = Readers(2)
+    drive(h, runner, readers, lambda answers: any(isinstance(a, StreamSplit) for a in answers))
+    # batch 0 reads the 4 chunks, batch 1 emits and reports them, batch 2 reads the stream
+    assert h.epoch == 2 and sorted(readers.read) == [f"public.orders#{i}" for i in range(4)]
+    assert not h.service.wants_batch()  # the run ends here
+    # a boundary before the slot worker confirmed the start asks for no batch either
+    assert len(slot_runner.queued) == 1
+    h.checkpoint()
+    assert not h.service.wants_batch()
+    slot_runner.run_all()
+    h.run()
+    assert io.advanced == [1007] and not h.service.wants_batch()
 
 
 def test_a_restore_from_a_checkpoint_mid_snapshot_neither_loses_nor_repeats_a_chunk(

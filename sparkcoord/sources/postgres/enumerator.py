@@ -17,18 +17,25 @@ Rules:
      planners' frontiers, the pending chunks and each table's chunk boundaries change
      together there, so a restore neither loses nor repeats a chunk: pending chunks go out
      again from the state, chunks in flight stay with the readers that have them (their
-     state), planning resumes at the frontier.
+     state), planning resumes at the frontier. One boundary waits for a worker: the first
+     one while the set-up's cycle (publication, slot, the first chunks) runs, for up to
+     ``first_boundary_wait_s`` (1 s), so the run's first batch reads chunks instead of
+     finding none (decision 77); it completes from the mailbox when the cycle's result or
+     the timer comes, and a slower set-up joins at the next boundary as any cycle does.
   3. A reader reports a finished chunk with its high watermark in a later batch's request
      (splits.py rule 3); the enumerator records it in the table's :class:`ChunkProgress`
      (watermarks.py rule 6). At the first boundary ``k`` after every chunk of every table is
      planned and reported, the state builds the :class:`StreamSplit` (the map, and the least
      high watermark as the start) and drops the per-chunk progress; the stream goes out to
-     the first reader that asks in a batch after ``k`` (``epoch > k``): Spark runs batch
-     ``k + 1`` only after batch ``k`` committed, so the checkpoint holding the complete
-     snapshot completed first (Flink CDC waits for the same). Once handed out, the map lives
-     in the reader only; the enumerator's state is a few numbers (watermarks.py rule 5).
+     the first reader that asks in the batch of ``k`` or a later one (``epoch >= k``): the
+     reports arrived in requests of batches before ``k``, and Spark runs batch ``k`` only
+     after those batches committed, so every snapshot row is in the sink and every report
+     is in a completed checkpoint before the stream is read (Flink CDC waits for the same;
+     until decision 77 the stream waited for batch ``k + 1``, a batch that did nothing).
+     Once handed out, the map lives in the reader only; the enumerator's state is a few
+     numbers (watermarks.py rule 5).
      Startup mode ``latest`` reads no snapshot: the stream (no map, from the slot's confirmed
-     position) goes out after the first boundary at which the slot exists.
+     position) goes out in the batch of the first boundary at which the slot exists.
   4. The slot is confirmed (``replication.advance``) only in ``notify_checkpoint_complete``:
      the position a :class:`NextStreamRead` reported in the batch of epoch ``e`` (where the
      reader's previous batch read to) is confirmed once a checkpoint ``>= e`` is notified
@@ -108,6 +115,9 @@ log = logging.getLogger("sparkcoord.sources.postgres")
 
 INITIAL, LATEST = "initial", "latest"
 STARTUP_MODES = (INITIAL, LATEST)
+
+#: how long the first boundary waits for the set-up's planning cycle (rule 2)
+FIRST_BOUNDARY_WAIT_S = 1.0
 
 
 class EnumeratorIO(abc.ABC):
@@ -193,6 +203,7 @@ class PostgresEnumerator(OperatorCoordinator):
                  tables: Sequence[TableName], *, startup: str = INITIAL,
                  plan_ahead: int | None = None, max_chunks_per_batch: int | None = None,
                  poll_interval_s: float = 0.1,
+                 first_boundary_wait_s: float = FIRST_BOUNDARY_WAIT_S,
                  runner: Callable[[Callable[[], None]], None] = run_on_thread,
                  slot_runner: Callable[[Callable[[], None]], None] = run_on_thread) -> None:
         super().__init__(context)
@@ -208,6 +219,7 @@ class PostgresEnumerator(OperatorCoordinator):
             raise ValueError(f"poll_interval_s must be positive, got {poll_interval_s}")
         self._make_io = io
         self.poll_interval_s = poll_interval_s
+        self.first_boundary_wait_s = first_boundary_wait_s
         self.tables = tuple(tables)
         self.startup = startup
         # enough pending for two batches at the per-batch limit: planning joins at boundaries
@@ -240,6 +252,8 @@ class PostgresEnumerator(OperatorCoordinator):
         self._run_end: int | None = None
         #: captured tables found unpublished, and an insert position after that (rule 7)
         self._unpublished: tuple[tuple[TableName, ...], int] | None = None
+        #: the first boundary, waiting for the set-up's cycle (rule 2): id, future, timer
+        self._deferred: tuple[int, Future[Any], Any] | None = None
 
     # ------------------------------------------------------------------ lifecycle (mailbox)
     def reset_to_checkpoint(self, checkpoint_id: int, state: Any) -> None:
@@ -272,6 +286,9 @@ class PostgresEnumerator(OperatorCoordinator):
         self._closed = True
         if self._poll is not None:
             self._poll.cancel()
+        if self._deferred is not None:
+            self._deferred[2].cancel()
+            self._deferred = None
         io = self._io
 
         def release() -> None:
@@ -333,17 +350,46 @@ class PostgresEnumerator(OperatorCoordinator):
             return
         self._ready.append(result)
         self.context.request_batch()  # a boundary applies it (rule 2); its batch hands it out
+        self._complete_deferred()  # the first boundary waited for this cycle
 
     def _failed(self, what: str, error: BaseException) -> None:
         self._planning = False
         if self._closed:
             return
+        self._complete_deferred()
         self.context.fail_job(RuntimeError(
             f"PostgreSQL source {self.context.operator_id!r}: {what} failed: "
             f"{type(error).__name__}: {error}"))
 
     # ------------------------------------------------------------------ checkpoints (rule 2)
     def checkpoint_coordinator(self, checkpoint_id: int, result: Future[Any]) -> None:
+        if (self._deferred is None and self._planning and self.first_boundary_wait_s > 0
+                and not self.state.set_up and not any(r.set_up for r in self._ready)):
+            # the set-up's cycle runs: the first batch would find no chunk (rule 2)
+            timer = self.context.call_periodically(self.first_boundary_wait_s,
+                                                   self._complete_deferred)
+            self._deferred = (checkpoint_id, result, timer)
+            return
+        self._checkpoint(checkpoint_id, result)
+
+    def _complete_deferred(self) -> None:
+        """The first boundary, once the set-up's cycle arrived or the wait ran out (mailbox)."""
+        deferred, self._deferred = self._deferred, None
+        if deferred is None:
+            return
+        checkpoint_id, result, timer = deferred
+        timer.cancel()
+        if not self._closed and not result.done():
+            self._checkpoint(checkpoint_id, result)
+
+    def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
+        if self._deferred is not None and self._deferred[0] == checkpoint_id:
+            self._deferred[2].cancel()
+            self._deferred = None
+        if not self._closed and self._work_left():
+            self.context.request_batch()  # that boundary's batch does not run: another one
+
+    def _checkpoint(self, checkpoint_id: int, result: Future[Any]) -> None:
         state = self.state
         for planned in self._ready:
             if planned.set_up:
@@ -367,12 +413,12 @@ class PostgresEnumerator(OperatorCoordinator):
                 flt = StreamFilter.of({t: p.chunk_map() for t, p in state.progress.items()})
                 state.stream = StreamSplit(start=flt.min_hw, filter=flt)
                 log.info("PostgreSQL source %s: the snapshot is complete (%d chunks); the "
-                         "stream goes out after checkpoint %d", self.context.operator_id,
-                         state.chunks_finished, checkpoint_id)
+                         "stream goes out in the batch of checkpoint %d",
+                         self.context.operator_id, state.chunks_finished, checkpoint_id)
             else:
                 state.stream = StreamSplit()
             state.progress = {}
-            self.context.request_batch()
+            # no request_batch: this boundary's own batch hands the stream out (rule 3)
         state.stream_bound = max(state.stream_bound, self._learned_bound)
         state.reported = {e: p for e, p in state.reported.items() if e > self._committed}
         state.confirmed = self._confirmed
@@ -413,7 +459,7 @@ class PostgresEnumerator(OperatorCoordinator):
             self.context.request_batch()  # e.g. the last report: a boundary completes the snapshot
         stream = state.stream
         if (stream is not None and state.snapshot_done_at is not None
-                and self._epoch > state.snapshot_done_at):
+                and self._epoch >= state.snapshot_done_at):
             state.stream, state.stream_owner = None, subtask
             if stream.start:
                 # rule 4: every transaction ending at or before the start is in the snapshot,
@@ -529,7 +575,11 @@ class PostgresEnumerator(OperatorCoordinator):
             return False
         if self._run_end is None:
             return True
-        read = max([self.state.confirmed, self._confirmed, *self.state.reported.values()])
+        # a reported position leaves ``reported`` once its batch committed, possibly before
+        # the slot worker confirmed it: the committed target counts too, else a batch or two
+        # more run for nothing while the advance is on its way
+        read = max([self.state.confirmed, self._confirmed, self._advance_target,
+                    *self.state.reported.values()])
         return read < self._run_end
 
     def handle_event_from_operator(self, subtask: int, attempt: int, event: Any) -> None:

@@ -21,7 +21,7 @@ Options (strings, as every PySpark source's; names case-insensitive):
   location and source name); created when missing;
 - ``parallelism``: readers (default 2); ``maxChangesPerBatch`` (default 10000);
   ``maxChunksPerBatch`` (chunks one reader reads in a batch, held in its checkpointed state
-  until the next batch emits them; default 8);
+  until the next batch emits them; default 16);
   ``pollInterval``: how often a streaming source looks for changes (default ``100ms``);
 - any libpq connection keyword (``host``, ``port``, ``user``, ``password``, ``sslmode``...)
   overrides the URL's.
@@ -69,7 +69,7 @@ class CdcOptions:
     publication: str | None = None
     parallelism: int = 2
     max_changes_per_batch: int = 10_000
-    max_chunks_per_batch: int = 8
+    max_chunks_per_batch: int = 16
     poll_interval_s: float = 0.1
 
 
@@ -111,7 +111,7 @@ def parse_cdc_options(options: dict[str, str]) -> tuple[CdcOptions, dict[str, st
         parallelism=parse_int("parallelism", ours.get("parallelism", "2")),
         max_changes_per_batch=parse_int("maxChangesPerBatch",
                                         ours.get("maxchangesperbatch", "10000")),
-        max_chunks_per_batch=parse_int("maxChunksPerBatch", ours.get("maxchunksperbatch", "8")),
+        max_chunks_per_batch=parse_int("maxChunksPerBatch", ours.get("maxchunksperbatch", "16")),
         poll_interval_s=parse_seconds("pollInterval", ours.get("pollinterval", "100ms")))
     if parsed.poll_interval_s <= 0:
         raise ValueError(f"option 'pollInterval': must be positive, got "
