@@ -32,17 +32,26 @@ def test_a_subtask_task_runs_without_importing_fsspec_or_the_drivers_modules(tmp
     from sparkcoord.spark.spec import CoordinatedPartition, OperatorSpec, SourceSpec
 
     spec = SourceSpec("steady", str(tmp_path / "coordination"),
-                      [OperatorSpec("steady", SteadyCoordinator, SteadyOperator, 2)], SCHEMA)
-    reader = cloudpickle.dumps(CoordinatedStreamReader(spec))
-    # events for subtask 1 of epoch 4; the operator reports nothing, so no connection is made
-    partition = cloudpickle.dumps(CoordinatedPartition(
-        "steady", 1, 4, [cloudpickle.dumps(k) for k in (7, 9)], ("127.0.0.1", 9), b"s" * 32, "run"))
-    loaded = modules_after(f"""
-        import pickle
-        reader = pickle.loads({reader!r})
-        rows = list(reader.read(pickle.loads({partition!r})))
-        assert rows == [("steady", 1, 7, 7, 4), ("steady", 1, 9, 9, 4)], rows
-    """)
+                      [OperatorSpec("steady", SteadyCoordinator, SteadyOperator, 2)], SCHEMA,
+                      checkpoint_interval_s=0)
+    # A real driver side in this process with a sealed epoch: the task talks to it once, at
+    # its end, to say it finished (docs/decisions.md 76)
+    driver = CoordinatedStreamReader(spec)
+    try:
+        start = driver.initialOffset()
+        part = driver.partitions(start, driver.latestOffset(start))[1]
+        assert isinstance(part, CoordinatedPartition) and part.index == 1 and part.events
+        reader = cloudpickle.dumps(CoordinatedStreamReader(spec))
+        partition = cloudpickle.dumps(part)
+        expected = [("steady", 1, v, v, part.epoch) for v in range(len(part.events))]
+        loaded = modules_after(f"""
+            import pickle
+            reader = pickle.loads({reader!r})
+            rows = list(reader.read(pickle.loads({partition!r})))
+            assert rows == {expected!r}, rows
+        """)
+    finally:
+        driver.stop()
     assert "sparkcoord.spark.subtask" in loaded  # the task really ran the subtask runtime
     assert not loaded & set(DRIVER_ONLY), sorted(loaded & set(DRIVER_ONLY))
 
