@@ -118,7 +118,8 @@ class RefusedMidBatch(OpensBadly):
 
 def run_real_subtask(operator, tmp_path) -> list:
     """Rows of ``operator`` run by the real ``run_subtask`` (no Spark, no connection: a first
-    attempt registers lazily, and these operators send nothing)."""
+    attempt registers lazily, and these operators send nothing and fail before their end,
+    where a task says it finished)."""
     from sparkcoord.spark.spec import CoordinatedPartition, OperatorSpec, SourceSpec
     from sparkcoord.spark.subtask import run_subtask
 
