@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pickle
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -48,23 +49,39 @@ def running(tmp_path) -> Iterator[tuple[CoordinationService, ChannelServer]]:
     service.close()
 
 
+class _ClientTime:
+    """What ``sparkcoord.channel.client`` sees as its ``time`` module while a test records its
+    sleeps: the real module but for ``sleep``."""
+
+    def __init__(self, sleep: Any) -> None:
+        self.sleep = sleep
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
 def record_sleeps(monkeypatch: Any) -> list[float]:
-    """The sleeps (seconds) of this test's threads (its own, and the thread
-    :func:`parked_request_when_failing` asks from), recorded instead of slept. ``time`` is one
-    module for every thread: a thread an earlier test left behind (a client retrying a
-    closed channel) sleeps for real, or its retry loop would spin and flood the record (seen
-    in CI: 325,954 sleeps of 1 s)."""
+    """The channel client's sleeps (seconds) in this test's threads (its own, and the thread
+    :func:`parked_request_when_failing` asks from), recorded instead of slept.
+
+    Only the client module's name ``time`` is replaced, never the ``time`` module itself:
+    ``time.sleep`` is one function for every thread of the process, and patched there the
+    record took in every other thread's sleep, which no longer slept and so spun. That is what
+    failed test_driver_side in CI with 325,954 recorded sleeps of 1 s: py4j's
+    ``FinalizerWorker`` thread (``Thread-1``, started with the first in-process SparkSession
+    and alive for the rest of the process, by py4j's design) polls its queue with
+    ``time.sleep(1)``. A client thread of an earlier test would sleep for real here (none
+    outlives its test: tests/conftest.py fails one that does)."""
     slept: list[float] = []
-    real = client_module.time.sleep
 
     def sleep(seconds: float) -> None:
         current = threading.current_thread()
         if current is threading.main_thread() or current.name.endswith("(ask)"):
             slept.append(seconds)
         else:
-            real(seconds)
+            time.sleep(seconds)
 
-    monkeypatch.setattr(client_module.time, "sleep", sleep)
+    monkeypatch.setattr(client_module, "time", _ClientTime(sleep))
     return slept
 
 
@@ -160,3 +177,30 @@ def test_a_refusal_without_a_job_failure_fails_at_once_with_the_whole_reason(
     with pytest.raises(ChannelRejected, match="not the current run"):
         ChannelClient(server.address, SECRET, stale).register()
     assert sleeps == []  # nothing to wait for: no job runner will cancel this task
+
+
+def test_the_record_takes_the_clients_sleeps_and_no_other_module_stops_sleeping(
+        monkeypatch) -> None:
+    # Regression: the record replaced time.sleep for the whole process, so py4j's finalizer
+    # thread (time.sleep(1) while its queue is empty, alive after any in-process SparkSession)
+    # spun and flooded the record: 325,954 sleeps of 1 s in test_driver_side in CI
+    slept = record_sleeps(monkeypatch)
+    polls: list[float] = []
+    stop = threading.Event()
+
+    def poll() -> None:  # a thread of another library polling the way py4j's does
+        while not stop.is_set():
+            polls.append(time.monotonic())
+            time.sleep(0.05)
+
+    poller = threading.Thread(target=poll, name="Thread-1", daemon=True)
+    poller.start()
+    started = time.monotonic()
+    time.sleep(0.3)  # the test's own, outside the client: slept for real, not recorded
+    client_module.time.sleep(60)  # the client's: recorded, not slept
+    stop.set()
+    poller.join(10)
+    assert slept == [60]
+    assert 0.3 <= time.monotonic() - started < 30
+    assert 1 <= len(polls) <= 20, len(polls)  # it slept: 0.3 s is about 6 polls, not thousands
+    assert client_module.time.monotonic() > 0  # the rest of the module is the real one
