@@ -24,7 +24,6 @@ Thread model: none (functions of Arrow tables).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,12 +114,3 @@ def reduce_changes(staged: Any, table: str) -> Reduced:
     return Reduced(rows.cast(pa.schema([*columns, pa.field(OP_COLUMN, pa.string())])),
                    truncated)
 
-
-def merge_clauses(columns: Sequence[str], keys: Sequence[str]) -> dict[str, Any]:
-    """The merge's predicate and column maps (delta-rs SQL, identifiers quoted)."""
-    def q(name: str) -> str:
-        return '"' + name.replace('"', '""') + '"'
-
-    return {"predicate": " AND ".join(f"t.{q(k)} = s.{q(k)}" for k in keys),
-            "set": {q(c): f"s.{q(c)}" for c in columns},
-            "deleted": f"s.{q(OP_COLUMN)} = 'd'", "put": f"s.{q(OP_COLUMN)} != 'd'"}

@@ -9,8 +9,12 @@ its commit worker thread, after an epoch's commit and once at start (the orphan 
 
 Rules:
   1. Only ours: a file is a candidate only if its name parses as one of our data files
-     (``files.py`` rule 1) *with this job's id*. Anything else in the table's location (the
-     table's own metadata, another writer's or another job's files) is never touched.
+     (``files.py`` rule 1) or as a file one of our ``merge`` commits wrote
+     (``mergefiles.py`` rule 1), *with this job's id*. Anything else in the table's location
+     (the table's own metadata, another writer's or another job's files) is never touched.
+     A merge file is seen only by the sweep at start (rule 4: the listing after a commit
+     asks for the tasks' prefix), which holds every file the table references: one the
+     table does not is what a commit killed before its transaction landed left behind.
   2. Only final epochs: a file of epoch E is a candidate only once the batch of E committed in
      Spark (E <= ``final_through``). Until then its batch may still report it (a running
      attempt, or a restore replaying the batch's logged reports), and a reported file may be
@@ -34,6 +38,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from sparkcoord.sinks.files import DATA_DIR, check_job_id, parse_file_name
+from sparkcoord.sinks.mergefiles import parse_merge_name
 
 
 def files_to_delete(job_id: str, listed: Iterable[str], *, final_through: int,
@@ -43,7 +48,8 @@ def files_to_delete(job_id: str, listed: Iterable[str], *, final_through: int,
     keep = set(held)
     out = []
     for path in listed:
-        name = parse_file_name(posixpath.basename(path))
+        base = posixpath.basename(path)
+        name = parse_file_name(base) or parse_merge_name(base)
         if name is None or name.job_id != job_id:
             continue  # rule 1
         if name.epoch > final_through:

@@ -17,10 +17,20 @@ Rules:
      epoch's files and transactions), from the sink's Arrow schema, so a job whose first epochs
      are empty leaves no table behind.
   4. Mode ``append`` adds the reported files; mode ``merge`` (a change stream, issue 28 item
-     6) merges the epoch's reduced changes by key (``changes.py``) with delta-rs's merge,
-     whose commit carries the same application transactions, so it is fenced and
-     idempotent per epoch alike; the reported files are then staging files the table never
-     references (cleanup deletes them after the commit).
+     6) applies the epoch's reduced changes by key (``changes.py``) by copy-on-write
+     (``mergefiles.py`` rule 3): the current files holding a changed key (pruned by their
+     add actions' key statistics, then read) are removed and rewritten without those rows,
+     the rows put are added as new files, in the epoch's one transaction with the same
+     application transactions, so it is fenced and idempotent per epoch alike. Not
+     delta-rs's merge: it names the files it writes its own way, and a driver killed before
+     its commit would leave them where no sweep may tell them from another writer's; ours
+     are named ``sc-<job>.m<epoch>...`` and the sweep at the next start deletes them
+     (``cleanup.py`` rule 1). Not retried by delta-rs over a commit that landed meanwhile
+     (``max_commit_retries=0``, as rule 5: a removed file may have changed); a table whose
+     protocol allows deletion vectors is refused (``ChangeStreamError``, the job fails
+     naming it): a rewrite of the raw files would bring deleted rows back. The reported
+     files are staging files the table never references (cleanup deletes them after the
+     commit).
   5. Compaction (``compaction.py`` rule 4, mode ``append``): an epoch's commit carries its
      swaps too, a remove action per input and an add action per output, both with
      ``dataChange`` false (the table's rows do not change: a streaming reader of the table
@@ -47,9 +57,10 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from sparkcoord.sinks.changes import Reduced, merge_clauses
+from sparkcoord.sinks.changes import OP_COLUMN, ChangeStreamError, Reduced
 from sparkcoord.sinks.fencing import ALREADY_COMMITTED, COMMIT, NO_EPOCH, Decision, EpochFence
 from sparkcoord.sinks.files import DataFile, check_job_id
+from sparkcoord.sinks.mergefiles import KeyRange, MergeFileWriter, files_to_rewrite
 from sparkcoord.sinks.target import check_table_schema
 
 #: Keys of the commit info (rule 1).
@@ -163,8 +174,8 @@ class DeltaCommitter:
 
     def merge(self, epoch: int, load: Callable[[], Reduced], keys: Sequence[str]
               ) -> Decision:
-        """Merge ``epoch``'s reduced changes (``load()``, called only when the epoch is to be
-        committed) into the table by ``keys`` in one transaction
+        """Apply ``epoch``'s reduced changes (``load()``, called only when the epoch is to be
+        committed) to the table by ``keys`` in one copy-on-write transaction
         (rule 4: mode ``merge``; ``changes.py``), unless the table holds the epoch (commit
         worker thread; idempotent per epoch, fenced as :meth:`commit`). A missing table is
         created empty first (a commit of its own, carrying no epoch)."""
@@ -180,19 +191,70 @@ class DeltaCommitter:
             table = self._load()
             if table is None:
                 raise RuntimeError(f"Delta table {self.table_uri}: not there after creating it")
-        clauses = merge_clauses(self.schema.names, keys)
-        merger = (table.merge(source=changes.rows, predicate=clauses["predicate"],
-                              source_alias="s", target_alias="t",
-                              commit_properties=properties)
-                  .when_matched_delete(predicate=clauses["deleted"])
-                  .when_matched_update(updates=clauses["set"], predicate=clauses["put"])
-                  .when_not_matched_insert(updates=clauses["set"], predicate=clauses["put"]))
-        if changes.truncated:
-            merger = merger.when_not_matched_by_source_delete()
-        merger.execute()
+        features = table.protocol().reader_features or []
+        if "deletionVectors" in features:
+            # a rewrite of the raw files would bring back the rows their vectors delete
+            raise ChangeStreamError(
+                f"Delta table {self.table_uri}: mode 'merge' rewrites data files and cannot work "
+                "on a table whose protocol allows deletion vectors (delta.enableDeletionVectors)")
+        actions = self._merge_actions(table, epoch, changes, keys)
+        properties.max_commit_retries = 0  # rule 4: fail, never rebase a rewrite
+        table.create_write_transaction(actions, "append", table.schema(),
+                                       commit_properties=properties)
         assert self._fence is not None
         self._fence.committed(epoch)
         return COMMIT
+
+    def _merge_actions(self, table: Any, epoch: int, changes: Reduced,
+                       keys: Sequence[str]) -> list[Any]:
+        """Rule 4's copy-on-write (``mergefiles.py`` rule 3): the remove actions of the
+        current files holding a changed key (every file after a truncate) and the add actions
+        of their rewrites without those rows and of the rows put, written as merge files."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+        import pyarrow.parquet as pq
+        from deltalake.transaction import RemoveAction
+        from fsspec.core import url_to_fs
+
+        from sparkcoord.sinks.target import storage_options_for
+
+        options = (self.fsspec_options if self.fsspec_options is not None else
+                   storage_options_for("fsspec", self.storage_options))
+        writer = MergeFileWriter(self.table_uri, self.job_id, epoch, self.schema,
+                                 storage_options=options)
+        ops = changes.rows.column(OP_COLUMN)
+        changed = changes.rows.select(list(keys))
+        candidates = files_to_rewrite(
+            _key_ranges(table, keys),
+            list(zip(*(changed.column(k).to_pylist() for k in keys), strict=True)),
+            truncated=changes.truncated)
+        fs, root = url_to_fs(self.table_uri, **options)
+        now = int(time.time() * 1000)
+        removes: list[Any] = []
+        try:
+            for f in candidates:
+                if not changes.truncated:
+                    with fs.open(f"{str(root).rstrip('/')}/{f.path}", "rb") as handle:
+                        rows = pq.read_table(handle).select(self.schema.names).cast(
+                            self.schema)
+                    marked = rows.select(list(keys)).append_column(
+                        "__row", pa.array(range(rows.num_rows), pa.int64()))
+                    hit = marked.join(changed, list(keys), join_type="left semi")
+                    if hit.num_rows == 0:
+                        continue  # its bounds overlap the changed keys, its rows do not
+                    drop = pc.is_in(marked.column("__row"), value_set=hit.column("__row"))
+                    kept = rows.filter(pc.invert(drop))
+                    if kept.num_rows:
+                        writer.write(kept)
+                removes.append(RemoveAction(f.path, True, now, f.size))
+            puts = changes.rows.filter(pc.not_equal(ops, "d")).drop_columns([OP_COLUMN])
+            if puts.num_rows:
+                writer.write(puts.select(self.schema.names).cast(self.schema))
+            written = writer.close()
+        except BaseException:
+            writer.abort()  # best effort; a kill leaves them to the sweep (merge names)
+            raise
+        return removes + [add_action(f) for f in written]
 
     def _decide(self, epoch: int) -> tuple[Decision, Any, Any]:
         """Rule 2: the fence's decision for ``epoch`` on the table as it is now, the table
@@ -295,6 +357,36 @@ class DeltaCommitter:
                     if row and row.get("path"):
                         removed.add(_unquote(row["path"]))
         return removed
+
+
+def _key_ranges(table: Any, keys: Sequence[str]) -> list[KeyRange]:
+    """The table's current files with the bounds of the key columns their add actions'
+    statistics carry (``None`` where a file has none: it may hold any key)."""
+    import pyarrow as pa
+
+    adds = pa.table(table.get_add_actions(flatten=True))
+    names = set(adds.column_names)
+    if not all(f"min.{k}" in names and f"max.{k}" in names for k in keys):
+        lows: list[Any] = [None] * adds.num_rows
+        highs: list[Any] = [None] * adds.num_rows
+    else:
+        lows = list(zip(*(adds.column(f"min.{k}").to_pylist() for k in keys), strict=True))
+        highs = list(zip(*(adds.column(f"max.{k}").to_pylist() for k in keys), strict=True))
+    return [KeyRange(str(p), int(b), lo, None if _maybe_truncated(hi) else hi)
+            for p, b, lo, hi in zip(adds.column("path").to_pylist(),
+                                    adds.column("size_bytes").to_pylist(), lows, highs,
+                                    strict=True)]
+
+
+#: Writers may cut a string statistic to a prefix (Delta's writers keep 32 characters); a
+#: prefix is still a lower bound, but as an upper bound it may exclude keys the file holds.
+_STATS_PREFIX = 32
+
+
+def _maybe_truncated(high: tuple[Any, ...] | None) -> bool:
+    """Whether an upper key bound may be a cut string (the file then may hold any key)."""
+    return high is not None and any(isinstance(v, (str, bytes)) and len(v) >= _STATS_PREFIX
+                                    for v in high)
 
 
 def _unquote(path: str) -> str:

@@ -29,7 +29,10 @@ Rules:
   5. Mode ``append`` adds the reported files; mode ``merge`` (a change stream, issue 28 item
      6) applies the epoch's reduced changes by key (``changes.py``) in the epoch's one
      transaction: a delete by key filter (every row after a truncate), then pyiceberg's upsert
-     of the rows put; the same summary and properties fence it.
+     of the rows put; the same summary and properties fence it. The data files pyiceberg
+     writes for it are named ``sc-<job>.m<epoch>...`` by :class:`MergeLocationProvider`
+     (``mergefiles.py`` rules 1-2), so a driver killed before the snapshot landed leaves
+     files the sweep at the next start deletes (``cleanup.py`` rule 1).
   6. Compaction (``compaction.py`` rule 4, mode ``append``): an epoch with swaps commits one
      overwrite snapshot instead of the fast append: the inputs' entries of the current
      snapshot deleted, the outputs and the epoch's files added (pyiceberg has no "replace"
@@ -49,9 +52,12 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from pyiceberg.table.locations import LocationProvider
+
 from sparkcoord.sinks.changes import OP_COLUMN, Reduced
 from sparkcoord.sinks.fencing import ALREADY_COMMITTED, COMMIT, NO_EPOCH, Decision, EpochFence
-from sparkcoord.sinks.files import DataFile, check_job_id
+from sparkcoord.sinks.files import DATA_DIR, DataFile, check_job_id
+from sparkcoord.sinks.mergefiles import merge_file_name
 from sparkcoord.sinks.target import check_table_schema
 
 #: Keys of a snapshot's summary (rule 1).
@@ -190,6 +196,7 @@ class IcebergCommitter:
         puts = changes.rows.filter(pc.not_equal(ops, "d")).drop_columns([OP_COLUMN])
         deleted = changes.rows.filter(pc.equal(ops, "d"))
         summary = self._summary(epoch)
+        table = with_merge_names(table, self.job_id, epoch)
         with table.transaction() as tx:
             self._mark(tx, epoch)
             if changes.truncated:
@@ -288,6 +295,39 @@ def _without_commit_retries(table: Any) -> Any:
     from pyiceberg.table import TableProperties
 
     properties = {**table.metadata.properties, TableProperties.COMMIT_NUM_RETRIES: "0"}
+    table.metadata = table.metadata.model_copy(update={"properties": properties})
+    return table
+
+
+#: In-memory table properties (``mergefiles.py`` rule 2): who names the files pyiceberg writes.
+WRITING_JOB, WRITING_EPOCH = "sparkcoord.writing.job-id", "sparkcoord.writing.epoch"
+_PROVIDER = "write.py-location-provider.impl"
+
+
+class MergeLocationProvider(LocationProvider):
+    """pyiceberg's location provider while a merge commit writes (rule 5, ``mergefiles.py``
+    rule 2): every data file in ``data/`` under a merge file's name. Made by pyiceberg
+    (``load_location_provider``, once per write) on the commit worker thread, from the
+    properties :func:`with_merge_names` put in memory."""
+
+    def __init__(self, table_location: str, table_properties: dict[str, str]) -> None:
+        super().__init__(table_location, table_properties)
+        self._job = check_job_id(table_properties[WRITING_JOB])
+        self._epoch = int(table_properties[WRITING_EPOCH])
+
+    def new_data_location(self, data_file_name: str, partition_key: Any = None) -> str:
+        # always data/ (not write.data.path): the sweep lists the table's data/ directory;
+        # a token per file: pyiceberg's own name is not ours to parse
+        name = merge_file_name(self._job, self._epoch, uuid.uuid4().hex[:12], 0)
+        return f"{self.table_location.rstrip('/')}/{DATA_DIR}/{name}"
+
+
+def with_merge_names(table: Any, job_id: str, epoch: int) -> Any:
+    """``table`` (a pyiceberg Table) whose in-memory metadata names the data files pyiceberg
+    writes for ``epoch``'s merge the sink's way (``mergefiles.py`` rule 2); the stored table's
+    properties are untouched (rule 3's reasoning: the catalog applies our updates only)."""
+    properties = {**table.metadata.properties, _PROVIDER: f"{__name__}.MergeLocationProvider",
+                  WRITING_JOB: check_job_id(job_id), WRITING_EPOCH: str(epoch)}
     table.metadata = table.metadata.model_copy(update={"properties": properties})
     return table
 

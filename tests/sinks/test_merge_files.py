@@ -1,0 +1,229 @@
+"""The data files a ``merge`` commit writes carry the sink's job id and epoch
+(sparkcoord/sinks/mergefiles.py), so a commit killed before its transaction landed leaves files
+the sweep at the next start deletes: never one the table references, never another writer's."""
+
+from __future__ import annotations
+
+import posixpath
+import threading
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from sparkcoord.sinks.changes import ChangeStreamError, reduce_changes
+from sparkcoord.sinks.cleanup import delete_files, files_to_delete, list_data_files
+from sparkcoord.sinks.coordinator import SinkCoordinator
+from sparkcoord.sinks.fencing import COMMIT
+from sparkcoord.sinks.mergefiles import (
+    KeyRange,
+    files_to_rewrite,
+    merge_file_name,
+    parse_merge_name,
+)
+from sparkcoord.sinks.target import SinkTarget
+from tests.sinks.test_changes import ROW, Target, changes
+from tests.sinks.test_changes import SCHEMA as CHANGES
+from tests.sinks.test_sink_coordinator import (
+    FakeContext,
+    checkpoint,
+    fresh,
+    paths,
+    report,
+    settle,
+    wait_until,
+)
+
+
+def first_epoch() -> Any:
+    return reduce_changes(changes(*(("r", 10, None, i, f"n{i}") for i in range(1, 7))),
+                          "public.t")
+
+
+def second_epoch() -> Any:
+    return reduce_changes(changes(("u", 20, 0, 2, "two"), ("d", 20, 1, 5, None),
+                                  ("c", 21, 0, 9, "nine")), "public.t")
+
+
+def location(target: Target, committer: Any) -> str:
+    return committer.table_uri if target.kind == "delta" else committer.table_location
+
+
+def die_in_the_commit(kind: str, monkeypatch: Any) -> threading.Event:
+    """The next table commit raises SystemExit after the merge's files were written: a driver
+    killed between writing them and the transaction that references them. The event is set
+    when it died."""
+    died = threading.Event()
+
+    def killed(*args: Any, **kwargs: Any) -> None:
+        died.set()
+        raise SystemExit("killed in the commit")
+
+    if kind == "delta":
+        from deltalake import DeltaTable
+
+        monkeypatch.setattr(DeltaTable, "create_write_transaction", killed)
+    else:
+        from pyiceberg.table import Transaction
+
+        monkeypatch.setattr(Transaction, "commit_transaction", killed)
+    return died
+
+
+def foreign_files(where: str) -> list[str]:
+    """Files of other writers in the table's data directory: never ours to delete."""
+    data = pa.table({"id": [1], "name": ["x"]})
+    names = ["part-00000-0f1e2d3c-foreign-c000.snappy.parquet",
+             merge_file_name("otherjob", 1, "0123456789ab", 0)]
+    for name in names:
+        pq.write_table(data, f"{where}/data/{name}")
+    return [f"data/{n}" for n in names]
+
+
+@pytest.mark.parametrize("kind", ["delta", "iceberg"])
+def test_a_merge_killed_before_its_commit_leaves_only_files_the_next_sweep_deletes(
+        tmp_path: Any, kind: str, monkeypatch: Any) -> None:
+    target = Target(kind, tmp_path)
+    c = target.committer("run-a")
+    assert c.merge(0, first_epoch, ["id"]) == COMMIT
+    where = location(target, c)
+    before = set(list_data_files(where))
+    with monkeypatch.context() as patch:
+        die_in_the_commit(kind, patch)
+        with pytest.raises(SystemExit):
+            c.merge(1, second_epoch, ["id"])
+    strays = set(list_data_files(where)) - before
+    assert strays, "the merge wrote no file before its commit"
+    # named the sink's way, with the job and the epoch whose commit wrote them
+    assert {parse_merge_name(posixpath.basename(p)) for p in strays} == {
+        parse_merge_name(merge_file_name("job", 1, "0" * 12, 0))}
+    others = foreign_files(where)
+    # the restart: a new committer, the sweep at start (the coordinator's, cleanup.py rule 4)
+    again = target.committer("run-b", last_committed=0, pending=(1,))
+    referenced = again.referenced_paths()
+    doomed = files_to_delete("job", list_data_files(where), final_through=1, held=referenced)
+    assert set(doomed) == strays
+    delete_files(where, doomed)
+    left = set(list_data_files(where))
+    assert referenced <= left and set(others) <= left and not strays & left
+    # the epoch is committed again from scratch, and its own files are then held
+    assert again.merge(1, second_epoch, ["id"]) == COMMIT
+    assert target.rows() == [(1, "n1"), (2, "two"), (3, "n3"), (4, "n4"), (6, "n6"),
+                             (9, "nine")]
+    referenced = again.referenced_paths()
+    assert files_to_delete("job", list_data_files(where), final_through=1,
+                           held=referenced) == []
+    assert referenced <= set(list_data_files(where))
+
+
+def test_a_delta_merge_rewrites_only_the_files_holding_changed_keys_under_merge_names(
+        tmp_path: Any) -> None:
+    from deltalake import DeltaTable
+
+    target = Target("delta", tmp_path)
+    c = target.committer("run")
+    for epoch, ids in enumerate(([1, 2, 3], [10, 11, 12], [20, 21])):
+        batch = reduce_changes(changes(*(("r", 10 + epoch, None, i, f"n{i}") for i in ids)),
+                               "public.t")
+        assert c.merge(epoch, lambda b=batch: b, ["id"]) == COMMIT
+    uri = str(tmp_path / "table")
+    before = set(DeltaTable(uri).file_uris())
+    update = reduce_changes(changes(("u", 20, 0, 11, "eleven"), ("d", 20, 1, 12, None)),
+                            "public.t")
+    assert c.merge(3, lambda: update, ["id"]) == COMMIT
+    after = set(DeltaTable(uri).file_uris())
+    assert len(before - after) == 1  # the file of 10-12 only: the others' bounds exclude them
+    assert all(parse_merge_name(posixpath.basename(u)) for u in after)
+    assert target.rows() == [(1, "n1"), (2, "n2"), (3, "n3"), (10, "n10"), (11, "eleven"),
+                             (20, "n20"), (21, "n21")]
+    assert DeltaTable(uri).transaction_version("job") == 3
+
+
+def test_a_delta_table_with_deletion_vectors_is_refused_by_a_merge_naming_it(
+        tmp_path: Any) -> None:
+    from deltalake import write_deltalake
+
+    uri = str(tmp_path / "table")
+    write_deltalake(uri, pa.table({"id": pa.array([1], pa.int64()), "name": ["a"]}),
+                    configuration={"delta.enableDeletionVectors": "true"})
+    from sparkcoord.sinks.delta import DeltaCommitter
+
+    c = DeltaCommitter(uri, "job", pa.schema(list(ROW)), run_id="run")
+    c.open()
+    with pytest.raises(ChangeStreamError, match="deletion vectors"):
+        c.merge(0, first_epoch, ["id"])
+    assert c.table_epoch() == -1
+
+
+def test_only_files_whose_key_bounds_may_hold_a_changed_key_are_rewritten() -> None:
+    files = [KeyRange("a", 1, (1,), (5,)), KeyRange("b", 1, (10,), (20,)),
+             KeyRange("c", 1, None, None), KeyRange("d", 1, (30,), (40,))]
+    assert [f.path for f in files_to_rewrite(files, [(12,), (50,)])] == ["b", "c"]
+    assert [f.path for f in files_to_rewrite(files, [])] == []
+    assert [f.path for f in files_to_rewrite(files, [], truncated=True)] == ["a", "b", "c", "d"]
+    pairs = [KeyRange("p", 1, ("eu", 1), ("eu", 9)), KeyRange("q", 1, ("us", 1), ("us", 3))]
+    assert [f.path for f in files_to_rewrite(pairs, [("us", 2)])] == ["q"]
+    assert [f.path for f in files_to_rewrite(pairs, [("us", 7)])] == []
+
+
+def test_merge_file_names_parse_back_and_never_as_a_tasks_file_name() -> None:
+    from sparkcoord.sinks.cleanup import epoch_prefix
+    from sparkcoord.sinks.files import parse_file_name
+
+    name = merge_file_name("job", 7, "00ff00ff00ff", 3)
+    parsed = parse_merge_name(name)
+    assert parsed is not None and (parsed.job_id, parsed.epoch) == ("job", 7)
+    # the cleanup after a commit lists the tasks' prefix and deletes a merge's staged files:
+    # a merge file must never be among them
+    assert parse_file_name(name) is None and not name.startswith(epoch_prefix("job", 7))
+    assert parse_merge_name("00000-0-3f2a.parquet") is None
+
+
+def test_a_coordinator_killed_in_a_merge_commit_sweeps_its_files_at_the_restart(
+        tmp_path: Any, monkeypatch: Any) -> None:
+    # the merge soak (Iceberg, a kill in the commit) left the library's files forever
+    from tests.sinks.test_sink_coordinator import stage_changes
+
+    uri = f"{tmp_path}/merged"
+    target = SinkTarget("delta", uri, "job", pa.schema(list(ROW)), uri, mode="merge",
+                        input_schema=CHANGES, keys=("id",))
+    first, context = fresh(target)
+    checkpoint(first, 0)
+    staged = stage_changes(uri)
+    report(first, staged)
+    with monkeypatch.context() as patch:
+        # SystemExit ends the commit worker's thread in the commit, as a kill ends the driver
+        died = die_in_the_commit("delta", patch)
+        first.notify_checkpoint_complete(0)
+        state = checkpoint(first, 1)
+        wait_until(died.is_set)
+    first.close()
+    assert any(parse_merge_name(posixpath.basename(p)) for p in list_data_files(uri))
+    assert list(state.ledger.pending) == [0]
+    second_context = FakeContext()
+    second = SinkCoordinator(second_context, target)
+    second.reset_to_checkpoint(1, state)  # epoch 0 pending, at or below the sweep's bound
+    second.start()
+    checkpoint(second, 2)
+    settle(second, second_context)
+    second.close()
+    assert second_context.failures == []
+    from deltalake import DeltaTable
+
+    table = DeltaTable(uri)
+    assert sorted(table.to_pyarrow_table().column("id").to_pylist()) == [1, 2]
+    listed = set(list_data_files(uri))
+    assert listed == target.committer().referenced_paths()  # no stray merge file, no staged file, nothing missing
+    assert not paths(staged) & listed
+
+
+
+def test_a_long_string_upper_key_bound_is_not_trusted_to_prune_a_delta_file() -> None:
+    # writers may cut string statistics to a prefix (Delta's keep 32 characters): as an upper
+    # bound a prefix can exclude keys the file holds, so such a file stays a candidate
+    from sparkcoord.sinks.delta import _maybe_truncated
+
+    assert _maybe_truncated(("k" * 32,)) and _maybe_truncated((1, b"b" * 40))
+    assert not _maybe_truncated(("k" * 31,)) and not _maybe_truncated((7, 8))
+    assert not _maybe_truncated(None)
