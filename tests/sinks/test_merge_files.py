@@ -14,7 +14,6 @@ import pytest
 
 from sparkcoord.sinks.changes import ChangeStreamError, reduce_changes
 from sparkcoord.sinks.cleanup import delete_files, files_to_delete, list_data_files
-from sparkcoord.sinks.coordinator import SinkCoordinator
 from sparkcoord.sinks.fencing import COMMIT
 from sparkcoord.sinks.mergefiles import (
     KeyRange,
@@ -26,11 +25,11 @@ from sparkcoord.sinks.target import SinkTarget
 from tests.sinks.test_changes import ROW, Target, changes
 from tests.sinks.test_changes import SCHEMA as CHANGES
 from tests.sinks.test_sink_coordinator import (
-    FakeContext,
     checkpoint,
     fresh,
     paths,
     report,
+    restored,
     settle,
     wait_until,
 )
@@ -201,10 +200,8 @@ def test_a_coordinator_killed_in_a_merge_commit_sweeps_its_files_at_the_restart(
     first.close()
     assert any(parse_merge_name(posixpath.basename(p)) for p in list_data_files(uri))
     assert list(state.ledger.pending) == [0]
-    second_context = FakeContext()
-    second = SinkCoordinator(second_context, target)
-    second.reset_to_checkpoint(1, state)  # epoch 0 pending, at or below the sweep's bound
-    second.start()
+    # epoch 0 pending, at or below the sweep's bound
+    second, second_context = restored(target, 1, state)
     checkpoint(second, 2)
     settle(second, second_context)
     second.close()

@@ -409,9 +409,17 @@ def stage_changes(uri: str) -> list[DataFile]:
 def fresh(target: SinkTarget, cls: type[SinkCoordinator] = SinkCoordinator
           ) -> tuple[SinkCoordinator, FakeContext]:
     """A coordinator of ``target`` started with nothing checkpointed."""
+    return restored(target, -1, None, cls)
+
+
+def restored(target: SinkTarget, checkpoint_id: int, state: SinkState | None,
+             cls: type[SinkCoordinator] = SinkCoordinator
+             ) -> tuple[SinkCoordinator, FakeContext]:
+    """A coordinator of ``target`` started from ``state``, checkpoint ``checkpoint_id``'s (a
+    restore after a restart)."""
     context = FakeContext()
     coordinator = cls(context, target)
-    coordinator.reset_to_checkpoint(-1, None)
+    coordinator.reset_to_checkpoint(checkpoint_id, state)
     coordinator.start()
     return coordinator, context
 
@@ -498,10 +506,8 @@ def test_a_merge_epoch_pending_in_a_later_checkpoint_has_its_staged_files_delete
     wait_until(lambda: target.committer().table_epoch() == 0)  # merged, then the "kill"
     first.close()
     assert paths(staged) <= set(list_data_files(uri))
-    second_context = FakeContext()
-    second = SinkCoordinator(second_context, target)
-    second.reset_to_checkpoint(1, state)  # epoch 0 pending, at or below the sweep's bound
-    second.start()
+    # epoch 0 pending, at or below the sweep's bound
+    second, second_context = restored(target, 1, state)
     checkpoint(second, 2)
     settle(second, second_context)
     assert second_context.failures == []
