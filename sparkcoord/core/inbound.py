@@ -800,5 +800,17 @@ def kept_at_rerun(entries: Iterable[LogEntry]) -> list[LogEntry]:
     rerun, gate rule 6); the rest is truncated."""
     entries = list(entries)
     keep = operators_with_requests(entries)
-    return [e for e in entries if e.attempt.subtask.operator in keep
-            or isinstance(e, (ClientRequestEntry, ClientResponseEntry, FinishedEntry))]
+    # a finish that a later attempt of the same run replaced (its task failed after all, so
+    # no sink holds its output) binds nothing; the kept log would lose that registration
+    replaced: set[int] = set()
+    latest: dict[tuple[SubtaskId, str], int] = {}
+    for i in range(len(entries) - 1, -1, -1):
+        e = entries[i]
+        key = (e.attempt.subtask, e.attempt.run)
+        if isinstance(e, RegistrationEntry):
+            latest[key] = max(latest.get(key, -1), e.attempt.number)
+        elif isinstance(e, FinishedEntry) and latest.get(key, -1) > e.attempt.number:
+            replaced.add(i)
+    return [e for i, e in enumerate(entries) if e.attempt.subtask.operator in keep
+            or isinstance(e, (ClientRequestEntry, ClientResponseEntry))
+            or (isinstance(e, FinishedEntry) and i not in replaced)]

@@ -686,3 +686,22 @@ def test_a_finish_sent_again_waits_for_the_coordinator_to_take_the_items_back() 
     h.run()
     assert first.result(timeout=0).verdict.name == "ACCEPT"
     assert h.coordinator.returned == [0]
+
+
+def test_a_finish_a_retry_of_its_run_replaced_does_not_bind_the_rerun_without_requests() -> None:
+    """Review finding (decision 76): the operator answered no request, subtask 0's attempt
+    finished, its task then failed (its sink write) and a retry registered; the driver died.
+    The kept log held the finish without the retry's registration, so every rerun that asked
+    was refused. No sink can hold a replaced attempt's output: nothing binds the rerun."""
+    h = returning()
+    h.send_from_subtask(0, "e0")
+    h.finish_task(0)
+    h.retry_task(0)
+    epoch = h.epoch
+    h.service.close()
+    for _ in range(2):  # and again after a second restart
+        rerun = _rerun(h.storage_url, epoch)
+        rerun.send_from_subtask(0, "e0")
+        assert rerun.request_from_subtask(0, "next") == 0
+        assert rerun.service.failure is None
+        rerun.service.close()
