@@ -204,11 +204,9 @@ def seal(h: CoordinatorHarness, future: Any) -> None:
     h.run()
 
 
-def test_the_first_boundary_waits_for_the_set_up_so_that_the_first_batch_reads_chunks(
-        tmp_path: Any) -> None:
-    """Decision 77: the set-up's cycle (publication, slot, the first chunks) joins at the
-    first boundary when it arrives within ``first_boundary_wait_s``; a slower one joins at the
-    next boundary, and no later boundary waits for planning."""
+def first_boundary_waiting(tmp_path: Any) -> tuple[FakeIO, ManualRunner, Any, Any]:
+    """An enumerator whose first checkpoint was triggered while its set-up's cycle still
+    waits on the worker (decision 77): the fake I/O, the worker, the harness, the future."""
     io = FakeIO({ORDERS: list(range(1000))}, chunk_size=10)
     runner, slot_runner = ManualRunner(), ManualRunner()
     h = harness(io, runner, slot_runner, url=f"file://{tmp_path}/ckpt",
@@ -216,6 +214,15 @@ def test_the_first_boundary_waits_for_the_set_up_so_that_the_first_batch_reads_c
     h.start()
     first = h.trigger_checkpoint()
     h.run()
+    return io, runner, h, first
+
+
+def test_the_first_boundary_waits_for_the_set_up_so_that_the_first_batch_reads_chunks(
+        tmp_path: Any) -> None:
+    """Decision 77: the set-up's cycle (publication, slot, the first chunks) joins at the
+    first boundary when it arrives within ``first_boundary_wait_s``; a slower one joins at the
+    next boundary, and no later boundary waits for planning."""
+    io, runner, h, first = first_boundary_waiting(tmp_path)
     assert not first.done() and io.set_ups == 0  # waits for the worker
     runner.run_all()  # the set-up and the first chunks, on the worker
     h.run()
@@ -233,13 +240,7 @@ def test_the_first_boundary_waits_for_the_set_up_so_that_the_first_batch_reads_c
 
 
 def test_the_first_boundary_waits_for_the_set_up_only_so_long(tmp_path: Any) -> None:
-    io = FakeIO({ORDERS: list(range(1000))}, chunk_size=10)
-    runner, slot_runner = ManualRunner(), ManualRunner()
-    h = harness(io, runner, slot_runner, url=f"file://{tmp_path}/ckpt",
-                first_boundary_wait_s=1.0)
-    h.start()
-    first = h.trigger_checkpoint()
-    h.run()
+    io, runner, h, first = first_boundary_waiting(tmp_path)
     h.clock.advance(0.9)
     h.run()
     assert not first.done()
