@@ -89,6 +89,11 @@ class World:
     # service took (gate rule 6): a sink may hold its output, so a later run's worker sends
     # the same items (the contract: ``Simulation.task_step``)
     finishes: dict[tuple[SubtaskId, int], dict[int, list[Any]]] = field(default_factory=dict)
+    # the same, for finishes a later attempt of the same run replaced (its task failed after
+    # its finish and a retry registered): no sink holds their output, so they bind no later
+    # run (decision 76, kept_at_rerun), and a later run's worker is free of them
+    replaced_finishes: dict[tuple[SubtaskId, int], dict[int, list[Any]]] = field(
+        default_factory=dict)
     # the driver program's client: its next request number, the one it waits for (it
     # re-sends it, also to the next run, until it gets an answer), and the answered ones
     client_next: int = 0
@@ -744,6 +749,7 @@ class Simulation:
                     task.asks.add(len(task.sends))
                     task.sends.append(("q", s, epoch, i, n))
                 task.sends.append(("y", s, epoch, i, n))
+            every_item = list(task.sends)
             earlier = [(run, sent) for run, sent in
                        self.world.finishes.get((task.sid, task.epoch), {}).items()
                        if run < self.runs]
@@ -776,6 +782,8 @@ class Simulation:
                 # a worker with a time budget: this attempt stops after a prefix of its items
                 # (a retry that asks less than the attempt whose history it adopted)
                 task.sends = task.sends[:self.rng.randint(0, len(task.sends))]
+            if finished is None:
+                self._note_free_after_replaced_finish(task, every_item)
             task.phase = "send"
         elif task.phase == "send":
             if task.seq in task.asks and task.seq < len(task.sends):
@@ -821,6 +829,27 @@ class Simulation:
         elif task.phase == "finish":
             task.done = True
 
+    def _note_free_after_replaced_finish(self, task: Task, every_item: list[Any]) -> None:
+        """A rerun's attempt where an earlier run's attempt finished and a retry of its own run
+        replaced it (the path kept_at_rerun frees): half the time it sends more or fewer
+        items than that finished attempt sent (a time budget). Counts one that sends other
+        items, and one that asks where that attempt asked nothing (the gate must refuse
+        neither: a contract-keeping worker is never refused)."""
+        for run, sent in self.world.replaced_finishes.get((task.sid, task.epoch), {}).items():
+            if run >= self.runs:
+                continue
+            self.stats["rerun-after-replaced-finish"] += 1
+            other = [n for n in range(len(every_item) + 1) if n != len(sent)]
+            if task.number == 0 and other and self.rng.random() < 0.5:
+                task.sends = every_item[:self.rng.choice(other)]
+            if task.sends == sent:
+                continue
+            self.stats["rerun-free-after-replaced-finish"] += 1
+            if (any(i < len(task.sends) for i in task.asks)
+                    and not any(item[0] == "q" for item in sent)):
+                self.stats["rerun-asks-after-replaced-unasked-finish"] += 1
+            return
+
     def _register(self, task: Task) -> None:
         """Register ``task``'s attempt if it has not yet (a first attempt does it lazily, with
         its first item or its finish, as the real client does: channel client rule 2)."""
@@ -831,6 +860,14 @@ class Simulation:
             raise TaskFailed(decision.reason)
         if decision.adopted:
             self.stats["retry-adopted"] += 1  # rule 5 of the gate: no reset
+        if decision.verdict is Verdict.ACCEPT and task.number > 0:
+            # a retry's registration is logged before it is answered: an attempt of this run
+            # that finished was retried after all, so its finish binds no later run
+            replaced = self.world.finishes.get((task.sid, task.epoch), {}).pop(self.runs, None)
+            if replaced is not None:
+                self.world.replaced_finishes.setdefault(
+                    (task.sid, task.epoch), {})[self.runs] = replaced
+                self.stats["finish-replaced-by-retry"] += 1
         if task.number == 0 and not (task.phase == "register"):
             self.stats["registered-lazily"] += 1
         task.history_length = decision.history_length
@@ -973,16 +1010,30 @@ class Simulation:
             return
         task = self.rng.choice(running)
         withdrawn = self.stats["withdrawn"]
+        replaced = self.stats["finish-replaced-by-retry"]
         try:
             self.task_step(task)
         except TaskFailed as exc:
             self.fail_task(task.sid, str(exc))
+            return
+        if faults and self.stats["finish-replaced-by-retry"] > replaced and self.rng.random() < 0.3:
+            # a retry replaced a finished attempt of its run, then the driver dies before the
+            # retry finishes: the batch runs again, free of that finish (decision 76)
+            self.stats["crash-after-replaced-finish"] += 1
+            self.crash("injected after a retry replaced a finish")
             return
         if (faults and task.phase == "snapshot" and task.seq and task.sid.operator == "ask"
                 and self.rng.random() < 0.5):
             # its finish was taken, then its task failed (writing its output): the retry
             # adopts or resets, and may send less (a withdrawal)
             self.stats["failed-after-finish"] += 1
+            self.fail_task(task.sid, "injected after its finish")
+            return
+        if (faults and task.phase == "snapshot" and not (task.seq and task.sid.operator == "ask")
+                and self.rng.random() < 0.1):
+            # the same for an attempt that asked nothing (its operator's log may not be kept
+            # at a rerun; then only its finish is, unless this retry replaced it)
+            self.stats["failed-after-finish-unasked"] += 1
             self.fail_task(task.sid, "injected after its finish")
             return
         if faults and self.stats["withdrawn"] > withdrawn and self.rng.random() < 0.4:

@@ -70,12 +70,31 @@ def test_the_simulation_really_injects_every_kind_of_failure() -> None:
                  # past a kept history whose attempt had not finished
                  "registered-lazily", "registered-with-finish", "failed-after-finish",
                  "rerun-after-finish", "rerun-continued-unfinished-history",
+                 # a finish a retry of its own run replaced binds no later run: the driver
+                 # dies right after such a retry registers, and the rerun sends other items
+                 "failed-after-finish-unasked", "finish-replaced-by-retry",
+                 "crash-after-replaced-finish",
+                 "rerun-free-after-replaced-finish",
                  # state parts: written, read back at restores, pruned, swept as orphans, and
                  # named by a garbage record that a later run's seal replaced
                  "parts-written", "part-files-read", "restores-with-parts", "parts-deleted",
                  "orphan-parts-swept", "garbage-record-replaced",
                  *(f"storage-crash: {point}" for point in STORAGE_CRASH_POINTS)):
         assert totals[kind] > 0, f"no {kind} in 60 seeds: {dict(totals)}"
+
+
+def _run_first_batch_with_one_number_for_ask(sim: Simulation) -> None:
+    """Run 1 starts its coordinators, "ask" holds ("x", 0, 0) for subtask 0, and the first
+    batch (its record sealed with that event) starts running."""
+    sim.driver_step()  # run 1: first call latestOffset(-1): the coordinators start
+    sim.mailboxes.run_all()
+    ask = sim.coordinator("ask")
+    assert ask is not None
+    ask.context.run_in_coordinator_thread(lambda: ask.send_next(0))  # ("x", 0, 0) is held
+    sim.mailboxes.run_all()
+    while sim.phase != "running":
+        sim.driver_step(force_checkpoint=True)
+        sim.mailboxes.run_all()
 
 
 def test_a_batch_that_runs_again_sends_what_an_earlier_runs_finished_attempt_that_asked_nothing_sent(
@@ -91,15 +110,7 @@ def test_a_batch_that_runs_again_sends_what_an_earlier_runs_finished_attempt_tha
     (a batch that runs again sends what a finished attempt sent), so sink and state agree."""
     sim = Simulation(1, parallelism=1, defer_probability=0.0, per_subtask_operator=False)
     try:
-        sim.driver_step()  # run 1: first call latestOffset(-1): the coordinators start
-        sim.mailboxes.run_all()
-        ask = sim.coordinator("ask")
-        assert ask is not None
-        ask.context.run_in_coordinator_thread(lambda: ask.send_next(0))  # ("x", 0, 0) is held
-        sim.mailboxes.run_all()
-        while sim.phase != "running":
-            sim.driver_step(force_checkpoint=True)
-            sim.mailboxes.run_all()
+        _run_first_batch_with_one_number_for_ask(sim)
         for task in list(sim.tasks.values()):
             while not task.done:
                 sim.task_step(task)
@@ -115,6 +126,39 @@ def test_a_batch_that_runs_again_sends_what_an_earlier_runs_finished_attempt_tha
         assert sim.stats["rerun-after-finish"] >= 1
         finishes = sim.world.finishes[(SubtaskId("ask", 0), sim.world.offsets[0][1])]
         assert len(finishes) == 2 and all(sent == [] for sent in finishes.values()), finishes
+        sim.check_invariants()
+    finally:
+        sim.cleanup()
+
+
+def test_a_finish_that_a_retry_of_its_own_run_replaced_leaves_the_rerun_free_to_ask() -> None:
+    """Decision 76's review finding, in the simulation: an attempt of "ask" stopped before its
+    first request and finished (logged), its task then failed writing its output, the retry
+    registered, and the driver died before the retry finished. No sink holds the finished
+    attempt's output, so its finish binds nothing: the rerun's worker asks as usual and the
+    gate takes it (before the fix, kept_at_rerun kept that finish and refused the request as
+    a nondeterministic subtask, restart after restart)."""
+    sim = Simulation(1, parallelism=1, defer_probability=0.0, per_subtask_operator=False)
+    try:
+        _run_first_batch_with_one_number_for_ask(sim)
+        sid = SubtaskId("ask", 0)
+        task = sim.tasks[sid]
+        while task.phase != "snapshot":  # its finish is logged
+            sim.task_step(task)
+            if task.phase == "send":
+                task.sends, task.asks = [], set()  # it stops before its first request
+            sim.mailboxes.run_all()
+        epoch = task.epoch
+        assert sim.world.finishes[(sid, epoch)] == {1: []}
+        sim.fail_task(sid, "its output could not be written")
+        sim.task_step(sim.tasks[sid])  # the retry registers
+        assert sim.world.finishes[(sid, epoch)] == {}
+        assert sim.world.replaced_finishes[(sid, epoch)] == {1: []}
+        sim.crash("the driver dies before the retry finishes")
+        sim.drain()  # run 2 runs the batch again, then the rest without faults
+        assert sim.stats["rerun-after-replaced-finish"] >= 1
+        assert sim.stats["rerun-asks-after-replaced-unasked-finish"] >= 1, dict(sim.stats)
+        assert not sim.violations
         sim.check_invariants()
     finally:
         sim.cleanup()
