@@ -28,7 +28,9 @@ Rules:
      (``cleanup.py`` rule 1). Not retried by delta-rs over a commit that landed meanwhile
      (``max_commit_retries=0``, as rule 5: a removed file may have changed); a table whose
      protocol allows deletion vectors is refused (``ChangeStreamError``, the job fails
-     naming it): a rewrite of the raw files would bring deleted rows back. The reported
+     naming it): a rewrite of the raw files would bring deleted rows back; so is a
+     partitioned table (its files hold no partition column, and the rewrite does not split
+     by partition). The reported
      files are staging files the table never references (cleanup deletes them after the
      commit).
   5. Compaction (``compaction.py`` rule 4, mode ``append``): an epoch's commit carries its
@@ -197,6 +199,14 @@ class DeltaCommitter:
             raise ChangeStreamError(
                 f"Delta table {self.table_uri}: mode 'merge' rewrites data files and cannot work "
                 "on a table whose protocol allows deletion vectors (delta.enableDeletionVectors)")
+        partitioned = list(table.metadata().partition_columns)
+        if partitioned:
+            # its files hold no partition column, and each add action must carry the values
+            # of the one partition it is in: the rewrite writes neither
+            raise ChangeStreamError(
+                f"Delta table {self.table_uri}: mode 'merge' cannot write a table partitioned "
+                f"by {', '.join(partitioned)}; use an unpartitioned table, or mode 'append' "
+                "and apply the change stream yourself")
         actions = self._merge_actions(table, epoch, changes, keys)
         properties.max_commit_retries = 0  # rule 4: fail, never rebase a rewrite
         table.create_write_transaction(actions, "append", table.schema(),

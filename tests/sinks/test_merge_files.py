@@ -155,6 +155,23 @@ def test_a_delta_table_with_deletion_vectors_is_refused_by_a_merge_naming_it(
     assert c.table_epoch() == -1
 
 
+def test_a_partitioned_delta_table_is_refused_by_a_merge_naming_it_and_its_partition_columns(
+        tmp_path: Any) -> None:
+    from deltalake import DeltaTable, write_deltalake
+
+    uri = str(tmp_path / "table")
+    write_deltalake(uri, pa.table({"id": pa.array([1], pa.int64()), "name": ["a"]}),
+                    partition_by=["name"])
+    from sparkcoord.sinks.delta import DeltaCommitter
+
+    c = DeltaCommitter(uri, "job", pa.schema(list(ROW)), run_id="run")
+    c.open()
+    with pytest.raises(ChangeStreamError, match=f"{uri}.*partitioned by name"):
+        c.merge(0, first_epoch, ["id"])
+    assert c.table_epoch() == -1
+    assert DeltaTable(uri).to_pyarrow_table().to_pylist() == [{"id": 1, "name": "a"}]
+
+
 def test_only_files_whose_key_bounds_may_hold_a_changed_key_are_rewritten() -> None:
     files = [KeyRange("a", 1, (1,), (5,)), KeyRange("b", 1, (10,), (20,)),
              KeyRange("c", 1, None, None), KeyRange("d", 1, (30,), (40,))]
