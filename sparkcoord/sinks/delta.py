@@ -28,9 +28,9 @@ Rules:
      (``cleanup.py`` rule 1). Not retried by delta-rs over a commit that landed meanwhile
      (``max_commit_retries=0``, as rule 5: a removed file may have changed); a table whose
      protocol allows deletion vectors is refused (``ChangeStreamError``, the job fails
-     naming it): a rewrite of the raw files would bring deleted rows back; so is a
-     partitioned table (its files hold no partition column, and the rewrite does not split
-     by partition). The reported
+     naming it): a rewrite of the raw files would bring deleted rows back. A partitioned
+     table is refused in both modes (``TableShapeError`` at open and at a commit): the
+     sink's files hold every column and its add actions no partition values. The reported
      files are staging files the table never references (cleanup deletes them after the
      commit).
   5. Compaction (``compaction.py`` rule 4, mode ``append``): an epoch's commit carries its
@@ -109,14 +109,28 @@ class DeltaCommitter:
         for the job; raises per fencing rule 2."""
         table = self._load()
         if table is not None:
-            import pyarrow as pa
-
-            check_table_schema(self.table_uri, self.schema,
-                               pa.schema(table.schema().to_arrow()))
+            self._check_shape(table)
         fence = EpochFence(self.table_uri, self.job_id, last_committed, pending)
         fence.opened(self.table_epoch())
         self._fence = fence
         return fence.known
+
+    def _check_shape(self, table: Any) -> None:
+        """Raise :class:`~sparkcoord.sinks.target.TableShapeError` naming the table when it
+        is not one the sink can write: other columns or types, or partitioned (the sink's
+        files hold every column and its add actions carry no partition values; delta-rs
+        would take them and the partition column would read back null: a review finding)."""
+        import pyarrow as pa
+
+        from sparkcoord.sinks.target import TableShapeError
+
+        check_table_schema(self.table_uri, self.schema, pa.schema(table.schema().to_arrow()))
+        partitioned = list(table.metadata().partition_columns)
+        if partitioned:
+            raise TableShapeError(
+                f"Delta table {self.table_uri} is partitioned by {', '.join(partitioned)}; the "
+                "sink writes unpartitioned Delta tables only: write to another table (or "
+                "rewrite this one without partitions)")
 
     def commit(self, epoch: int, files: Sequence[DataFile],
                swaps: Sequence[Any] = ()) -> Decision:
@@ -138,6 +152,8 @@ class DeltaCommitter:
         if table is None:
             self._create(actions, properties)  # rule 3
         else:
+            if table.metadata().partition_columns:
+                self._check_shape(table)  # made partitioned by someone since open()
             table.create_write_transaction(actions, "append", table.schema(),
                                            commit_properties=properties)
         assert self._fence is not None
@@ -184,29 +200,29 @@ class DeltaCommitter:
         decision, table, properties = self._decide(epoch)
         if decision == ALREADY_COMMITTED:
             return decision  # ``load`` not called: the staged files may be gone already
-        changes = load()
         if table is None:
             try:
                 self._create([], None)
-            except Exception:  # noqa: BLE001 - created meanwhile: the load below decides
+            except Exception:  # noqa: BLE001 - created meanwhile: the fence below decides
                 pass
-            table = self._load()
+            # the fence again, on the table as it is now: another instance of the job may
+            # have created it and committed this epoch meanwhile (a review finding: the epoch
+            # then went in twice), and a table someone else made must have the sink's shape
+            decision, table, properties = self._decide(epoch)
             if table is None:
                 raise RuntimeError(f"Delta table {self.table_uri}: not there after creating it")
+            self._check_shape(table)
+            if decision == ALREADY_COMMITTED:
+                return decision
+        changes = load()
         features = table.protocol().reader_features or []
         if "deletionVectors" in features:
             # a rewrite of the raw files would bring back the rows their vectors delete
             raise ChangeStreamError(
                 f"Delta table {self.table_uri}: mode 'merge' rewrites data files and cannot work "
                 "on a table whose protocol allows deletion vectors (delta.enableDeletionVectors)")
-        partitioned = list(table.metadata().partition_columns)
-        if partitioned:
-            # its files hold no partition column, and each add action must carry the values
-            # of the one partition it is in: the rewrite writes neither
-            raise ChangeStreamError(
-                f"Delta table {self.table_uri}: mode 'merge' cannot write a table partitioned "
-                f"by {', '.join(partitioned)}; use an unpartitioned table, or mode 'append' "
-                "and apply the change stream yourself")
+        if table.metadata().partition_columns:
+            self._check_shape(table)  # made partitioned by someone since open()
         actions = self._merge_actions(table, epoch, changes, keys)
         properties.max_commit_retries = 0  # rule 4: fail, never rebase a rewrite
         table.create_write_transaction(actions, "append", table.schema(),
@@ -236,7 +252,8 @@ class DeltaCommitter:
         changed = changes.rows.select(list(keys))
         candidates = files_to_rewrite(
             _key_ranges(table, keys),
-            list(zip(*(changed.column(k).to_pylist() for k in keys), strict=True)),
+            [tuple(_comparable(v) for v in key)
+             for key in zip(*(changed.column(k).to_pylist() for k in keys), strict=True)],
             truncated=changes.truncated)
         fs, root = url_to_fs(self.table_uri, **options)
         now = int(time.time() * 1000)
@@ -371,21 +388,24 @@ class DeltaCommitter:
 
 def _key_ranges(table: Any, keys: Sequence[str]) -> list[KeyRange]:
     """The table's current files with the bounds of the key columns their add actions'
-    statistics carry (``None`` where a file has none: it may hold any key)."""
+    statistics carry, as far as they can be trusted (:func:`_trusted_bounds`; ``None``: the
+    file may hold any key)."""
     import pyarrow as pa
 
     adds = pa.table(table.get_add_actions(flatten=True))
     names = set(adds.column_names)
+    paths = [str(p) for p in adds.column("path").to_pylist()]
+    sizes = [int(b) for b in adds.column("size_bytes").to_pylist()]
     if not all(f"min.{k}" in names and f"max.{k}" in names for k in keys):
-        lows: list[Any] = [None] * adds.num_rows
-        highs: list[Any] = [None] * adds.num_rows
-    else:
-        lows = list(zip(*(adds.column(f"min.{k}").to_pylist() for k in keys), strict=True))
-        highs = list(zip(*(adds.column(f"max.{k}").to_pylist() for k in keys), strict=True))
-    return [KeyRange(str(p), int(b), lo, None if _maybe_truncated(hi) else hi)
-            for p, b, lo, hi in zip(adds.column("path").to_pylist(),
-                                    adds.column("size_bytes").to_pylist(), lows, highs,
-                                    strict=True)]
+        return [KeyRange(p, b, None, None) for p, b in zip(paths, sizes, strict=True)]
+    kinds = [adds.schema.field(f"max.{k}").type for k in keys]
+    lows = list(zip(*(adds.column(f"min.{k}").to_pylist() for k in keys), strict=True))
+    highs = list(zip(*(adds.column(f"max.{k}").to_pylist() for k in keys), strict=True))
+    out = []
+    for path, size, low, high in zip(paths, sizes, lows, highs, strict=True):
+        bounds = _trusted_bounds(path, kinds, low, high)
+        out.append(KeyRange(path, size, *bounds) if bounds else KeyRange(path, size, None, None))
+    return out
 
 
 #: Writers may cut a string statistic to a prefix (Delta's writers keep 32 characters); a
@@ -393,10 +413,48 @@ def _key_ranges(table: Any, keys: Sequence[str]) -> list[KeyRange]:
 _STATS_PREFIX = 32
 
 
-def _maybe_truncated(high: tuple[Any, ...] | None) -> bool:
-    """Whether an upper key bound may be a cut string (the file then may hold any key)."""
-    return high is not None and any(isinstance(v, (str, bytes)) and len(v) >= _STATS_PREFIX
-                                    for v in high)
+def _trusted_bounds(path: str, kinds: Sequence[Any], low: tuple[Any, ...],
+                    high: tuple[Any, ...]) -> tuple[tuple[Any, ...], tuple[Any, ...]] | None:
+    """A file's key bounds if a merge may prune by them, widened where a writer rounds them
+    (``None``: read the file). The sink's own files (``sc-`` names, any job's) carry exact
+    bounds or none (``files.py`` rule 3: timestamps rounded outwards, strings up to
+    ``MAX_BOUND_CHARS``, no decimal). Another writer's are trusted for integers, dates and
+    booleans; a string's upper bound only below 32 characters (a longer one may be a cut
+    prefix); a timestamp's upper bound plus a millisecond (delta-rs and Spark cut it to the
+    millisecond); nothing else (a decimal's bound may be clamped to 64 bits, a float's may
+    hide a NaN), found by the session-13 review: a pruned file kept a changed key's old row."""
+    import pyarrow as pa
+
+    from sparkcoord.sinks.files import MAX_BOUND_CHARS, parse_file_name
+    from sparkcoord.sinks.mergefiles import parse_merge_name
+
+    if any(v is None for v in (*low, *high)):
+        return None
+    base = path.rsplit("/", 1)[-1]
+    ours = parse_file_name(base) is not None or parse_merge_name(base) is not None
+    widened = []
+    for kind, hi in zip(kinds, high, strict=True):
+        if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+            if len(hi) >= (MAX_BOUND_CHARS if ours else _STATS_PREFIX):
+                return None
+        elif pa.types.is_timestamp(kind):
+            if not ours:
+                hi = hi + datetime.timedelta(milliseconds=1)
+        elif not (pa.types.is_integer(kind) or pa.types.is_date(kind)
+                  or pa.types.is_boolean(kind)):
+            if not ours:
+                return None
+        widened.append(hi)
+    return tuple(_comparable(v) for v in low), tuple(_comparable(v) for v in widened)
+
+
+def _comparable(value: Any) -> Any:
+    """A key value as the merge compares it: a timestamp with a time zone as the naive UTC
+    instant (a table written with one and a sink without, or the reverse, must not make the
+    comparison fail; pyarrow's cast between them keeps the instant as UTC too)."""
+    if isinstance(value, datetime.datetime) and value.tzinfo is not None:
+        return value.astimezone(datetime.timezone.utc).replace(tzinfo=None)
+    return value
 
 
 def _unquote(path: str) -> str:

@@ -381,8 +381,11 @@ def _iceberg_value(value: Any) -> Any:
 
 
 def key_filter(rows: Any, keys: Sequence[str]) -> Any:
-    """A pyiceberg filter matching the keys of ``rows`` (one key column: ``In``; several: an
-    ``Or`` of ``And``s of ``EqualTo``)."""
+    """A pyiceberg filter matching the keys of ``rows``: one key column, an ``In``; several,
+    the keys grouped by all columns but the last, each group an ``And`` of ``EqualTo``s and
+    an ``In`` of the last column's values, the groups joined by one ``Or`` (pyiceberg builds
+    it as a balanced tree: a chain of one ``Or`` per key overflowed the stack binding a few
+    hundred keys, a review finding)."""
     from functools import reduce
 
     from pyiceberg import expressions
@@ -392,6 +395,11 @@ def key_filter(rows: Any, keys: Sequence[str]) -> Any:
     And, EqualTo, In, Or = e.And, e.EqualTo, e.In, e.Or
     if len(keys) == 1:
         return In(keys[0], set(rows.column(keys[0]).to_pylist()))
-    terms = [reduce(And, [EqualTo(k, row[k]) for k in keys])
-             for row in rows.select(list(keys)).to_pylist()]
-    return reduce(Or, terms)
+    *prefix, last = keys
+    groups: dict[tuple[Any, ...], set[Any]] = {}
+    for row in rows.select(list(keys)).to_pylist():
+        groups.setdefault(tuple(row[k] for k in prefix), set()).add(row[last])
+    terms = [reduce(And, [*(EqualTo(k, v) for k, v in zip(prefix, group, strict=True)),
+                          In(last, values)])
+             for group, values in groups.items()]
+    return terms[0] if len(terms) == 1 else Or(*terms)

@@ -135,18 +135,26 @@ def test_merges_apply_inserts_updates_deletes_and_truncates_by_key_once_per_epoc
     assert again.table_epoch() == 2
 
 
-def test_an_iceberg_merge_deletes_and_updates_by_a_composite_key(tmp_path: Any) -> None:
+def _composite_key_committer(tmp_path: Any, table: str) -> tuple[Any, Any, pa.Schema]:
+    """A SQL catalog on sqlite and an opened Iceberg committer of ``table``, whose rows are
+    (region, id, qty) keyed by (region, id)."""
     from pyiceberg.catalog.sql import SqlCatalog
 
-    from sparkcoord.sinks.changes import OP_COLUMN, Reduced
     from sparkcoord.sinks.iceberg import IcebergCommitter
 
     schema = pa.schema([("region", pa.string()), ("id", pa.int64()), ("qty", pa.int64())])
     catalog = SqlCatalog("composite", uri=f"sqlite:///{tmp_path}/catalog.db",
                          warehouse=f"file://{tmp_path}/warehouse")
     catalog.create_namespace_if_not_exists("lake")
-    c = IcebergCommitter(catalog, "lake.c", "job", schema, run_id="run")
+    c = IcebergCommitter(catalog, table, "job", schema, run_id="run")
     c.open()
+    return catalog, c, schema
+
+
+def test_an_iceberg_merge_deletes_and_updates_by_a_composite_key(tmp_path: Any) -> None:
+    from sparkcoord.sinks.changes import OP_COLUMN, Reduced
+
+    catalog, c, schema = _composite_key_committer(tmp_path, "lake.c")
 
     def batch(*rows: tuple[str, int, int | None, str]) -> Reduced:
         return Reduced(pa.Table.from_pylist(
@@ -159,3 +167,24 @@ def test_an_iceberg_merge_deletes_and_updates_by_a_composite_key(tmp_path: Any) 
     data = catalog.load_table("lake.c").scan().to_arrow()
     assert sorted(zip(*(data.column(n).to_pylist() for n in ("region", "id", "qty")),
                       strict=True)) == [("eu", 2, 30), ("us", 1, 21)]
+
+
+def test_an_iceberg_merge_deletes_thousands_of_composite_keys_in_one_epoch(tmp_path: Any) -> None:
+    # review finding: one Or per key made a chain that overflowed the stack when pyiceberg
+    # bound it (600 keys failed); the epoch failed at every retry
+    from sparkcoord.sinks.changes import OP_COLUMN, Reduced
+
+    catalog, c, schema = _composite_key_committer(tmp_path, "lake.m")
+    with_op = schema.append(pa.field(OP_COLUMN, pa.string()))
+    keys = [(region, i) for region in ("eu", "us", "ap") for i in range(1000)]
+    c.merge(0, lambda: Reduced(pa.Table.from_pylist(
+        [{"region": r, "id": i, "qty": i, OP_COLUMN: "r"} for r, i in keys], schema=with_op),
+        truncated=False), ["region", "id"])
+    gone = [(r, i) for r, i in keys if i % 3 != 1]  # 2,000 deleted, in every region
+    c.merge(1, lambda: Reduced(pa.Table.from_pylist(
+        [{"region": r, "id": i, "qty": None, OP_COLUMN: "d"} for r, i in gone], schema=with_op),
+        truncated=False), ["region", "id"])
+    data = catalog.load_table("lake.m").scan().to_arrow()
+    left = sorted(zip(data.column("region").to_pylist(), data.column("id").to_pylist(),
+                      strict=True))
+    assert left == sorted((r, i) for r, i in keys if i % 3 == 1)

@@ -155,21 +155,52 @@ def test_a_delta_table_with_deletion_vectors_is_refused_by_a_merge_naming_it(
     assert c.table_epoch() == -1
 
 
-def test_a_partitioned_delta_table_is_refused_by_a_merge_naming_it_and_its_partition_columns(
+def test_a_partitioned_delta_table_is_refused_at_open_naming_it_and_its_partition_columns(
         tmp_path: Any) -> None:
+    # both modes: the sink's add actions carry no partition values (delta-rs takes them, and
+    # the partition column reads back null), and a merge's rewrite does not split by partition
     from deltalake import DeltaTable, write_deltalake
+
+    from sparkcoord.sinks.delta import DeltaCommitter
+    from sparkcoord.sinks.target import TableShapeError
 
     uri = str(tmp_path / "table")
     write_deltalake(uri, pa.table({"id": pa.array([1], pa.int64()), "name": ["a"]}),
                     partition_by=["name"])
-    from sparkcoord.sinks.delta import DeltaCommitter
-
     c = DeltaCommitter(uri, "job", pa.schema(list(ROW)), run_id="run")
-    c.open()
-    with pytest.raises(ChangeStreamError, match=f"{uri}.*partitioned by name"):
-        c.merge(0, first_epoch, ["id"])
-    assert c.table_epoch() == -1
+    with pytest.raises(TableShapeError, match=f"{uri} is partitioned by name"):
+        c.open()
     assert DeltaTable(uri).to_pyarrow_table().to_pylist() == [{"id": 1, "name": "a"}]
+
+
+def test_a_merge_that_creates_the_table_meets_the_fence_of_an_instance_that_committed_meanwhile(
+        tmp_path: Any, monkeypatch: Any) -> None:
+    # review finding: the table was missing when the merge decided, another instance of the
+    # job created it and committed the epoch, and the merge committed it a second time; now
+    # the fence decides again on the table created and fails loudly (a second writer)
+    from deltalake import DeltaTable
+
+    from sparkcoord.sinks.delta import DeltaCommitter
+    from sparkcoord.sinks.fencing import SecondWriter
+
+    uri = str(tmp_path / "table")
+    ours = DeltaCommitter(uri, "job", pa.schema(list(ROW)), run_id="run")
+    ours.open()
+    other = DeltaCommitter(uri, "job", pa.schema(list(ROW)), run_id="other")
+    other.open()
+    create = DeltaCommitter._create
+
+    def racing_create(self: Any, actions: Any, properties: Any) -> None:
+        if self is ours:  # the other instance creates the table and commits epoch 0 first
+            assert other.merge(0, first_epoch, ["id"]) == COMMIT
+        create(self, actions, properties)
+
+    monkeypatch.setattr(DeltaCommitter, "_create", racing_create)
+    loaded: list[int] = []
+    with pytest.raises(SecondWriter, match="epoch 0 of job 'job' is in the table"):
+        ours.merge(0, lambda: loaded.append(0) or first_epoch(), ["id"])
+    assert loaded == []  # nothing read, nothing written
+    assert sorted(DeltaTable(uri).to_pyarrow_table().column("id").to_pylist()) == [1, 2, 3, 4, 5, 6]
 
 
 def test_only_files_whose_key_bounds_may_hold_a_changed_key_are_rewritten() -> None:
@@ -233,11 +264,55 @@ def test_a_coordinator_killed_in_a_merge_commit_sweeps_its_files_at_the_restart(
 
 
 
-def test_a_long_string_upper_key_bound_is_not_trusted_to_prune_a_delta_file() -> None:
-    # writers may cut string statistics to a prefix (Delta's keep 32 characters): as an upper
-    # bound a prefix can exclude keys the file holds, so such a file stays a candidate
-    from sparkcoord.sinks.delta import _maybe_truncated
+def test_key_bounds_are_trusted_as_far_as_their_writer_keeps_them_exact() -> None:
+    # another writer may cut a string bound to 32 characters, cut a timestamp's to the
+    # millisecond, or clamp a decimal's: a file whose bound cannot be trusted stays a candidate
+    import datetime
 
-    assert _maybe_truncated(("k" * 32,)) and _maybe_truncated((1, b"b" * 40))
-    assert not _maybe_truncated(("k" * 31,)) and not _maybe_truncated((7, 8))
-    assert not _maybe_truncated(None)
+    from sparkcoord.sinks.delta import _trusted_bounds
+
+    other, ours = "part-00000-1.parquet", "data/" + merge_file_name("job", 1, "00ff00ff00ff", 0)
+    text = [pa.string()]
+    assert _trusted_bounds(other, text, ("a",), ("k" * 31,)) == (("a",), ("k" * 31,))
+    assert _trusted_bounds(other, text, ("a",), ("k" * 32,)) is None
+    assert _trusted_bounds(ours, text, ("a",), ("k" * 36,)) == (("a",), ("k" * 36,))  # a uuid
+    assert _trusted_bounds(ours, text, ("a",), ("k" * 64,)) is None
+    at = datetime.datetime(2026, 1, 1, 0, 0, 0, 1000)
+    stamp = [pa.timestamp("us")]
+    assert _trusted_bounds(other, stamp, (at,), (at,)) == (
+        (at,), (at + datetime.timedelta(milliseconds=1),))
+    assert _trusted_bounds(ours, stamp, (at,), (at,)) == ((at,), (at,))
+    aware = at.replace(tzinfo=datetime.timezone(datetime.timedelta(hours=2)))
+    assert _trusted_bounds(ours, [pa.timestamp("us", "UTC")], (aware,), (aware,)) == (
+        (at - datetime.timedelta(hours=2),), (at - datetime.timedelta(hours=2),))
+    assert _trusted_bounds(other, [pa.decimal128(38, 0)], (1,), (2,)) is None
+    assert _trusted_bounds(other, [pa.float64()], (1.0,), (2.0,)) is None
+    assert _trusted_bounds(other, [pa.int64(), pa.date32()], (1, at.date()), (5, at.date())) == (
+        (1, at.date()), (5, at.date()))
+    assert _trusted_bounds(other, [pa.int64()], (None,), (5,)) is None
+
+
+@pytest.mark.parametrize("kind", ["timestamp", "decimal"])
+def test_a_merge_finds_a_changed_key_in_another_writers_file_whose_statistics_round_it_away(
+        tmp_path: Any, kind: str) -> None:
+    # found by the session-13 review: delta-rs cuts a timestamp's max to the millisecond and
+    # clamps a decimal(38, 0)'s to 64 bits; the file was pruned and the key's old row stayed
+    import datetime
+    import decimal
+
+    from deltalake import DeltaTable, write_deltalake
+
+    from sparkcoord.sinks.changes import OP_COLUMN, Reduced
+    from sparkcoord.sinks.delta import DeltaCommitter
+
+    key_type, key = ((pa.timestamp("us"), datetime.datetime(2026, 1, 1, 0, 0, 0, 1500))
+                     if kind == "timestamp" else
+                     (pa.decimal128(38, 0), decimal.Decimal("12345678901234567891")))
+    schema = pa.schema([pa.field("id", key_type), pa.field("name", pa.string())])
+    uri = str(tmp_path / "table")
+    write_deltalake(uri, pa.table({"id": pa.array([key], key_type), "name": ["old"]}))
+    rows = pa.table({"id": pa.array([key], key_type), "name": ["new"], OP_COLUMN: ["u"]})
+    c = DeltaCommitter(uri, "job", schema, run_id="run")
+    c.open()
+    assert c.merge(0, lambda: Reduced(rows, False), ["id"]) == COMMIT
+    assert DeltaTable(uri).to_pyarrow_table().to_pylist() == [{"id": key, "name": "new"}]

@@ -363,6 +363,10 @@ class PostgresEnumerator(OperatorCoordinator):
 
     # ------------------------------------------------------------------ checkpoints (rule 2)
     def checkpoint_coordinator(self, checkpoint_id: int, result: Future[Any]) -> None:
+        if self._deferred is not None:
+            # a later checkpoint while the first boundary waits (the runtime seals one epoch
+            # at a time, so not expected): the earlier one completes first, in order
+            self._complete_deferred()
         if (self._deferred is None and self._planning and self.first_boundary_wait_s > 0
                 and not self.state.set_up and not any(r.set_up for r in self._ready)):
             # the set-up's cycle runs: the first batch would find no chunk (rule 2)
