@@ -257,6 +257,26 @@ def test_the_first_boundary_waits_for_the_set_up_only_so_long(tmp_path: Any) -> 
     assert isinstance(chunk, SnapshotChunk) and chunk.index == 0
 
 
+def test_a_later_checkpoint_while_the_first_boundary_waits_completes_the_waiting_one_first(
+        tmp_path: Any) -> None:
+    """Review finding on decision 77 (a guard: the runtime seals one epoch at a time): a
+    later checkpoint taken while the first boundary waits must not move the enumerator's
+    epoch back when the waiting one completes after it."""
+    from concurrent.futures import Future
+
+    io, runner, h, first = first_boundary_waiting(tmp_path)
+    later: Future[Any] = Future()
+    enumerator: Any = h.coordinator
+    later_id = h.service.next_checkpoint_id + 1
+    enumerator.checkpoint_coordinator(later_id, later)
+    h.run()
+    assert first.done() and first.exception() is None  # completed first, without the set-up
+    runner.run_all()  # the set-up arrives: the later one (waiting for it in turn) completes
+    h.run()
+    assert later.done() and later.exception() is None
+    assert enumerator._deferred is None and enumerator._epoch == later_id
+
+
 def test_planning_keeps_two_batches_of_chunks_pending_at_the_per_batch_limit(
         tmp_path: Any) -> None:
     """Planned chunks join at boundaries (rule 2): with fewer pending than a batch may take,
