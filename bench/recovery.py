@@ -19,10 +19,11 @@
    plain batch's other task takes ``BUSY_MS``. Each retry says whether it ran in a new
    worker (marked * in the notes).
 2. A coordinator calls ``fail_job`` (global failover: the query fails, CoordinatedJob.run
-   restarts it from its checkpoint after the restart strategy's delay, here 0.5 s): from
-   ``fail_job`` to the first batch committed by the restarted query (a batch that was already
-   running may still commit after ``fail_job``; it does not count). Baseline: a fresh query's
-   time from ``start()`` to its first committed batch, in the same run.
+   restarts it from its checkpoint after the restart strategy's delay, here none:
+   ``RESTART_DELAY_S``): from ``fail_job`` to the first batch committed by the restarted query
+   (a batch that was already running may still commit after ``fail_job``; it does not
+   count), in several runs (``FAIL_JOB_RUNS`` per round), each against the target. Baseline:
+   a fresh query's time from ``start()`` to its first committed batch, in the same run.
 Instants come from marker files written at the failure and the modification times of Spark's
 commit log files. Also told: the median interval between commits away from the failures.
 """
@@ -259,6 +260,13 @@ def _spark_retries(spark: Any, root: str, failing: int, busy_ms: int = 0) -> dic
             "new_worker": _new_workers(markers, FAIL_BATCHES)}
 
 
+#: the restart strategy's delay in the fail_job runs: none, so the figure is what the restart
+#: itself costs (a delay is a wait the user chooses, added as it is)
+RESTART_DELAY_S = 0.0
+#: fail_job runs per bench round (issue 29 item 3: a spread over several rounds, not one)
+FAIL_JOB_RUNS = {"quick": 3, "full": 3}
+
+
 def _fail_job(spark: Any, root: str) -> dict[str, float]:
     from sparkcoord.examples.numbers import SCHEMA, NumberCollector, NumbersCoordinator
     from sparkcoord.runtime.restart import FixedDelay
@@ -282,12 +290,16 @@ def _fail_job(spark: Any, root: str) -> dict[str, float]:
 
     started = time.time()
     job.run(df.writeStream.format("noop").trigger(processingTime="0 seconds"),
-            restart=FixedDelay(attempts=2, delay_s=0.5), until=recovered, poll_s=0.1, timeout_s=300,
-            on_failure=lambda _: query_failed_at.append(time.time()))
+            restart=FixedDelay(attempts=2, delay_s=RESTART_DELAY_S), until=recovered, poll_s=0.1,
+            timeout_s=300, on_failure=lambda _: query_failed_at.append(time.time()))
     failed_at = os.path.getmtime(marker)
     commits = _commit_times(job.spark_checkpoint)
     after = [t for t in commits if t > query_failed_at[0]]
-    return {"recovery_s": after[0] - failed_at, "first_commit_s": commits[0] - started}
+    # the parts: fail_job -> the job runner saw the query fail (and stopped it), then the
+    # restart (the strategy's delay, a fresh start, the coordinators' restore) -> the commit
+    return {"recovery_s": after[0] - failed_at, "first_commit_s": commits[0] - started,
+            "detected_s": query_failed_at[0] - failed_at,
+            "restarted_s": after[0] - query_failed_at[0] - RESTART_DELAY_S}
 
 
 #: the query runs of one bench round: (name, what fails); the baselines before ours
@@ -315,7 +327,8 @@ def run(preset: str, spark: Any) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
         for i in range(reps):
             for name in got:
-                got[name].append(_run_one(spark, os.path.join(tmp, f"{name}-{i}"), name))
+                for k in range(FAIL_JOB_RUNS[preset] if name == "fail_job" else 1):
+                    got[name].append(_run_one(spark, os.path.join(tmp, f"{name}-{i}-{k}"), name))
 
     def each(name: str, key: str = "recovery_s") -> list[float]:
         return [x for r in got[name] for x in (r[key] if isinstance(r[key], list) else [r[key]])]
@@ -340,8 +353,11 @@ def run(preset: str, spark: Any) -> dict[str, Any]:
     job = median("fail_job")
     fresh = statistics.median(each("fail_job", "first_commit_s") + each("task-1", "first_commit_s")
                               + each("task-2", "first_commit_s"))
-    figures.append(figure("recovery", "fail_job -> first batch committed after the restart",
-                          job * 1e3, "ms", fresh * 1e3))
+    ratios = sorted(x / fresh for x in each("fail_job"))
+    figures.append(figure("recovery", "fail_job -> first batch committed after the restart "
+                          f"(restart delay {RESTART_DELAY_S:g} s; median of {len(ratios)} runs)",
+                          job * 1e3, "ms", fresh * 1e3, target="<= 1.1x in every run",
+                          met=ratios[-1] <= 1.1))
     notes = [f"- {reps} query run(s) per shape, {len(FAIL_NUMBERS)} task failures in each; the "
              "baseline of a task failure is Spark's own task retry on a plain Python streaming "
              "source of two partitions (no sparkcoord) failing at the same points, from the raise "
@@ -354,8 +370,17 @@ def run(preset: str, spark: Any) -> dict[str, Any]:
              "- median interval between commits away from the failures: "
              + ", ".join(f"{name} {median(name, 'batch_interval_s') * 1e3:.0f} ms"
                          for name, _ in RUNS if name != "fail_job"),
-             f"- fail_job baseline: a fresh query's start to its first commit ({fresh * 1e3:.0f} "
-             "ms); the restart includes the restart strategy's 0.5 s delay"]
+             "- fail_job -> first commit after the restart, each run: "
+             + ", ".join(f"{x * 1e3:.0f}" for x in each("fail_job"))
+             + f" ms (ratios to a fresh start {ratios[0]:.2f}x-{ratios[-1]:.2f}x); of which "
+             "fail_job -> the job runner saw the query fail: "
+             + ", ".join(f"{x * 1e3:.0f}" for x in each("fail_job", "detected_s"))
+             + " ms, and the restart to the commit: "
+             + ", ".join(f"{x * 1e3:.0f}" for x in each("fail_job", "restarted_s"))
+             + f" ms; baseline: a fresh query's start to its first commit ({fresh * 1e3:.0f} "
+             f"ms, median of {len(each('fail_job', 'first_commit_s')) + 2 * reps} starts); the "
+             f"restart strategy's delay is {RESTART_DELAY_S:g} s (a delay the user sets adds "
+             "to it as it is)"]
     return {"figures": figures, "raw": got, "notes": notes}
 
 

@@ -29,7 +29,9 @@ Rules:
      task did nothing wrong). A REJECT or FAILED response because the job failed carries a
      hold: the task waits that long before it fails, so that the job runner, which stops the
      query on a job failure, cancels it first (Spark logs a cancelled task as one line, and
-     does not retry it; decision 44). A lost connection or a reply that does
+     does not retry it; decision 44). It waits on the refusing connection, which the service
+     closes when that stop closes the run (server rule 8): the task then ends at once, and
+     its Python worker is free for the restarted query (decision 81). A lost connection or a reply that does
      not come within ``ack_timeout_s`` is retried: reconnect, register again (a duplicate
      registration is acknowledged), re-send every unacknowledged event with its number; after
      ``max_retries`` the task fails, but not before ``retry_window_s`` (15 s) has passed
@@ -83,17 +85,45 @@ class ChannelRejected(SparkCoordError):
     or the operator (:func:`refused`): the reason is all there is to say."""
 
 
-def refused(what: str, reason: str, hold_ms: int) -> ChannelRejected:
-    """The error for a refusal of ``what`` (task thread), after waiting ``hold_ms`` for the
-    job runner to cancel this task (rule 7): a job failure's cause may span lines (a
-    coordinator's traceback, which the job runner reports whole); the task's error keeps the
-    first."""
-    if hold_ms > 0:
-        time.sleep(hold_ms / 1000)
-        lines = reason.strip().splitlines() or [""]
-        reason = lines[0] + (" [...]" if len(lines) > 1 else "")
-        reason += " (nothing cancelled this task: is the query run by CoordinatedJob.run/start?)"
+def refused(what: str, reason: str, hold_ms: int,
+            sock: socket.socket | None = None) -> ChannelRejected:
+    """The error for a refusal of ``what`` (task thread), after waiting up to ``hold_ms`` for
+    the job runner to cancel this task (rule 7): on ``sock``, the refusing connection, which
+    the service closes when the query is stopped for the failover (server rule 8; the task
+    was cancelled just before, so Spark takes its error for the cancellation's), else for the
+    whole hold. A job failure's cause may span lines (a coordinator's traceback, which the job
+    runner reports whole); the task's error keeps the first. ``sock`` is closed."""
+    try:
+        if hold_ms > 0:
+            released = _released(sock, hold_ms / 1000)
+            lines = reason.strip().splitlines() or [""]
+            reason = lines[0] + (" [...]" if len(lines) > 1 else "")
+            if not released:
+                reason += (" (nothing cancelled this task: is the query run by "
+                           "CoordinatedJob.run/start?)")
+    finally:
+        if sock is not None:
+            sock.close()
     return ChannelRejected(f"{what}: {reason}")
+
+
+def _released(sock: socket.socket | None, wait_s: float) -> bool:
+    """Wait up to ``wait_s`` for the service to close ``sock`` (its end of the connection);
+    whether it did. Without a socket, the whole wait."""
+    deadline = time.monotonic() + wait_s
+    if sock is None:
+        time.sleep(wait_s)
+        return False
+    try:
+        while (left := deadline - time.monotonic()) > 0:
+            sock.settimeout(left)
+            if not sock.recv(1 << 16):
+                return True  # the service closed the connection: the run was stopped
+    except TimeoutError:
+        return False
+    except OSError:
+        return True  # reset: the service's process went away with the run
+    return False
 
 
 class ChannelUnavailable(SparkCoordError):
@@ -247,10 +277,10 @@ class ChannelClient:
                     if message.seq != seq:
                         continue  # a stale answer of an earlier connection
                     if message.status is ResponseStatus.FAILED and message.hold_ms > 0:
-                        self._drop()  # the job failed: nothing more to say on this channel
+                        # the job failed: nothing more to say on this channel
                         raise refused(f"{self.attempt}: the coordination service refused "
                                       f"request {seq}", message.payload.decode(errors="replace"),
-                                      message.hold_ms)
+                                      message.hold_ms, self._detach())
                     return message
                 if isinstance(message, Reply):
                     self._apply(message)
@@ -313,6 +343,11 @@ class ChannelClient:
             sock.close()
 
     # -------------------------------------------------------------------------- internals
+    def _detach(self) -> socket.socket | None:
+        """The connection, taken from this client (a refusal waits on it, then closes it)."""
+        sock, self._sock, self._reader = self._sock, None, None
+        return sock
+
     def _drop(self) -> None:
         """Close at once: the connection broke, or the service refused (rule 8)."""
         if self._sock is not None:
@@ -454,9 +489,8 @@ class ChannelClient:
             what = ("registration" if reply.request is FrameType.REGISTER
                     else "the end of its batch" if reply.request is FrameType.FINISHED
                     else f"event {reply.seq}")
-            self._drop()
             raise refused(f"{self.attempt}: the coordination service refused {what}",
-                          reply.reason, reply.hold_ms)
+                          reply.reason, reply.hold_ms, self._detach())
         self.execution_attempt = reply.execution_attempt
         if reply.request is FrameType.REGISTER:
             self._register_acked = True

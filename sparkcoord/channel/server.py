@@ -34,6 +34,11 @@ Rules:
      WARNING line, then at most one every 10 s with the number refused since.
   7. The listen backlog is ``listen_backlog`` (connections the kernel queues before the
      accept thread takes them: sized for the run's parallelism).
+  8. Closing the server of a run whose job failed (the query stopped for the failover:
+     ``failover_hold`` is positive) closes every connection at once: a task refused for the
+     failure waits on its connection for its cancellation (client rule 7), and this close
+     is that cancellation's sign, so its Python worker is free for the restarted query at
+     once instead of after Spark's kill timeout (decision 81).
 
 Theory of operation: a client pipelines up to its window of events, in bursts (EVENTS frames).
 The I/O loop reads a readable socket in large chunks (:class:`FrameReader`), authenticates
@@ -198,6 +203,7 @@ class ChannelServer:
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
         self._incoming: list[socket.socket] = []  # admitted, not yet in the loop (under _lock)
         self._closing = False
+        self._release = False  # closing after a job failure: end every connection (rule 8)
         # the loop's: not yet authenticated, oldest first (rules 4 and 5)
         self._waiting_first: dict[socket.socket, _Connection] = {}
         self._connections: dict[socket.socket, _Connection] = {}  # the loop's
@@ -250,10 +256,14 @@ class ChannelServer:
     def close(self) -> None:
         """Stop accepting and close the listening socket (also if never started). Connections
         already open are still served until their peers close them (a task of the ended run
-        gets its refusal); the I/O loop ends after the last. The owner's thread."""
+        gets its refusal); the I/O loop ends after the last. Except when the job failed
+        (``failover_hold`` positive): then the I/O loop closes every connection at once,
+        which releases the refused tasks waiting for their cancellation (rule 8). The
+        owner's thread."""
         if self._thread.ident is not None:  # shutdown() waits for serve_forever to return
             self._server.shutdown()
         self._server.server_close()
+        self._release = self.failover_hold() > 0
         self._closing = True
         self._wake()
 
@@ -354,6 +364,9 @@ class ChannelServer:
                     if len(self._waiting_first) > self.max_unauthenticated:
                         self._shed()
                     self._drop_late(time.monotonic())
+                if self._closing and self._release:
+                    for conn in list(self._connections.values()):
+                        self._end(conn)  # rule 8: the failed run's tasks wait for this
                 if self._closing and not self._connections and not self._incoming:
                     return
         finally:

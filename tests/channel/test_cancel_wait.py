@@ -62,7 +62,8 @@ class _ClientTime:
 
 def record_sleeps(monkeypatch: Any) -> list[float]:
     """The channel client's sleeps (seconds) in this test's threads (its own, and the thread
-    :func:`parked_request_when_failing` asks from), recorded instead of slept.
+    :func:`parked_request_when_failing` asks from), recorded instead of slept; a refusal's
+    hold counts as one, which no close of the run ends.
 
     Only the client module's name ``time`` is replaced, never the ``time`` module itself:
     ``time.sleep`` is one function for every thread of the process, and patched there the
@@ -81,7 +82,14 @@ def record_sleeps(monkeypatch: Any) -> list[float]:
         else:
             time.sleep(seconds)
 
+    def released(sock: Any, wait_s: float) -> bool:
+        # a refusal's hold (rule 7) waits on its connection for the run's close: recorded as
+        # a sleep that nothing ended (the job runner never stopped the query)
+        sleep(wait_s)
+        return False
+
     monkeypatch.setattr(client_module, "time", _ClientTime(sleep))
+    monkeypatch.setattr(client_module, "_released", released)
     return slept
 
 
@@ -204,3 +212,56 @@ def test_the_record_takes_the_clients_sleeps_and_no_other_module_stops_sleeping(
     assert 0.3 <= time.monotonic() - started < 30
     assert 1 <= len(polls) <= 20, len(polls)  # it slept: 0.3 s is about 6 polls, not thousands
     assert client_module.time.monotonic() > 0  # the rest of the module is the real one
+
+
+@pytest.mark.parametrize("refused", ["event", "request"])
+def test_a_refused_task_is_released_at_once_when_the_failed_run_closes(running,
+                                                                       refused: str) -> None:
+    """Server rule 8, client rule 7 (decision 81): the query stop that cancels the failed
+    job's tasks closes the run, and its server closes their connections: the refused task
+    ends then, not after its whole hold (Spark's kill timeout kept its Python worker busy
+    for seconds meanwhile, and the restarted query's tasks waited for a free core)."""
+    service, server = running
+    holding(service, server, 120_000)  # two minutes: only the release ends it in time
+    client = registered(service, server, 0)
+    errors: list[BaseException] = []
+
+    def task() -> None:
+        try:
+            if refused == "event":
+                client.send(pickle.dumps("late"))
+                client.flush()
+            else:
+                client.request(pickle.dumps("park"), timeout_s=300)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            errors.append(exc)
+
+    Parks.asked.clear()
+    if refused == "event":
+        service.fail_job(CAUSE)
+    thread = threading.Thread(target=task, name="refused task")
+    thread.start()
+    if refused == "request":
+        assert Parks.asked.wait(10), "the request never reached the coordinator"
+        service.fail_job(CAUSE)
+    thread.join(1.0)
+    assert thread.is_alive(), errors  # holding: waiting for the job runner's stop
+    server.close()  # what the query's stop does to the run (its source closes the driver side)
+    thread.join(60)
+    assert not thread.is_alive(), "the close did not release the refused task"
+    assert len(errors) == 1 and isinstance(errors[0], ChannelRejected), errors
+    text = str(errors[0])
+    assert "the job failed: coordinator 'op' called fail_job: the table is gone [...]" in text
+    assert "nothing cancelled this task" not in text and "\n" not in text, text
+
+
+def test_a_server_closed_while_the_job_runs_keeps_serving_its_connections(running) -> None:
+    # rule 8 only after a failure: a run that ends normally serves its tasks to their end
+    service, server = running
+    holding(service, server, 120_000)
+    client = registered(service, server, 0)
+    server.close()
+    client.send(pickle.dumps("still served"))
+    client.flush()
+    client.finish()
+    client.close()
