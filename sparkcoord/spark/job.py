@@ -517,6 +517,19 @@ class CoordinatedJob:
         finally:
             self._client_lock.release()
 
+    def _release_clients(self) -> None:
+        """Close the connection :meth:`request` keeps to the job's current run (handle thread,
+        when the job ended: the run is over, and the driver program may live on for long). A
+        request still running on another thread keeps it; it ends with the run."""
+        if not self._client_lock.acquire(timeout=1.0):
+            return
+        try:
+            for client in self._clients.values():
+                client.close()
+            self._clients = {}
+        finally:
+            self._client_lock.release()
+
     def failure_cause(self) -> str | None:
         """The cause of the global failure of the latest run of this job's coordinated
         sources, as the coordination service recorded it (with the user's traceback), or None
@@ -731,6 +744,8 @@ class JobHandle:
             self._loop()
         except BaseException as exc:  # noqa: BLE001 - handed to await_termination
             self._error = exc
+        finally:
+            self.job._release_clients()
 
     def _loop(self) -> None:
         from pyspark.errors import StreamingQueryException
