@@ -364,9 +364,12 @@ class ChannelServer:
                     if len(self._waiting_first) > self.max_unauthenticated:
                         self._shed()
                     self._drop_late(time.monotonic())
-                if self._closing and self._release:
+                if self._closing and (self._release or self.failover_hold() > 0):
+                    # rule 8: the failed run's tasks wait for this (also a job that failed
+                    # while its run was closing)
+                    self._release = True
                     for conn in list(self._connections.values()):
-                        self._end(conn)  # rule 8: the failed run's tasks wait for this
+                        self._end(conn)
                 if self._closing and not self._connections and not self._incoming:
                     return
         finally:
@@ -531,7 +534,16 @@ class ChannelServer:
             sock.shutdown(socket.SHUT_WR)
         except OSError:
             pass
-        sock.close()
+        # not while another thread writes an answer to it (the coordinator's, the service
+        # closing): its descriptor could be reused by then (a review finding on rule 8)
+        writer = conn.writer
+        locked = writer.lock.acquire(timeout=1.0)
+        try:
+            writer.closed = True
+            sock.close()
+        finally:
+            if locked:
+                writer.lock.release()
 
     def _answer(self, answers: list[Reply | Delivery | Response]) -> bytes:
         # consecutive replies travel as one REPLIES frame: one MAC for the whole batch

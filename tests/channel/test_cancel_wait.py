@@ -215,8 +215,8 @@ def test_the_record_takes_the_clients_sleeps_and_no_other_module_stops_sleeping(
 
 
 @pytest.mark.parametrize("refused", ["event", "request"])
-def test_a_refused_task_is_released_at_once_when_the_failed_run_closes(running,
-                                                                       refused: str) -> None:
+def test_a_refused_task_is_released_at_once_when_the_failed_run_closes(
+        running, monkeypatch, refused: str) -> None:
     """Server rule 8, client rule 7 (decision 81): the query stop that cancels the failed
     job's tasks closes the run, and its server closes their connections: the refused task
     ends then, not after its whole hold (Spark's kill timeout kept its Python worker busy
@@ -225,6 +225,14 @@ def test_a_refused_task_is_released_at_once_when_the_failed_run_closes(running,
     holding(service, server, 120_000)  # two minutes: only the release ends it in time
     client = registered(service, server, 0)
     errors: list[BaseException] = []
+    waiting = threading.Event()
+    released = client_module._released
+
+    def noted(sock: Any, wait_s: float) -> bool:
+        waiting.set()  # the refusal arrived: the task waits for its cancellation
+        return released(sock, wait_s)
+
+    monkeypatch.setattr(client_module, "_released", noted)
 
     def task() -> None:
         try:
@@ -244,8 +252,8 @@ def test_a_refused_task_is_released_at_once_when_the_failed_run_closes(running,
     if refused == "request":
         assert Parks.asked.wait(10), "the request never reached the coordinator"
         service.fail_job(CAUSE)
-    thread.join(1.0)
-    assert thread.is_alive(), errors  # holding: waiting for the job runner's stop
+    assert waiting.wait(30), errors  # refused, holding: waiting for the job runner's stop
+    assert thread.is_alive(), errors
     server.close()  # what the query's stop does to the run (its source closes the driver side)
     thread.join(60)
     assert not thread.is_alive(), "the close did not release the refused task"
@@ -265,3 +273,18 @@ def test_a_server_closed_while_the_job_runs_keeps_serving_its_connections(runnin
     client.flush()
     client.finish()
     client.close()
+
+
+def test_a_refused_task_that_nothing_releases_waits_its_whole_hold_then_says_so(running) -> None:
+    # the real wait on the connection (the other tests record it): the hold runs out, the
+    # service still holds the connection open, and the task fails in one line saying that
+    # nothing cancelled it
+    service, server = running
+    holding(service, server, 300)
+    client = registered(service, server, 0)
+    service.fail_job(CAUSE)
+    started = time.monotonic()
+    client.send(pickle.dumps("late"))
+    with pytest.raises(ChannelRejected, match="nothing cancelled this task"):
+        client.flush()
+    assert time.monotonic() - started >= 0.3  # the whole hold, not cut short
