@@ -266,7 +266,7 @@ def _spark_retries(spark: Any, root: str, failing: int, busy_ms: int = 0) -> dic
 #: itself costs (a delay is a wait the user chooses, added as it is)
 RESTART_DELAY_S = 0.0
 #: fail_job runs per bench round (issue 29 item 3: a spread over several rounds, not one)
-FAIL_JOB_RUNS = {"quick": 3, "full": 3}
+FAIL_JOB_RUNS = 3
 
 
 def _fail_job(spark: Any, root: str) -> dict[str, float]:
@@ -329,7 +329,7 @@ def run(preset: str, spark: Any) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as tmp:
         for i in range(reps):
             for name in got:
-                for k in range(FAIL_JOB_RUNS[preset] if name == "fail_job" else 1):
+                for k in range(FAIL_JOB_RUNS if name == "fail_job" else 1):
                     got[name].append(_run_one(spark, os.path.join(tmp, f"{name}-{i}-{k}"), name))
     return report(got, reps)
 

@@ -203,7 +203,6 @@ class ChannelServer:
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
         self._incoming: list[socket.socket] = []  # admitted, not yet in the loop (under _lock)
         self._closing = False
-        self._release = False  # closing after a job failure: end every connection (rule 8)
         # the loop's: not yet authenticated, oldest first (rules 4 and 5)
         self._waiting_first: dict[socket.socket, _Connection] = {}
         self._connections: dict[socket.socket, _Connection] = {}  # the loop's
@@ -263,7 +262,6 @@ class ChannelServer:
         if self._thread.ident is not None:  # shutdown() waits for serve_forever to return
             self._server.shutdown()
         self._server.server_close()
-        self._release = self.failover_hold() > 0
         self._closing = True
         self._wake()
 
@@ -364,10 +362,9 @@ class ChannelServer:
                     if len(self._waiting_first) > self.max_unauthenticated:
                         self._shed()
                     self._drop_late(time.monotonic())
-                if self._closing and (self._release or self.failover_hold() > 0):
+                if self._closing and self.failover_hold() > 0:
                     # rule 8: the failed run's tasks wait for this (also a job that failed
-                    # while its run was closing)
-                    self._release = True
+                    # while its run was closing; the hold stays positive once it failed)
                     for conn in list(self._connections.values()):
                         self._end(conn)
                 if self._closing and not self._connections and not self._incoming:

@@ -783,7 +783,7 @@ class Simulation:
                 # (a retry that asks less than the attempt whose history it adopted)
                 task.sends = task.sends[:self.rng.randint(0, len(task.sends))]
             if finished is None:
-                self._note_free_after_replaced_finish(task, every_item)
+                self._free_after_replaced_finish(task, every_item)
             task.phase = "send"
         elif task.phase == "send":
             if task.seq in task.asks and task.seq < len(task.sends):
@@ -829,7 +829,7 @@ class Simulation:
         elif task.phase == "finish":
             task.done = True
 
-    def _note_free_after_replaced_finish(self, task: Task, every_item: list[Any]) -> None:
+    def _free_after_replaced_finish(self, task: Task, every_item: list[Any]) -> None:
         """A rerun's attempt where an earlier run's attempt finished and a retry of its own run
         replaced it (the path kept_at_rerun frees): half the time it sends more or fewer
         items than that finished attempt sent (a time budget). Counts one that sends other
