@@ -44,6 +44,7 @@ from sparkcoord.runtime.config import ServiceConfig
 from sparkcoord.runtime.files import files_for
 from sparkcoord.runtime.logs import check_level, install_log_handler
 from sparkcoord.runtime.restart import FixedDelay, RestartStrategy
+from sparkcoord.spark.python_start import launched_python
 from sparkcoord.spark.session import resolve_location, session_setting
 from sparkcoord.spark.source import CoordinatedSource
 from sparkcoord.spark.spec import FORMAT, OperatorSpec, SourceSpec
@@ -252,7 +253,10 @@ class CoordinatedJob:
         self._clients: dict[tuple[str, str], Any] = {}
         self._client_id = uuid.uuid4().hex[:12]
         self._client_seq = 0
-        spark.dataSource.register(CoordinatedSource)
+        # the source runner and task workers start from compiled code where they can
+        # (decision 82): a runner starts at every query start and restart
+        with launched_python(spark):
+            spark.dataSource.register(CoordinatedSource)
 
     @property
     def spark_checkpoint(self) -> str:
