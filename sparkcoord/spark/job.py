@@ -361,7 +361,8 @@ class CoordinatedJob:
         struct = self.spark.createDataFrame([], schema).schema
         fn = RecipientFunction(spec, operator, to_arrow_schema(struct))
         spread = df.repartition(op.parallelism) if shuffle else df.coalesce(op.parallelism)
-        return spread.mapInArrow(fn, struct)
+        with launched_python(self.spark):  # PySpark wraps the function here (decision 82)
+            return spread.mapInArrow(fn, struct)
 
     def check_cluster_settings(self) -> None:
         """Refuse settings that break the guarantee (speculative execution: two live attempts).

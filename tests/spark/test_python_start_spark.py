@@ -1,7 +1,8 @@
 """Decision 82 on real Spark (local[2,4]): a coordinated source's runner (where its
-coordinator lives) and its task workers import PySpark from the installed package, compiled,
-through the launcher; with ``spark.sparkcoord.pythonLauncher=off`` from Spark's zip, as any
-Python source does."""
+coordinator lives), its task workers and a downstream operator's (``mapInArrow``) workers
+import PySpark from the installed package, compiled, through the launcher; with
+``spark.sparkcoord.pythonLauncher=off`` from Spark's zip, as any Python process Spark starts
+does."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from typing import Any
 import pytest
 
 from sparkcoord.coordinator import OperatorCoordinator
-from sparkcoord.operator import SubtaskOperator
-from sparkcoord.spark import CoordinatedJob
+from sparkcoord.operator import RecipientOperator, SubtaskOperator
+from sparkcoord.spark import CoordinatedJob, OperatorSpec
 from sparkcoord.spark.python_start import LAUNCHER_SETTING
 from tests.spark.helpers import sink_rows
 
@@ -46,9 +47,24 @@ class WhereReporter(SubtaskOperator):
             yield (pyspark.__file__, self.context.subtask)
 
 
+class WhereDownstream(RecipientOperator):
+    """Passes on where the source's task imported PySpark from, and where its own did."""
+
+    def process_input(self, rows: list[dict[str, Any]]) -> Any:
+        import pyspark
+
+        for row in rows:
+            yield (row["path"], pyspark.__file__)
+
+
 def _where(spark: Any, root: str) -> tuple[str, set[str]]:
+    """Where the source runner imported PySpark from, and the source's and the downstream
+    operator's tasks."""
     job = CoordinatedJob(spark, os.path.join(root, "ckpt"))
-    df = job.source(WhereReporter, WhereCoordinator, 2, "path string, subtask int", name="where")
+    df = job.sources([OperatorSpec("where", WhereCoordinator, WhereReporter, 2)],
+                     "path string, subtask int", name="where",
+                     recipients=[OperatorSpec("down", WhereCoordinator, WhereDownstream, 2)])
+    df = job.apply(df, "down", "path string, downstream string", source="where")
     out = os.path.join(root, "out")
     handle = job.start(df.writeStream.format("parquet").option("path", out)
                        .trigger(processingTime="0 seconds"), timeout_s=120)
@@ -60,7 +76,8 @@ def _where(spark: Any, root: str) -> tuple[str, set[str]]:
         runner = job.request("where", "pyspark")
     finally:
         handle.stop()
-    return runner, {r.path for r in sink_rows(spark, out)}
+    rows = sink_rows(spark, out)
+    return runner, {r.path for r in rows} | {r.downstream for r in rows}
 
 
 def test_the_source_runner_and_its_tasks_import_the_installed_pyspark_not_sparks_zip(
