@@ -30,7 +30,10 @@ Rules:
      protocol allows deletion vectors is refused (``ChangeStreamError``, the job fails
      naming it): a rewrite of the raw files would bring deleted rows back. A partitioned
      table is refused in both modes (``TableShapeError`` at open and at a commit): the
-     sink's files hold every column and its add actions no partition values. The reported
+     sink's files hold every column and its add actions no partition values. So is a table
+     with column mapping (``delta.columnMapping.mode`` ``name`` or ``id``): its readers look
+     columns up in the files by physical names, which the sink's files do not use, and would
+     read nulls. The reported
      files are staging files the table never references (cleanup deletes them after the
      commit).
   5. Compaction (``compaction.py`` rule 4, mode ``append``): an epoch's commit carries its
@@ -131,6 +134,20 @@ class DeltaCommitter:
                 f"Delta table {self.table_uri} is partitioned by {', '.join(partitioned)}; the "
                 "sink writes unpartitioned Delta tables only: write to another table (or "
                 "rewrite this one without partitions)")
+        mapping = _column_mapping(table)
+        if mapping != "none":
+            raise TableShapeError(
+                f"Delta table {self.table_uri} uses column mapping (delta.columnMapping.mode "
+                f"{mapping!r}): its readers look columns up by physical names that the sink's "
+                "files do not use, so they would read nulls; write to a table without column "
+                "mapping")
+
+    def _check_shape_since_open(self, table: Any) -> None:
+        """At a commit (commit worker thread): :meth:`_check_shape` again if the table was
+        made partitioned or column-mapped since :meth:`open` (cheap to tell; the full check
+        reads the schema)."""
+        if table.metadata().partition_columns or _column_mapping(table) != "none":
+            self._check_shape(table)
 
     def commit(self, epoch: int, files: Sequence[DataFile],
                swaps: Sequence[Any] = ()) -> Decision:
@@ -152,8 +169,7 @@ class DeltaCommitter:
         if table is None:
             self._create(actions, properties)  # rule 3
         else:
-            if table.metadata().partition_columns:
-                self._check_shape(table)  # made partitioned by someone since open()
+            self._check_shape_since_open(table)
             table.create_write_transaction(actions, "append", table.schema(),
                                            commit_properties=properties)
         assert self._fence is not None
@@ -221,8 +237,7 @@ class DeltaCommitter:
             raise ChangeStreamError(
                 f"Delta table {self.table_uri}: mode 'merge' rewrites data files and cannot work "
                 "on a table whose protocol allows deletion vectors (delta.enableDeletionVectors)")
-        if table.metadata().partition_columns:
-            self._check_shape(table)  # made partitioned by someone since open()
+        self._check_shape_since_open(table)
         actions = self._merge_actions(table, epoch, changes, keys)
         properties.max_commit_retries = 0  # rule 4: fail, never rebase a rewrite
         table.create_write_transaction(actions, "append", table.schema(),
@@ -410,7 +425,18 @@ def _key_ranges(table: Any, keys: Sequence[str]) -> list[KeyRange]:
 
 #: Writers may cut a string statistic to a prefix (Delta's writers keep 32 characters); a
 #: prefix is still a lower bound, but as an upper bound it may exclude keys the file holds.
+#: Counted in UTF-16 code units, as Spark's (Java's) writer counts them: a character outside
+#: the BMP is two there, so a cut bound may be shorter than 32 Python characters.
 _STATS_PREFIX = 32
+
+
+def _column_mapping(table: Any) -> str:
+    """A Delta table's column mapping mode: ``none``, ``name`` or ``id``."""
+    return str(table.metadata().configuration.get("delta.columnMapping.mode") or "none").lower()
+
+
+def _utf16_units(text: str) -> int:
+    return len(text.encode("utf-16-le")) // 2
 
 
 def _trusted_bounds(path: str, kinds: Sequence[Any], low: tuple[Any, ...],
@@ -419,8 +445,8 @@ def _trusted_bounds(path: str, kinds: Sequence[Any], low: tuple[Any, ...],
     (``None``: read the file). The sink's own files (``sc-`` names, any job's) carry exact
     bounds or none (``files.py`` rule 3: timestamps rounded outwards, strings up to
     ``MAX_BOUND_CHARS``, no decimal). Another writer's are trusted for integers, dates and
-    booleans; a string's upper bound only below 32 characters (a longer one may be a cut
-    prefix); a timestamp's upper bound plus a millisecond (delta-rs and Spark cut it to the
+    booleans; a string's upper bound only below 32 UTF-16 code units (a longer one may be a
+    cut prefix); a timestamp's upper bound plus a millisecond (delta-rs and Spark cut it to the
     millisecond); nothing else (a decimal's bound may be clamped to 64 bits, a float's may
     hide a NaN), found by the session-13 review: a pruned file kept a changed key's old row."""
     import pyarrow as pa
@@ -435,7 +461,7 @@ def _trusted_bounds(path: str, kinds: Sequence[Any], low: tuple[Any, ...],
     widened = []
     for kind, hi in zip(kinds, high, strict=True):
         if pa.types.is_string(kind) or pa.types.is_large_string(kind):
-            if len(hi) >= (MAX_BOUND_CHARS if ours else _STATS_PREFIX):
+            if (len(hi) >= MAX_BOUND_CHARS if ours else _utf16_units(hi) >= _STATS_PREFIX):
                 return None
         elif pa.types.is_timestamp(kind):
             if not ours:
