@@ -15,8 +15,9 @@ Spark's Python processes and then replaces itself, decision 82) and needs none o
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from sparkcoord.core.lazy import names_on_first_use
 
 if TYPE_CHECKING:
     from sparkcoord.coordinator import (
@@ -102,11 +103,4 @@ __all__ = [
     "__version__",
 ]
 
-
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'sparkcoord' has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value
-    return value
+__getattr__ = names_on_first_use(__name__, _HOMES)

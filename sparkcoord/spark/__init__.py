@@ -9,8 +9,9 @@ unpickle a coordinated source's reader and partitions) and need none of the job 
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from sparkcoord.core.lazy import names_on_first_use
 
 if TYPE_CHECKING:
     from sparkcoord.operator import SubtaskContext, SubtaskOperator
@@ -26,11 +27,4 @@ _HOMES = {"CoordinatedJob": "sparkcoord.spark.job", "JobGaveUp": "sparkcoord.spa
 __all__ = ["CoordinatedJob", "JobGaveUp", "JobHandle", "OperatorSpec", "RunReport", "SubtaskContext",
            "SubtaskOperator"]
 
-
-def __getattr__(name: str) -> Any:
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'sparkcoord.spark' has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value
-    return value
+__getattr__ = names_on_first_use(__name__, _HOMES)
