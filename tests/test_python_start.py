@@ -9,14 +9,17 @@ import pathlib
 import subprocess
 import sys
 import sysconfig
+import threading
 import zipfile
 from typing import Any
 
 import pytest
 
+import sparkcoord.spark.python_start as python_start
 from sparkcoord.spark.python_start import (
     LAUNCHER,
     LAUNCHER_SETTING,
+    launch_environment,
     launched_python,
     launcher_for,
     redundant_entries,
@@ -67,6 +70,62 @@ def test_a_zip_of_another_spark_home_stays(tmp_path: pathlib.Path) -> None:
     assert redundant_entries(entries, [*entries, p["site"]]) == set()
 
 
+def test_nothing_is_left_out_when_another_sparks_zip_further_on_would_be_imported_instead(
+        tmp_path: pathlib.Path) -> None:
+    # review finding: the installed copies left out, a user's older Spark zip later on the
+    # path would have been the pyspark imported
+    p = _installation(tmp_path / "pip")
+    other = tmp_path / "opt" / "spark" / "python" / "lib"
+    other.mkdir(parents=True)
+    with zipfile.ZipFile(other / "pyspark.zip", "w") as z:
+        z.writestr("pyspark/__init__.py", "")
+    entries = [p["zip"], p["py4j_zip"], p["jar"], str(other / "pyspark.zip")]
+    assert redundant_entries(entries, [*entries, p["site"]]) == set()
+
+
+def test_py4js_zip_stays_when_another_py4j_zip_further_on_would_be_imported_instead(
+        tmp_path: pathlib.Path) -> None:
+    p = _installation(tmp_path)
+    user = tmp_path / "user" / "py4j-0.10.9.7-src.zip"
+    user.parent.mkdir()
+    with zipfile.ZipFile(user, "w") as z:
+        z.writestr("py4j/__init__.py", "")
+        z.writestr("py4j/version.py", "__version__ = '0.10.9.7'\n")
+    entries = [p["zip"], p["py4j_zip"], str(user)]
+    assert redundant_entries(entries, [*entries, p["site"]]) == {p["zip"]}
+
+
+def test_a_users_jar_beside_sparks_own_stays(tmp_path: pathlib.Path) -> None:
+    # only spark-core's jar is Spark's own entry; a connector jar may carry Python code
+    p = _installation(tmp_path)
+    user_jar = str(pathlib.Path(p["jar"]).with_name("graphframes-0.8.jar"))
+    entries = [p["zip"], p["jar"], user_jar]
+    assert redundant_entries(entries, [*entries, p["site"]]) == {p["zip"], p["jar"]}
+
+
+def test_the_launch_environment_keeps_every_other_entry_empty_ones_too(
+        tmp_path: pathlib.Path) -> None:
+    p = _installation(tmp_path)
+    search = [p["zip"], p["jar"], "/x", p["site"]]
+    env = launch_environment({"PYTHONPATH": os.pathsep.join([p["zip"], "", "/x", p["jar"]]),
+                              "OTHER": "1"}, search)
+    assert env == {"PYTHONPATH": os.pathsep.join(["", "/x"]), "OTHER": "1"}
+    env = launch_environment({"PYTHONPATH": p["zip"]}, [p["zip"], p["site"]])
+    assert env == {}  # nothing left: no PYTHONPATH at all
+
+
+def test_the_launch_environment_is_spark_s_own_when_working_it_out_fails(
+        tmp_path: pathlib.Path, monkeypatch: Any) -> None:
+    p = _installation(tmp_path)
+
+    def broken(entries: Any, search_path: Any) -> set[str]:
+        raise UnicodeDecodeError("utf-8", b"", 0, 1, "a damaged version.py")
+
+    monkeypatch.setattr(python_start, "redundant_entries", broken)
+    environ = {"PYTHONPATH": p["zip"]}
+    assert launch_environment(environ, [p["zip"], p["site"]]) == environ
+
+
 def test_nothing_is_left_out_when_no_pyspark_package_is_on_the_rest_of_the_path(
         tmp_path: pathlib.Path) -> None:
     p = _installation(tmp_path)
@@ -82,10 +141,10 @@ def _installed_pyspark() -> pathlib.Path:
     return home
 
 
-def test_the_installed_sparks_jars_hold_no_python_module() -> None:
-    # rule 1 leaves <pyspark>/jars/*.jar out of the path on this ground
-    jars = sorted((_installed_pyspark() / "jars").glob("*.jar"))
-    assert jars
+def test_the_installed_spark_core_jar_holds_no_python_module() -> None:
+    # rule 1 leaves <pyspark>/jars/spark-core_*.jar out of the path on this ground
+    jars = sorted((_installed_pyspark() / "jars").glob("spark-core_*.jar"))
+    assert len(jars) == 1
     for jar in jars:
         with zipfile.ZipFile(jar) as z:
             python = [n for n in z.namelist() if n.endswith((".py", ".pyc"))]
@@ -159,3 +218,45 @@ def test_a_cluster_a_missing_launcher_or_the_setting_off_leave_sparks_python_as_
 def test_an_unknown_launcher_setting_is_refused_naming_it() -> None:
     with pytest.raises(ValueError, match=f"{LAUNCHER_SETTING} is 'fast'.*'auto'.*'off'"):
         launcher_for(FakeSpark(**{LAUNCHER_SETTING: "fast"}))
+
+
+def test_a_launcher_whose_interpreter_is_another_python_is_not_used(tmp_path) -> None:
+    # a shim directory or a wrapper: the script beside the executable runs something else
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    python = bin_dir / "python"
+    python.symlink_to(sys.executable)
+    launcher = bin_dir / LAUNCHER
+    launcher.write_text("#!/usr/bin/env bash\nexec pyenv exec sparkcoord-python \"$@\"\n")
+    launcher.chmod(0o755)
+    assert launcher_for(FakeSpark(python=str(python))) is None
+    launcher.write_text(f"#!{tmp_path}/other/python3\n")
+    assert launcher_for(FakeSpark(python=str(python))) is None
+    launcher.write_text(f"#!{python}\nimport sys\n")
+    assert launcher_for(FakeSpark(python=str(python))) == str(launcher)
+    # pip's form for an interpreter path too long for a #! line
+    launcher.write_text(f"#!/bin/sh\n\'\'\'exec\' \"{python}\" \"$0\" \"$@\"\n\' \'\'\'\n")
+    assert launcher_for(FakeSpark(python=str(python))) == str(launcher)
+
+
+def test_two_threads_making_jobs_at_once_leave_sparks_python_as_it_was(monkeypatch) -> None:
+    # review finding: A enters, B enters, A leaves, B leaves restored the launcher for good.
+    # B stays inside until A left; with the lock B enters only then (A waits for it in vain).
+    # Both chose the launcher before either swapped (B would find none once A swapped)
+    spark = FakeSpark()
+    monkeypatch.setattr(python_start, "launcher_for", lambda _spark: "/env/bin/" + LAUNCHER)
+    b_inside, a_left = threading.Event(), threading.Event()
+
+    def second() -> None:
+        with launched_python(spark):
+            b_inside.set()
+            assert a_left.wait(10)
+
+    thread = threading.Thread(target=second)
+    with launched_python(spark):
+        thread.start()
+        b_inside.wait(0.5)  # without the lock B is inside by now
+    a_left.set()
+    thread.join(10)
+    assert b_inside.is_set() and not thread.is_alive()
+    assert spark.sparkContext.pythonExec == sys.executable

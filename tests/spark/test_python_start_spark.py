@@ -88,6 +88,11 @@ def test_the_source_runner_and_its_tasks_import_the_installed_pyspark_not_sparks
     assert "pyspark.zip" not in installed
     runner, tasks = _where(spark, str(tmp_path / "launched"))
     assert runner == installed and tasks == {installed}
+    # the user's own Python functions are Spark's as before: from the zip
+    from pyspark.sql.functions import udf
+
+    where_udf = udf(lambda _: __import__("pyspark").__file__, "string")
+    assert "pyspark.zip" in spark.range(1).select(where_udf("id")).first()[0]
     spark.conf.set(LAUNCHER_SETTING, "off")
     try:
         runner, tasks = _where(spark, str(tmp_path / "plain"))
