@@ -127,3 +127,19 @@ def test_an_error_of_until_stops_the_query_before_it_ends_the_job(tmp_path) -> N
     with pytest.raises(RequestRefused):
         handle._loop()
     assert query.stops == 1 and not query.isActive
+
+
+def test_a_local_jobs_failure_report_is_read_every_50_ms_whatever_poll_s_is() -> None:
+    # rule 5 of job.py (decision 84): a fail_job is acted on within ~50 ms, not a poll_s later;
+    # a store's report costs a request, so a remote one is read at poll_s as before
+    def waits(poll_s: float, *urls: str, options: Any = None) -> tuple[float, int]:
+        specs = {u: SimpleNamespace(checkpoint_url=u, storage_options=options or {})
+                 for u in urls}
+        job = SimpleNamespace(failure_cause=lambda: None, _specs=specs)
+        return JobHandle(job, None, NoRestart(), None, poll_s, None, None)._waits()  # type: ignore[arg-type]
+
+    assert waits(0.5, "/ckpt/coordination/a") == (0.05, 10)
+    assert waits(0.1, "file:///ckpt/coordination/a") == (0.05, 2)
+    assert waits(0.02, "/ckpt/coordination/a") == (0.02, 1)
+    assert waits(0.5, "/ckpt/coordination/a", "s3://b/ckpt/coordination/c") == (0.5, 1)
+    assert waits(0.5, "/ckpt/coordination/a", options={"anon": True}) == (0.5, 1)

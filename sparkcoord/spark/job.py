@@ -16,6 +16,11 @@ Rules:
      its log, so it takes effect once (decision 38).
   4. The handle's id, progress and batch count continue across restarts (decision 55); the
      batch count agrees with Spark's commit log once a query ended.
+  5. A run's failure report is read every ``FAILURE_CHECK_S`` (50 ms) when every source's
+     checkpoint directory is local (a failed ``open``), every ``poll_s`` otherwise (a store
+     request); batches, ``until`` and the timeout are looked at every ``poll_s``. A
+     ``fail_job`` thus stops and restarts the query within ~50 ms of its report, whatever
+     ``poll_s`` (default 0.5 s) is (decision 84).
 
 Thread model: the user's driver program thread. The coordination itself runs in Spark's source
 runner process; this side only starts, watches and restarts the query.
@@ -24,6 +29,7 @@ runner process; this side only starts, watches and restarts the query.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import logging
 import re
@@ -56,6 +62,9 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
 log = logging.getLogger(__name__)
+
+#: rule 5: how often the job runner reads a local checkpoint directory's failure report
+FAILURE_CHECK_S = 0.05
 
 __all__ = ["CoordinatedJob", "JobGaveUp", "JobHandle", "OperatorSpec", "RunReport"]
 
@@ -766,32 +775,35 @@ class JobHandle:
             self._query_started(query)
             log.info("query %s started on %s%s", query.id, job.spark_checkpoint,
                      f" (restart {report.restarts})" if report.restarts else "")
+            # rule 5: the failure report is read every wait; the rest every poll_s
+            wait_s, waits_per_poll = self._waits()
             try:
-                while True:
+                for waited in itertools.count(1):
                     # seconds, a float: PySpark's hint says int, its code takes any number
-                    if query.awaitTermination(self._poll_s):  # type: ignore[arg-type]
+                    if query.awaitTermination(wait_s):  # type: ignore[arg-type]
                         self._count_batches(query)
                         log.info("query %s ended by itself after %d batches in all", query.id,
                                  report.batches)
                         return  # ended by itself (availableNow, or stopped by Spark)
-                    self._count_batches(query)
-                    try:
-                        done = self._stop.is_set() or self._until_done(query)
-                    except BaseException:
-                        # until() ends the job with its error: the query must not run on
-                        # after the job ended
-                        query.stop()
+                    if waited % waits_per_poll == 0:
                         self._count_batches(query)
-                        raise
-                    if done:
-                        query.stop()
-                        self._count_batches(query)
-                        return
-                    if deadline is not None and time.monotonic() > deadline:
-                        query.stop()
-                        self._count_batches(query)
-                        raise TimeoutError(f"job not done after {self._timeout_s}s; "
-                                           f"failures so far: {report.failures}")
+                        try:
+                            done = self._stop.is_set() or self._until_done(query)
+                        except BaseException:
+                            # until() ends the job with its error: the query must not run
+                            # on after the job ended
+                            query.stop()
+                            self._count_batches(query)
+                            raise
+                        if done:
+                            query.stop()
+                            self._count_batches(query)
+                            return
+                        if deadline is not None and time.monotonic() > deadline:
+                            query.stop()
+                            self._count_batches(query)
+                            raise TimeoutError(f"job not done after {self._timeout_s}s; "
+                                               f"failures so far: {report.failures}")
                     cause = job.failure_cause()
                     if cause is not None:
                         # The job failed in sparkcoord: stop the query now, as Flink cancels
@@ -832,6 +844,20 @@ class JobHandle:
                 if self._stop.wait(delay):
                     return
                 self._phase = f"Restarting the query (restart {report.restarts})"
+
+    def _waits(self) -> tuple[float, int]:
+        """How long the handle thread waits on the query between reads of the failure report,
+        and how many such waits make one ``poll_s`` (rule 5): a local checkpoint directory's
+        report is one failed ``open`` to read, so it is read every ``FAILURE_CHECK_S``; a
+        remote one (a request to a store) every ``poll_s``."""
+        from sparkcoord.runtime.files import is_local_url
+
+        specs = list(getattr(self.job, "_specs", {}).values())
+        if self._poll_s <= FAILURE_CHECK_S or not all(
+                is_local_url(spec.checkpoint_url) and not spec.storage_options for spec in specs):
+            return self._poll_s, 1
+        waits = max(1, round(self._poll_s / FAILURE_CHECK_S))
+        return self._poll_s / waits, waits
 
     def _until_done(self, query: Any) -> bool:
         """Whether ``until()`` says the job is done (handle thread, at each poll).
