@@ -28,9 +28,7 @@ if TYPE_CHECKING:
         SubtaskGateway,
         Withdrawn,
     )
-    from sparkcoord.core.codec import (
-        EventCodec,
-    )
+    from sparkcoord.core.codec import EventCodec
     from sparkcoord.core.errors import (
         AttemptNoLongerLive,
         CheckpointIdRegression,
@@ -48,9 +46,7 @@ if TYPE_CHECKING:
         WithdrawnNotHandled,
         WrongThread,
     )
-    from sparkcoord.core.stored import (
-        StoredOnce,
-    )
+    from sparkcoord.core.stored import StoredOnce
     from sparkcoord.runtime.restart import (
         ExponentialBackoff,
         FailureRate,

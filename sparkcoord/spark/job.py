@@ -852,9 +852,9 @@ class JobHandle:
         remote one (a request to a store) every ``poll_s``."""
         from sparkcoord.runtime.files import is_local_url
 
-        specs = list(getattr(self.job, "_specs", {}).values())
         if self._poll_s <= FAILURE_CHECK_S or not all(
-                is_local_url(spec.checkpoint_url) and not spec.storage_options for spec in specs):
+                is_local_url(spec.checkpoint_url) and not spec.storage_options
+                for spec in self.job._specs.values()):
             return self._poll_s, 1
         waits = max(1, round(self._poll_s / FAILURE_CHECK_S))
         return self._poll_s / waits, waits
