@@ -114,8 +114,8 @@ def test_the_launch_environment_keeps_every_other_entry_empty_ones_too(
     assert env == {}  # nothing left: no PYTHONPATH at all
 
 
-def test_the_launch_environment_is_spark_s_own_when_working_it_out_fails(
-        tmp_path: pathlib.Path, monkeypatch: Any) -> None:
+def test_the_launch_environment_is_spark_s_own_when_working_it_out_fails_and_says_why(
+        tmp_path: pathlib.Path, monkeypatch: Any, capsys: Any) -> None:
     p = _installation(tmp_path)
 
     def broken(entries: Any, search_path: Any) -> set[str]:
@@ -124,6 +124,10 @@ def test_the_launch_environment_is_spark_s_own_when_working_it_out_fails(
     monkeypatch.setattr(python_start, "redundant_entries", broken)
     environ = {"PYTHONPATH": p["zip"]}
     assert launch_environment(environ, [p["zip"], p["site"]]) == environ
+    out, err = capsys.readouterr()
+    assert out == ""  # Spark's daemon reads its port from standard output
+    assert err.count("\n") == 1 and "PYTHONPATH left as Spark set it" in err
+    assert "UnicodeDecodeError" in err and "a damaged version.py" in err
 
 
 def test_nothing_is_left_out_when_no_pyspark_package_is_on_the_rest_of_the_path(

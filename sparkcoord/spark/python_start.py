@@ -28,7 +28,8 @@ Rules:
      (an empty entry is the working directory).
   2. The launcher writes nothing to standard output (Spark's daemon reports its port there)
      and changes nothing but ``PYTHONPATH``; if working out the entries fails in any way, it
-     starts the interpreter with the environment as it got it.
+     says why in one line on standard error (Spark's log) and starts the interpreter with the
+     environment as it got it.
   3. The driver gives the launcher to a coordinated source's Python functions
      (:func:`launched_python`) only where every process of the job runs the same
      installation: a classic session in local mode (``local``, ``local[...]``,
@@ -148,7 +149,10 @@ def launch_environment(environ: dict[str, str], search_path: Sequence[str]) -> d
                 env["PYTHONPATH"] = os.pathsep.join(kept)
             else:
                 del env["PYTHONPATH"]
-    except Exception:  # noqa: BLE001 - rule 2: start the interpreter as Spark asked
+    except Exception as exc:  # noqa: BLE001 - rule 2: start the interpreter as Spark asked
+        # one line on standard error (Spark's log), never standard output (rule 2)
+        print(f"sparkcoord-python: PYTHONPATH left as Spark set it, so PySpark is compiled "
+              f"from its zip in this process: {type(exc).__name__}: {exc}", file=sys.stderr)
         return dict(environ)
     return env
 
