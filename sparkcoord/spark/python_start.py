@@ -123,7 +123,7 @@ def redundant_entries(entries: Sequence[str], search_path: Sequence[str]) -> set
             redundant.add(entry)
         elif where == lib and (m := _PY4J_ZIP.fullmatch(name)) is not None:
             py4j_zips[entry] = m.group("version")
-        elif where == jars:  # spark-core's jar (_is_spark_packaging)
+        elif where == jars and _SPARK_CORE_JAR.fullmatch(name) is not None:
             redundant.add(entry)
     rest = [p for p in search_path if p not in redundant and p not in py4j_zips]
     for entry, version in py4j_zips.items():
