@@ -36,6 +36,27 @@ def figure(bench: str, what: str, value: float, unit: str, baseline: float | Non
             "ratio": ratio, "target": target, "met": met, **extra}
 
 
+def compile_package() -> str:
+    """Compile sparkcoord's modules to bytecode (``__pycache__`` beside them), as pip does when
+    it installs a wheel; what :func:`bench.run.main` says about the run. Called once, before
+    any benchmark, by the process that runs them.
+
+    Every Python process Spark starts for a job (the source runner at each query start, the
+    task workers, the planners) imports sparkcoord's modules. An editable install (the
+    README's) writes their bytecode at the first import, unless ``PYTHONDONTWRITEBYTECODE`` is
+    set, as it is on the machine these benchmarks run on; then every such process compiled
+    them from source again (~50 ms in a source runner, measured in session 15) and the figures
+    measured a cost a user who installed the package does not pay."""
+    import compileall
+
+    import sparkcoord
+
+    package = os.path.dirname(os.path.abspath(sparkcoord.__file__))
+    if not compileall.compile_dir(package, quiet=1):
+        raise RuntimeError(f"cannot compile {package} to bytecode")
+    return f"sparkcoord compiled to bytecode before the run ({package})"
+
+
 def spark_session(app: str = "sparkcoord-bench") -> Any:
     """A local[2,4] session like the tests' (UI off, quiet)."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -69,7 +90,8 @@ def _fmt(v: Any, unit: str = "") -> str:
 def markdown(results: dict[str, Any]) -> str:
     """The report: one table row per figure, then each benchmark's notes."""
     lines = [f"# sparkcoord benchmarks ({results['preset']} preset)", "",
-             f"{results['started']}, {results['machine']}; total {results['elapsed_s']:.0f} s. "
+             f"{results['started']}, {results['machine']}; total {results['elapsed_s']:.0f} s"
+             + (f"; {results['bytecode']}" if results.get("bytecode") else "") + ". "
              "Medians. Ratio = our cost / the baseline's cost, measured in the same run (for rates: "
              "the baseline's rate / ours), so 1.00x is free and 2.00x twice as slow.", "",
              "| benchmark | what | measured | baseline | ratio | target | met |",

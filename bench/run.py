@@ -46,7 +46,7 @@ OWN_SESSION = ["requests", "cdc_stream", "cdc_snapshot"]  # start a Spark sessio
 def main() -> int:
     from rich.console import Console
 
-    from bench.common import markdown, spark_session, write_report
+    from bench.common import compile_package, markdown, spark_session, write_report
 
     ap = argparse.ArgumentParser(description="sparkcoord benchmarks")
     ap.add_argument("--preset", choices=["quick", "full"], default="quick")
@@ -62,6 +62,7 @@ def main() -> int:
     results: dict[str, Any] = {
         "preset": args.preset, "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "machine": f"{os.cpu_count()} cores, Python {platform.python_version()}, {platform.machine()}",
+        "bytecode": compile_package(),
         "figures": [], "benches": {}, "failed": {}}
     spark = None
     for name in chosen:

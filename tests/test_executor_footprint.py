@@ -80,3 +80,37 @@ def test_the_driver_still_reads_what_a_worker_wrote(tmp_path) -> None:
     url = f"file://{tmp_path}/job"
     SubtaskStateStore.for_url(url).write(SubtaskId("op", 0), 2, b"from a worker")
     assert CheckpointStorage(url).read_subtask_state(SubtaskId("op", 0), 3) == (2, b"from a worker")
+
+
+def test_a_driver_side_on_a_local_checkpoint_directory_does_not_import_fsspec(tmp_path) -> None:
+    # fsspec's import is ~25 ms of every source runner's start and restart (decision 85)
+    from pyspark import cloudpickle
+
+    from sparkcoord.examples.steady import SCHEMA, SteadyCoordinator, SteadyOperator
+    from sparkcoord.spark.spec import OperatorSpec, SourceSpec
+
+    spec = SourceSpec("steady", str(tmp_path / "coordination"),
+                      [OperatorSpec("steady", SteadyCoordinator, SteadyOperator, 2)], SCHEMA,
+                      checkpoint_interval_s=0)
+    loaded = modules_after(f"""
+        import pickle
+        from sparkcoord.spark.source import CoordinatedStreamReader
+        driver = CoordinatedStreamReader(pickle.loads({cloudpickle.dumps(spec)!r}))
+        start = driver.initialOffset()
+        end = driver.latestOffset(start)
+        assert end["epoch"] > start["epoch"], (start, end)
+        assert len(driver.partitions(start, end)) == 2
+        driver.stop()
+    """)
+    assert "sparkcoord.runtime.storage" in loaded  # the driver side really ran
+    assert "fsspec" not in loaded
+
+
+def test_a_remote_checkpoint_directory_still_gives_tools_its_fsspec_filesystem(tmp_path) -> None:
+    from sparkcoord.runtime.storage import CheckpointStorage
+
+    local = CheckpointStorage(str(tmp_path / "job"))
+    memory = CheckpointStorage("memory://footprint/job")
+    assert local.fs.exists(f"{local.root}/records")
+    assert type(memory.fs).__name__ == "MemoryFileSystem"
+    assert memory.fs.exists(f"{memory.root}/records")

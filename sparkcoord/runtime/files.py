@@ -47,6 +47,11 @@ class Files:
         """Delete a file or a directory tree; nothing if it does not exist."""
         raise NotImplementedError
 
+    def makedirs(self, directory: str) -> None:
+        """Create ``directory`` and its parents; nothing if it exists (an object store has no
+        empty directories: nothing there either)."""
+        raise NotImplementedError
+
 
 class LocalFiles(Files):
     """A local directory, through ``os`` (no fsspec import)."""
@@ -84,6 +89,9 @@ class LocalFiles(Files):
             os.remove(path)
         except FileNotFoundError:
             pass
+
+    def makedirs(self, directory: str) -> None:
+        os.makedirs(directory, exist_ok=True)
 
 
 def fsync_directory(path: str) -> None:
@@ -136,6 +144,9 @@ class FsspecFiles(Files):
             self.fs.rm(path, recursive=True)
         except FileNotFoundError:
             pass
+
+    def makedirs(self, directory: str) -> None:
+        self.fs.makedirs(directory, exist_ok=True)
 
 
 def is_local_url(url: str) -> bool:

@@ -1,4 +1,5 @@
-"""Checkpoint storage on fsspec: records, inbound logs and subtask state of one job.
+"""Checkpoint storage: records, inbound logs and subtask state of one job, in a local directory
+(``os`` calls) or under any fsspec URL.
 
 The directory's layout and names: :mod:`sparkcoord.runtime.layout`.
 
@@ -37,9 +38,6 @@ import zlib
 from collections.abc import Sequence
 from typing import Any
 
-import fsspec
-from fsspec.implementations.local import LocalFileSystem
-
 from sparkcoord.core.entries import ClientRequestEntry, ClientResponseEntry, LogEntry
 from sparkcoord.core.errors import CorruptRecord
 from sparkcoord.core.ids import SubtaskId
@@ -54,7 +52,7 @@ from sparkcoord.core.records import (
 )
 from sparkcoord.core.stored import StoredOnce, snapshot_parts
 from sparkcoord.runtime import layout
-from sparkcoord.runtime.files import Files, FsspecFiles, LocalFiles
+from sparkcoord.runtime.files import Files, FsspecFiles, LocalFiles, files_for
 from sparkcoord.runtime.subtask_state import SubtaskStateStore
 
 
@@ -69,14 +67,13 @@ class CheckpointStorage:
                  storage_options: dict[str, Any] | None = None) -> None:
         if retain < 1:
             raise ValueError(f"retain must be >= 1, got {retain}")
-        # The driver side keeps an fsspec filesystem (tools and tests use ``fs``); the file
-        # operations themselves go through ``files`` (os calls for a local directory).
-        fs, root = fsspec.core.url_to_fs(url, **(storage_options or {}))
-        self.fs = fs
-        self._local = isinstance(fs, LocalFileSystem)
-        self.files: Files = LocalFiles() if self._local else FsspecFiles(fs)
+        # os calls for a local directory: fsspec is not even imported then (its import is
+        # ~25 ms of every source runner's start and restart: decision 85)
+        files, root = files_for(url, storage_options)
+        self.files: Files = files
+        self._local = isinstance(files, LocalFiles)
         self.url = url
-        self.root = root.rstrip("/") or "/"
+        self.root = root
         self.retain = retain
         self.fsync = fsync
         self._log_epoch: int | None = None
@@ -95,8 +92,18 @@ class CheckpointStorage:
         self._parts_alive: weakref.WeakValueDictionary[str, StoredOnce[Any]] = (
             weakref.WeakValueDictionary())
         self.states = SubtaskStateStore(self.files, self.root, retain=retain, fsync=fsync)
-        fs.makedirs(self._path(layout.RECORDS), exist_ok=True)
-        fs.makedirs(self._path(layout.INBOUND), exist_ok=True)
+        files.makedirs(self._path(layout.RECORDS))
+        files.makedirs(self._path(layout.INBOUND))
+
+    @property
+    def fs(self) -> Any:
+        """The directory's fsspec filesystem, for tools and tests (any thread, any time). For a
+        local directory it is made (and fsspec imported) only when asked for."""
+        if isinstance(self.files, FsspecFiles):
+            return self.files.fs
+        from fsspec.implementations.local import LocalFileSystem
+
+        return LocalFileSystem()
 
     def __getstate__(self) -> dict[str, Any]:
         # Executors get a copy (to read state); open handles stay behind.

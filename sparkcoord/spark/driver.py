@@ -3,8 +3,8 @@ one run, in Spark's long-lived Python source runner process.
 
 Rules (see also :mod:`sparkcoord.spark.source`, whose reader delegates here):
   1. Created at the reader's first driver-side call, in the runner process only; never in
-     Spark's Python workers (this module imports the service, its storage and fsspec, which the
-     workers must not pay for: docs/decisions.md 32).
+     Spark's Python workers (this module imports the service and its storage, and fsspec for
+     a remote checkpoint directory, which the workers must not pay for: docs/decisions.md 32).
   2. ``latest_epoch(start)``: the run's first call restores; later ones signal that the batch
      of ``start`` committed. A new epoch is sealed only when there is something to carry (held
      events, a batch asked for, the job's first batch) or the checkpoint interval passed, and its record is durable before its epoch is
@@ -121,7 +121,7 @@ class DriverSide:
             action: str | None = plan(message)
             if action:
                 injected["count"] += 1
-                self.service.storage.fs.pipe_file(path, json.dumps(injected).encode())
+                self.service.storage.files.write_atomic(path, json.dumps(injected).encode())
             return action
 
         return counted
