@@ -1,4 +1,5 @@
-"""Listing files: the fsspec filesystem of a URL and the files under a root, in path order.
+"""Listing files: the filesystem of a URL (fsspec's, or :class:`LocalFileSystem` for a local
+path) and the files under a root, in path order.
 
 Runs wherever files are listed or opened: in Spark's Python source runner process on the
 driver host (discovery, on the enumerator's discovery thread; a fresh source's first listing on
@@ -34,10 +35,64 @@ class FileEntry:
 
 _FILESYSTEMS: dict[tuple[str, str], Any] = {}
 
+#: the prefixes of an absolute local path that fsspec's local filesystem strips
+_LOCAL_PREFIXES = ("file://", "file:", "local://", "local:")
+
+
+class LocalFileSystem:
+    """The calls the file source makes on local files, with ``os`` and ``open``: what
+    :func:`filesystem` gives for an absolute local path, so that no process that lists or reads
+    local files imports fsspec (its import is ~25 ms in the source runner and in every new
+    task worker, and its objects are walked by the garbage collection PySpark runs after every
+    task: docs/decisions.md 32 and 85). The :class:`Lister` lists it with ``os.scandir``.
+    No state; any thread."""
+
+    protocol = "file"
+
+    @staticmethod
+    def _strip_protocol(url: str) -> str:
+        """The path of an absolute local ``url``, exactly as fsspec's local filesystem gives it
+        (paths are kept in checkpoints: a restored source compares them): the scheme
+        stripped, no normalization, trailing slashes dropped."""
+        for prefix in _LOCAL_PREFIXES:
+            if url.startswith(prefix):
+                url = url[len(prefix):]
+                break
+        return url.rstrip("/") or "/"
+
+    def open(self, path: str, mode: str = "rb") -> Any:
+        return open(path, mode)  # noqa: SIM115 - the caller closes it
+
+    def size(self, path: str) -> int:
+        return os.path.getsize(path)
+
+    def cat_file(self, path: str) -> bytes:
+        with open(path, "rb") as f:
+            return f.read()
+
+
+def _local_path(url: str, storage_options: dict[str, Any] | None) -> bool:
+    """``url`` is an absolute local path :class:`LocalFileSystem` serves as fsspec would: no
+    options, a POSIX system, and after the scheme an absolute path (a relative one or ``~``
+    goes through fsspec, which makes it absolute its own way)."""
+    if storage_options or os.sep != "/":
+        return False
+    for prefix in _LOCAL_PREFIXES:
+        if url.startswith(prefix):
+            url = url[len(prefix):]
+            break
+    else:
+        if "://" in url:
+            return False
+    return url.startswith("/")
+
 
 def filesystem(url: str, storage_options: dict[str, Any] | None = None) -> tuple[Any, str]:
-    """The fsspec filesystem of ``url`` and the path inside it; one instance per process and
-    set of options (readers run many tasks in one Python worker)."""
+    """The filesystem of ``url`` and the path inside it: a :class:`LocalFileSystem` for an
+    absolute local path, else fsspec's; one instance per process and set of options (readers
+    run many tasks in one Python worker)."""
+    if _local_path(url, storage_options):
+        return LocalFileSystem(), LocalFileSystem._strip_protocol(url)
     import fsspec
 
     key = (url.split("://", 1)[0] if "://" in url else "file",
