@@ -31,7 +31,7 @@ from sparkcoord.sources.files.options import (
 from sparkcoord.sources.files.reading import FileReader
 from sparkcoord.sources.files.schema import infer_schema
 from sparkcoord.sources.splits import ReadLimit
-from sparkcoord.spark.session import resolve_location
+from sparkcoord.spark.session import resolve_location, struct_of
 from sparkcoord.spark.spec import OperatorSpec
 
 if TYPE_CHECKING:
@@ -148,7 +148,7 @@ class FileStream:
         if isinstance(self._schema, StructType):
             return self._schema
         if self._schema is not None:
-            return self.job.spark.createDataFrame([], str(self._schema)).schema
+            return struct_of(self.job.spark, str(self._schema))
         from pyspark.sql.pandas.types import from_arrow_schema
 
         return from_arrow_schema(infer_schema(opts), prefer_timestamp_ntz=False)

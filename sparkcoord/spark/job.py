@@ -51,7 +51,7 @@ from sparkcoord.runtime.files import files_for
 from sparkcoord.runtime.logs import check_level, install_log_handler
 from sparkcoord.runtime.restart import FixedDelay, RestartStrategy
 from sparkcoord.spark.python_start import launched_python
-from sparkcoord.spark.session import resolve_location, session_setting
+from sparkcoord.spark.session import resolve_location, session_setting, struct_of
 from sparkcoord.spark.source import CoordinatedSource
 from sparkcoord.spark.spec import FORMAT, OperatorSpec, SourceSpec
 
@@ -367,7 +367,7 @@ class CoordinatedJob:
         op = spec.operator(operator)
         if op not in spec.recipients:
             raise ValueError(f"{operator!r} is not a downstream operator of source {source!r}")
-        struct = self.spark.createDataFrame([], schema).schema
+        struct = struct_of(self.spark, schema)
         fn = RecipientFunction(spec, operator, to_arrow_schema(struct))
         spread = df.repartition(op.parallelism) if shuffle else df.coalesce(op.parallelism)
         with launched_python(self.spark):  # PySpark wraps the function here (decision 82)

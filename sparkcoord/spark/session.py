@@ -45,3 +45,21 @@ def resolve_location(spark: Any, location: str, what: str) -> str:
             f"working directory, which this client cannot see. Pass an absolute path on "
             f"storage the server reaches, or a URL")
     return os.path.abspath(location)
+
+
+def struct_of(spark: Any, schema: Any) -> Any:
+    """The ``StructType`` that ``spark.createDataFrame([], schema).schema`` gives for
+    ``schema`` (a ``StructType`` is returned as it is; a DDL string such as ``"id long, name
+    string"`` is parsed). On a classic session a struct DDL is parsed with one call to Spark's
+    parser (``DataType.fromDDL``, ~3 ms) instead of making an empty DataFrame (~20 ms, on every
+    source a program builds); anything else, and a Spark Connect session, go through
+    ``createDataFrame`` as before. Driver program thread."""
+    from pyspark.sql.types import DataType, StructType
+
+    if isinstance(schema, StructType):
+        return schema
+    if isinstance(schema, str) and not is_connect(spark):
+        parsed = DataType.fromDDL(schema)
+        if isinstance(parsed, StructType):
+            return parsed
+    return spark.createDataFrame([], schema).schema

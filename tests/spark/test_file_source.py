@@ -321,3 +321,11 @@ def test_tiny_files_packed_into_few_splits_are_read_exactly_once_across_a_task_r
     rows = sink_rows(spark, out)
     assert_exactly_once(rows, list(range(files)))
     assert all(r._metadata.file_name == f"t-{r.id:06d}.json" for r in rows)
+
+
+@pytest.mark.parametrize("ddl", [SCHEMA, "id long", "`a b` int NOT NULL, m map<string, array<int>>",
+                                 "s struct<x: int, y: string>, d decimal(10, 2)", "int"])
+def test_a_schema_string_gives_the_struct_create_data_frame_gives(spark, ddl) -> None:
+    from sparkcoord.spark.session import struct_of
+
+    assert struct_of(spark, ddl) == spark.createDataFrame([], ddl).schema
