@@ -49,7 +49,8 @@ class Files:
 
     def makedirs(self, directory: str) -> None:
         """Create ``directory`` and its parents; nothing if it exists (an object store has no
-        empty directories: nothing there either)."""
+        empty directories: nothing there either). Called by the checkpoint storage when it
+        opens a job's directory (the runner's driver side, or a tool; any thread)."""
         raise NotImplementedError
 
 
@@ -149,15 +150,31 @@ class FsspecFiles(Files):
         self.fs.makedirs(directory, exist_ok=True)
 
 
+#: the schemes fsspec's local filesystem strips from a local path, in the order it tries them
+LOCAL_PREFIXES = ("file://", "file:", "local://", "local:")
+
+
+def local_path(url: str) -> str | None:
+    """The path a local ``url`` names, its scheme stripped as fsspec's local filesystem strips
+    it and nothing else changed: a plain path, or one of :data:`LOCAL_PREFIXES` and a path;
+    None for any other URL. Any process, any thread."""
+    for prefix in LOCAL_PREFIXES:
+        if url.startswith(prefix):
+            return url[len(prefix):]
+    return None if "://" in url else url
+
+
 def is_local_url(url: str) -> bool:
-    """A plain path or a ``file://`` URL (served without fsspec)."""
-    return "://" not in url or url.startswith("file://")
+    """A plain path or a local URL (``file:``, ``local:``; served without fsspec)."""
+    return local_path(url) is not None
 
 
 def files_for(url: str, storage_options: dict[str, Any] | None = None) -> tuple[Files, str]:
-    """The store of ``url`` and the root path within it (no trailing slash)."""
-    if is_local_url(url) and not storage_options:
-        path = url[len("file://"):] if url.startswith("file://") else url
+    """The store of ``url`` and the root path within it (no trailing slash): a local path is
+    made absolute and normalized (every process of a job computes a directory this way).
+    Any process, any thread."""
+    path = local_path(url)
+    if path is not None and not storage_options:
         return LocalFiles(), os.path.abspath(path).rstrip("/") or "/"
     import fsspec  # only for remote stores: see the module docstring
 

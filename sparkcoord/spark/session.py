@@ -55,10 +55,13 @@ def struct_of(spark: Any, schema: Any) -> Any:
     source a program builds); anything else, and a Spark Connect session, go through
     ``createDataFrame`` as before. Driver program thread."""
     from pyspark.sql.types import DataType, StructType
+    from pyspark.sql.utils import is_remote
 
     if isinstance(schema, StructType):
         return schema
-    if isinstance(schema, str) and not is_connect(spark):
+    # fromDDL parses through the active Connect session once any Connect session was made in
+    # this process (is_remote): then only createDataFrame is sure to ask ``spark``
+    if isinstance(schema, str) and not is_connect(spark) and not is_remote():
         parsed = DataType.fromDDL(schema)
         if isinstance(parsed, StructType):
             return parsed

@@ -53,6 +53,24 @@ def test_paths_and_file_urls_are_local_and_need_no_fsspec(tmp_path: pathlib.Path
     assert isinstance(files_for("memory://x")[0], FsspecFiles)
 
 
+@pytest.mark.parametrize("scheme", ["file:", "file://", "local:", "local://"])
+def test_every_local_scheme_fsspec_takes_names_the_same_local_directory(
+        tmp_path: pathlib.Path, scheme: str) -> None:
+    # a local:// checkpoint kept the storage's local layout (one appended inbound log, fsync)
+    # when it went through fsspec's local filesystem; it must not turn into the object-store
+    # layout, and file:/x must name /x in every process (decision 85)
+    from sparkcoord.runtime.storage import CheckpointStorage
+
+    files, root = files_for(f"{scheme}{tmp_path}/j")
+    assert isinstance(files, LocalFiles) and root == f"{tmp_path}/j"
+    storage = CheckpointStorage(f"{scheme}{tmp_path}/k", fsync=True)
+    assert storage._local and storage.root == f"{tmp_path}/k"
+    storage.start_inbound_log(0)
+    storage.append_inbound(0, b"frame")
+    assert storage.files.read(storage._log_path(0)) == b"frame"  # one file, not segments
+    storage.close()
+
+
 def test_a_private_local_write_is_never_readable_by_others_not_even_its_temporary_file(
         tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import os

@@ -86,3 +86,19 @@ def test_a_local_file_source_lists_plans_and_reads_without_importing_fsspec(tmp_
     out = subprocess.run([sys.executable, "-c", script], check=True, capture_output=True,
                          text=True, timeout=120)
     assert out.stdout.strip() == "False"
+
+
+def test_an_open_local_file_keeps_its_own_size_when_the_path_is_replaced(tmp_path) -> None:
+    # the reader checks the open file's size against the split: the file it reads, even if the
+    # path is deleted or renamed over after the open (as fsspec's files do)
+    import os
+
+    path = tmp_path / "f.json"
+    path.write_bytes(b"12345\n")
+    with LocalFileSystem().open(str(path), "rb") as f:
+        (tmp_path / "new").write_bytes(b"a much longer file\n")
+        os.replace(tmp_path / "new", path)
+        assert f.size == 6 and f.read() == b"12345\n"
+    with LocalFileSystem().open(str(path), "rb") as f:
+        path.unlink()
+        assert f.size == 19

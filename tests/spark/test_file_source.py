@@ -324,7 +324,9 @@ def test_tiny_files_packed_into_few_splits_are_read_exactly_once_across_a_task_r
 
 
 @pytest.mark.parametrize("ddl", [SCHEMA, "id long", "`a b` int NOT NULL, m map<string, array<int>>",
-                                 "s struct<x: int, y: string>, d decimal(10, 2)", "int"])
+                                 "s struct<x: int, y: string>, d decimal(10, 2)", "int",
+                                 "c char(5), v varchar(10)", "a: int, b: string",
+                                 "x int COMMENT 'the x', s string COLLATE UTF8_LCASE"])
 def test_a_schema_string_gives_the_struct_create_data_frame_gives(spark, ddl) -> None:
     from sparkcoord.spark.session import struct_of
 

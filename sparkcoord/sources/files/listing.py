@@ -7,8 +7,8 @@ its mailbox), in the user's driver program thread (:func:`~.schema.infer_schema`
 source is built), and in Spark's Python workers on the executors (the reader's
 :func:`filesystem`, on the task's thread).
 
-Thread model: :func:`filesystem` keeps one instance per process and set of options in a dict
-without a lock: each process calls it from one thread at a time (one discovery cycle at a
+Thread model: :func:`filesystem` keeps one fsspec instance per process and set of options in a
+dict without a lock: each process calls it from one thread at a time (one discovery cycle at a
 time, one task at a time in a worker), and a race would only make a second instance. A
 :class:`Lister` is made per discovery cycle and used by the thread that made it. Rule numbers
 are the package's (:mod:`sparkcoord.sources.files`).
@@ -23,6 +23,8 @@ from collections.abc import Container, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from sparkcoord.runtime.files import local_path
+
 
 @dataclass(frozen=True)
 class FileEntry:
@@ -35,17 +37,15 @@ class FileEntry:
 
 _FILESYSTEMS: dict[tuple[str, str], Any] = {}
 
-#: the prefixes of an absolute local path that fsspec's local filesystem strips
-_LOCAL_PREFIXES = ("file://", "file:", "local://", "local:")
-
-
 class LocalFileSystem:
     """The calls the file source makes on local files, with ``os`` and ``open``: what
     :func:`filesystem` gives for an absolute local path, so that no process that lists or reads
     local files imports fsspec (its import is ~25 ms in the source runner and in every new
     task worker, and its objects are walked by the garbage collection PySpark runs after every
     task: docs/decisions.md 32 and 85). The :class:`Lister` lists it with ``os.scandir``.
-    No state; any thread."""
+
+    Thread model: no state; any thread of any process (the runner's discovery thread, the
+    user's driver program, a task's thread or a packed split's fetch threads)."""
 
     protocol = "file"
 
@@ -54,44 +54,41 @@ class LocalFileSystem:
         """The path of an absolute local ``url``, exactly as fsspec's local filesystem gives it
         (paths are kept in checkpoints: a restored source compares them): the scheme
         stripped, no normalization, trailing slashes dropped."""
-        for prefix in _LOCAL_PREFIXES:
-            if url.startswith(prefix):
-                url = url[len(prefix):]
-                break
-        return url.rstrip("/") or "/"
+        path = local_path(url)
+        return (url if path is None else path).rstrip("/") or "/"
 
     def open(self, path: str, mode: str = "rb") -> Any:
-        return open(path, mode)  # noqa: SIM115 - the caller closes it
+        """``path`` opened; read modes carry ``size``, the open file's own size, as fsspec's
+        files do (the reader checks it against the split: a file deleted or replaced after it
+        was opened is still the file read)."""
+        f: Any = open(path, mode)  # noqa: SIM115 - the caller closes it
+        if "r" in mode:
+            f.size = os.fstat(f.fileno()).st_size
+        return f
 
     def size(self, path: str) -> int:
+        """The size of ``path`` now."""
         return os.path.getsize(path)
 
     def cat_file(self, path: str) -> bytes:
+        """The whole of ``path``."""
         with open(path, "rb") as f:
             return f.read()
 
 
-def _local_path(url: str, storage_options: dict[str, Any] | None) -> bool:
+def _is_local_path(url: str, storage_options: dict[str, Any] | None) -> bool:
     """``url`` is an absolute local path :class:`LocalFileSystem` serves as fsspec would: no
     options, a POSIX system, and after the scheme an absolute path (a relative one or ``~``
     goes through fsspec, which makes it absolute its own way)."""
-    if storage_options or os.sep != "/":
-        return False
-    for prefix in _LOCAL_PREFIXES:
-        if url.startswith(prefix):
-            url = url[len(prefix):]
-            break
-    else:
-        if "://" in url:
-            return False
-    return url.startswith("/")
+    path = local_path(url)
+    return not storage_options and os.sep == "/" and path is not None and path.startswith("/")
 
 
 def filesystem(url: str, storage_options: dict[str, Any] | None = None) -> tuple[Any, str]:
-    """The filesystem of ``url`` and the path inside it: a :class:`LocalFileSystem` for an
-    absolute local path, else fsspec's; one instance per process and set of options (readers
-    run many tasks in one Python worker)."""
-    if _local_path(url, storage_options):
+    """The filesystem of ``url`` and the path inside it: a :class:`LocalFileSystem` (no state,
+    made per call) for an absolute local path, else fsspec's, one instance per process and
+    set of options (readers run many tasks in one Python worker)."""
+    if _is_local_path(url, storage_options):
         return LocalFileSystem(), LocalFileSystem._strip_protocol(url)
     import fsspec
 
