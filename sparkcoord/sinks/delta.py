@@ -26,7 +26,10 @@ Rules:
      its commit would leave them where no sweep may tell them from another writer's; ours
      are named ``sc-<job>.m<epoch>...`` and the sweep at the next start deletes them
      (``cleanup.py`` rule 1). Not retried by delta-rs over a commit that landed meanwhile
-     (``max_commit_retries=0``, as rule 5: a removed file may have changed); a table whose
+     (``max_commit_retries=0``, as rule 5: a removed file may have changed); an attempt
+     that so fails deletes the files it wrote, once the table read again shows that this run
+     did not commit the epoch and only those it does not reference (the commit worker
+     retries with new ones; what a kill or an error leaves is the sweep's); a table whose
      protocol allows deletion vectors is refused (``ChangeStreamError``, the job fails
      naming it): a rewrite of the raw files would bring deleted rows back. A partitioned
      table is refused in both modes (``TableShapeError`` at open and at a commit): the
@@ -57,6 +60,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -70,6 +74,9 @@ from sparkcoord.sinks.target import check_table_schema
 
 #: Keys of the commit info (rule 1).
 JOB_KEY, EPOCH_KEY, RUN_KEY = "sparkcoord.job-id", "sparkcoord.epoch", "sparkcoord.run-id"
+
+
+log = logging.getLogger("sparkcoord.sinks")
 
 
 def run_app_id(job_id: str, run_id: str) -> str:
@@ -240,11 +247,41 @@ class DeltaCommitter:
         self._check_shape_since_open(table)
         actions = self._merge_actions(table, epoch, changes, keys)
         properties.max_commit_retries = 0  # rule 4: fail, never rebase a rewrite
-        table.create_write_transaction(actions, "append", table.schema(),
-                                       commit_properties=properties)
+        from deltalake.exceptions import CommitFailedError
+
+        try:
+            table.create_write_transaction(actions, "append", table.schema(),
+                                           commit_properties=properties)
+        except CommitFailedError:
+            self._discard_lost_merge(epoch, [a.path for a in actions
+                                             if not type(a).__name__.startswith("Remove")])
+            raise
         assert self._fence is not None
         self._fence.committed(epoch)
         return COMMIT
+
+    def _discard_lost_merge(self, epoch: int, written: Sequence[str]) -> None:
+        """Rule 4: a merge attempt whose commit failed deletes the files it wrote (``written``,
+        relative to the table), so that a job that keeps losing to another writer does not
+        pile them up until the next start's sweep. Only if the table, read again, shows that
+        this run did not commit ``epoch`` after all (a store error after the commit landed
+        also fails it), and only the files the table does not reference. Best effort: what
+        is left (a failure here, a kill) is the sweep's, as before. Commit worker thread."""
+        try:
+            table = self._load()
+            if self._version(table, run_app_id(self.job_id, self.run_id)) >= epoch:
+                return  # it landed: the files are the table's
+            held = self.referenced_paths()
+            fs, root = self._files()
+            for path in written:
+                if path not in held:
+                    try:
+                        fs.rm_file(f"{root}/{path}")
+                    except FileNotFoundError:
+                        pass
+        except Exception:  # noqa: BLE001 - the commit's own error is what the worker reports
+            log.warning("Delta table %s: the files of epoch %d's lost merge attempt stay for "
+                        "the next start's sweep", self.table_uri, epoch, exc_info=True)
 
     def _merge_actions(self, table: Any, epoch: int, changes: Reduced,
                        keys: Sequence[str]) -> list[Any]:
@@ -255,14 +292,9 @@ class DeltaCommitter:
         import pyarrow.compute as pc
         import pyarrow.parquet as pq
         from deltalake.transaction import RemoveAction
-        from fsspec.core import url_to_fs
 
-        from sparkcoord.sinks.target import storage_options_for
-
-        options = (self.fsspec_options if self.fsspec_options is not None else
-                   storage_options_for("fsspec", self.storage_options))
         writer = MergeFileWriter(self.table_uri, self.job_id, epoch, self.schema,
-                                 storage_options=options)
+                                 storage_options=self._fsspec_options())
         ops = changes.rows.column(OP_COLUMN)
         changed = changes.rows.select(list(keys))
         candidates = files_to_rewrite(
@@ -270,13 +302,13 @@ class DeltaCommitter:
             [tuple(_comparable(v) for v in key)
              for key in zip(*(changed.column(k).to_pylist() for k in keys), strict=True)],
             truncated=changes.truncated)
-        fs, root = url_to_fs(self.table_uri, **options)
+        fs, root = self._files()
         now = int(time.time() * 1000)
         removes: list[Any] = []
         try:
             for f in candidates:
                 if not changes.truncated:
-                    with fs.open(f"{str(root).rstrip('/')}/{f.path}", "rb") as handle:
+                    with fs.open(f"{root}/{f.path}", "rb") as handle:
                         rows = pq.read_table(handle).select(self.schema.names).cast(
                             self.schema)
                     marked = rows.select(list(keys)).append_column(
@@ -333,6 +365,20 @@ class DeltaCommitter:
         return set(self._current_sizes(table)) | self._removed_paths()
 
     # ------------------------------------------------------------------ internals
+    def _fsspec_options(self) -> dict[str, Any]:
+        from sparkcoord.sinks.target import storage_options_for
+
+        return (dict(self.fsspec_options) if self.fsspec_options is not None else
+                storage_options_for("fsspec", self.storage_options))
+
+    def _files(self) -> tuple[Any, str]:
+        """The table's store (fsspec) and its root there, without a trailing slash: where a
+        merge reads and writes data files."""
+        from fsspec.core import url_to_fs
+
+        fs, root = url_to_fs(self.table_uri, **self._fsspec_options())
+        return fs, str(root).rstrip("/")
+
     def _load(self) -> Any:
         from deltalake import DeltaTable
         from deltalake.exceptions import TableNotFoundError
@@ -374,13 +420,9 @@ class DeltaCommitter:
     def _removed_paths(self) -> set[str]:
         from fsspec.core import url_to_fs
 
-        from sparkcoord.sinks.target import storage_options_for
-
         # the log read directly, with fsspec: delta-rs's names would be lost on s3fs (which
         # ignores names it does not know, and would then reach AWS instead of the endpoint)
-        options = (self.fsspec_options if self.fsspec_options is not None else
-                   storage_options_for("fsspec", self.storage_options))
-        fs, root = url_to_fs(f"{self.table_uri}/_delta_log", **options)
+        fs, root = url_to_fs(f"{self.table_uri}/_delta_log", **self._fsspec_options())
         fs.invalidate_cache(root)  # s3fs keeps listings for good: commits came since
         removed: set[str] = set()
         for name in fs.ls(root, detail=False):

@@ -351,3 +351,66 @@ def test_a_merge_finds_a_changed_key_in_another_writers_file_whose_statistics_ro
     c.open()
     assert c.merge(0, lambda: Reduced(rows, False), ["id"]) == COMMIT
     assert DeltaTable(uri).to_pyarrow_table().to_pylist() == [{"id": key, "name": "new"}]
+
+
+def test_a_delta_merge_that_loses_to_another_writer_deletes_its_files_and_the_retry_commits(
+        tmp_path: Any, monkeypatch: Any) -> None:
+    from deltalake import write_deltalake
+    from deltalake.exceptions import CommitFailedError
+
+    from sparkcoord.sinks.delta import DeltaCommitter
+
+    target = Target("delta", tmp_path)
+    c = target.committer("run-a")
+    assert c.merge(0, first_epoch, ["id"]) == COMMIT
+    where = location(target, c)
+    before = set(list_data_files(where))
+    written: list[set[str]] = []
+    build = DeltaCommitter._merge_actions
+
+    def raced(self: Any, *args: Any) -> list[Any]:
+        # another writer appends between the merge's read of the table and its commit
+        actions = build(self, *args)
+        written.append(set(list_data_files(where)) - before)
+        write_deltalake(where, pa.table({"id": pa.array([100], pa.int64()), "name": ["x"]}),
+                        mode="append")
+        return actions
+
+    with monkeypatch.context() as patch:
+        patch.setattr(DeltaCommitter, "_merge_actions", raced)
+        with pytest.raises(CommitFailedError):
+            c.merge(1, second_epoch, ["id"])
+    assert written[0], "the merge wrote no file before its commit"
+    assert not written[0] & set(list_data_files(where))  # deleted, not left for the sweep
+    assert set(list_data_files(where)) >= before  # the table's own files stay
+    # the commit worker's retry reads the table again and commits the epoch once
+    assert c.merge(1, second_epoch, ["id"]) == COMMIT
+    assert target.rows() == [(1, "n1"), (2, "two"), (3, "n3"), (4, "n4"), (6, "n6"),
+                             (9, "nine"), (100, "x")]
+    assert c.referenced_paths() >= set(list_data_files(where)) - before - written[0]
+
+
+def test_a_lost_delta_merge_whose_commit_landed_after_all_keeps_its_files(
+        tmp_path: Any, monkeypatch: Any) -> None:
+    # a store error after the commit was written fails it too: the table, read again, holds
+    # the epoch for this run, so nothing of it is deleted
+    from deltalake import DeltaTable
+    from deltalake.exceptions import CommitFailedError
+
+    target = Target("delta", tmp_path)
+    c = target.committer("run-a")
+    assert c.merge(0, first_epoch, ["id"]) == COMMIT
+    commit = DeltaTable.create_write_transaction
+
+    def landed_then_failed(self: Any, *args: Any, **kwargs: Any) -> None:
+        commit(self, *args, **kwargs)
+        raise CommitFailedError("the store's answer was lost")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(DeltaTable, "create_write_transaction", landed_then_failed)
+        with pytest.raises(CommitFailedError):
+            c.merge(1, second_epoch, ["id"])
+    assert target.rows() == [(1, "n1"), (2, "two"), (3, "n3"), (4, "n4"), (6, "n6"),
+                             (9, "nine")]
+    # every file the table references (its merge files among them) is still there
+    assert c.referenced_paths() <= set(list_data_files(location(target, c)))
