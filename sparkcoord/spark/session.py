@@ -53,7 +53,8 @@ def struct_of(spark: Any, schema: Any) -> Any:
     string"`` is parsed). On a classic session a struct DDL is parsed with one call to Spark's
     parser (``DataType.fromDDL``, ~3 ms) instead of making an empty DataFrame (~20 ms, on every
     source a program builds); anything else, and a Spark Connect session, go through
-    ``createDataFrame`` as before. Driver program thread."""
+    ``createDataFrame`` as before (a string with a char or varchar column too: it is refused
+    there). Driver program thread."""
     from pyspark.sql.types import DataType, StructType
     from pyspark.sql.utils import is_remote
 
@@ -63,6 +64,21 @@ def struct_of(spark: Any, schema: Any) -> Any:
     # this process (is_remote): then only createDataFrame is sure to ask ``spark``
     if isinstance(schema, str) and not is_connect(spark) and not is_remote():
         parsed = DataType.fromDDL(schema)
-        if isinstance(parsed, StructType):
+        # createDataFrame refuses char and varchar columns: such a string fails there, as before
+        if isinstance(parsed, StructType) and not _has_char_type(parsed):
             return parsed
     return spark.createDataFrame([], schema).schema
+
+
+def _has_char_type(data_type: Any) -> bool:
+    from pyspark.sql.types import ArrayType, CharType, MapType, StructType, VarcharType
+
+    if isinstance(data_type, (CharType, VarcharType)):
+        return True
+    if isinstance(data_type, StructType):
+        return any(_has_char_type(f.dataType) for f in data_type.fields)
+    if isinstance(data_type, ArrayType):
+        return _has_char_type(data_type.elementType)
+    if isinstance(data_type, MapType):
+        return _has_char_type(data_type.keyType) or _has_char_type(data_type.valueType)
+    return False
