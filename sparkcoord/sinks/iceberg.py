@@ -32,7 +32,11 @@ Rules:
      of the rows put; the same summary and properties fence it. The data files pyiceberg
      writes for it are named ``sc-<job>.m<epoch>...`` by :class:`MergeLocationProvider`
      (``mergefiles.py`` rules 1-2), so a driver killed before the snapshot landed leaves
-     files the sweep at the next start deletes (``cleanup.py`` rule 1).
+     files the sweep at the next start deletes (``cleanup.py`` rule 1). A merge whose commit
+     the catalog refused (another writer committed since it read the table) deletes the
+     files its attempt wrote (the provider keeps their locations), once the table loaded
+     again shows that this run did not commit the epoch, and only those no snapshot
+     references; the commit worker retries with new ones.
   6. Compaction (``compaction.py`` rule 4, mode ``append``): an epoch with swaps commits one
      overwrite snapshot instead of the fast append: the inputs' entries of the current
      snapshot deleted, the outputs and the epoch's files added (pyiceberg has no "replace"
@@ -48,6 +52,8 @@ Thread model: as ``delta.py``: commands on the commit worker thread, one at a ti
 from __future__ import annotations
 
 import datetime
+import logging
+import threading
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -59,6 +65,8 @@ from sparkcoord.sinks.fencing import ALREADY_COMMITTED, COMMIT, NO_EPOCH, Decisi
 from sparkcoord.sinks.files import DATA_DIR, DataFile, check_job_id
 from sparkcoord.sinks.mergefiles import merge_file_name
 from sparkcoord.sinks.target import check_table_schema
+
+log = logging.getLogger("sparkcoord.sinks")
 
 #: Keys of a snapshot's summary (rule 1).
 JOB_KEY, EPOCH_KEY, RUN_KEY = "sparkcoord.job-id", "sparkcoord.epoch", "sparkcoord.run-id"
@@ -195,21 +203,55 @@ class IcebergCommitter:
         ops = changes.rows.column(OP_COLUMN)
         puts = changes.rows.filter(pc.not_equal(ops, "d")).drop_columns([OP_COLUMN])
         deleted = changes.rows.filter(pc.equal(ops, "d"))
+        from pyiceberg.exceptions import CommitFailedException
+
         summary = self._summary(epoch)
-        table = with_merge_names(table, self.job_id, epoch)
-        with table.transaction() as tx:
-            self._mark(tx, epoch)
-            if changes.truncated:
-                tx.delete(AlwaysTrue(), snapshot_properties=summary)
-            elif deleted.num_rows:
-                tx.delete(key_filter(deleted, keys), snapshot_properties=summary)
-            if puts.num_rows and changes.truncated:
-                tx.append(puts, snapshot_properties=summary)  # nothing left to match
-            elif puts.num_rows:
-                tx.upsert(puts, join_cols=list(keys), snapshot_properties=summary)
+        attempt = uuid.uuid4().hex
+        table = with_merge_names(table, self.job_id, epoch, attempt)
+        try:
+            with table.transaction() as tx:
+                self._mark(tx, epoch)
+                if changes.truncated:
+                    tx.delete(AlwaysTrue(), snapshot_properties=summary)
+                elif deleted.num_rows:
+                    tx.delete(key_filter(deleted, keys), snapshot_properties=summary)
+                if puts.num_rows and changes.truncated:
+                    tx.append(puts, snapshot_properties=summary)  # nothing left to match
+                elif puts.num_rows:
+                    tx.upsert(puts, join_cols=list(keys), snapshot_properties=summary)
+        except CommitFailedException:
+            self._discard_lost_merge(table, epoch, _written_by(attempt))
+            raise
+        finally:
+            _forget_attempt(attempt)
         assert self._fence is not None
         self._fence.committed(epoch)
         return COMMIT
+
+    def _discard_lost_merge(self, table: Any, epoch: int, written: Sequence[str]) -> None:
+        """Rule 5: a merge whose commit lost to another writer (the catalog refused it)
+        deletes the data files it wrote (``written``, their locations), so that a job that
+        keeps losing does not pile them up until the next start's sweep: only if the table,
+        loaded again, shows that this run did not commit ``epoch`` after all, and only the
+        files no snapshot references. Best effort: what is left is the sweep's, as before.
+        Commit worker thread."""
+        try:
+            now = self.catalog.load_table(self.identifier)
+            if self._epochs(now)[1] >= epoch:
+                return  # it landed: the files are the table's
+            held = self.referenced_paths()
+            location = str(now.location()).rstrip("/") + "/"
+            for path in written:
+                relative = path
+                for prefix in (location, _strip_scheme(location)):
+                    if relative.startswith(prefix):
+                        relative = relative[len(prefix):]
+                        break
+                if relative not in held:
+                    table.io.delete(path)
+        except Exception:  # noqa: BLE001 - the commit's own error is what the worker reports
+            log.warning("Iceberg table %s: the files of epoch %d's lost merge attempt stay for "
+                        "the next start's sweep", self.identifier, epoch, exc_info=True)
 
     def _decide(self, epoch: int) -> tuple[Decision, Any]:
         """Rule 2: the fence's decision for ``epoch`` on the table as it is now, and the
@@ -301,6 +343,22 @@ def _without_commit_retries(table: Any) -> Any:
 
 #: In-memory table properties (``mergefiles.py`` rule 2): who names the files pyiceberg writes.
 WRITING_JOB, WRITING_EPOCH = "sparkcoord.writing.job-id", "sparkcoord.writing.epoch"
+#: the in-memory property naming one merge attempt, whose file locations the provider keeps
+WRITING_ATTEMPT = "sparkcoord.writing.attempt"
+#: the locations each live merge attempt's provider handed out, by attempt (rule 5: a lost
+#: attempt deletes them); pyiceberg may write on threads of its own, hence the lock
+_WRITTEN: dict[str, list[str]] = {}
+_WRITTEN_LOCK = threading.Lock()
+
+
+def _written_by(attempt: str) -> list[str]:
+    with _WRITTEN_LOCK:
+        return list(_WRITTEN.get(attempt, ()))
+
+
+def _forget_attempt(attempt: str) -> None:
+    with _WRITTEN_LOCK:
+        _WRITTEN.pop(attempt, None)
 _PROVIDER = "write.py-location-provider.impl"
 
 
@@ -314,20 +372,30 @@ class MergeLocationProvider(LocationProvider):
         super().__init__(table_location, table_properties)
         self._job = check_job_id(table_properties[WRITING_JOB])
         self._epoch = int(table_properties[WRITING_EPOCH])
+        self._attempt = table_properties.get(WRITING_ATTEMPT)
 
     def new_data_location(self, data_file_name: str, partition_key: Any = None) -> str:
+        """Where pyiceberg writes its next data file (pyiceberg, on the commit worker thread or
+        a writing thread of its own)."""
         # always data/ (not write.data.path): the sweep lists the table's data/ directory;
         # a token per file: pyiceberg's own name is not ours to parse
         name = merge_file_name(self._job, self._epoch, uuid.uuid4().hex[:12], 0)
-        return f"{self.table_location.rstrip('/')}/{DATA_DIR}/{name}"
+        location = f"{self.table_location.rstrip('/')}/{DATA_DIR}/{name}"
+        if self._attempt is not None:
+            with _WRITTEN_LOCK:
+                _WRITTEN.setdefault(self._attempt, []).append(location)
+        return location
 
 
-def with_merge_names(table: Any, job_id: str, epoch: int) -> Any:
+def with_merge_names(table: Any, job_id: str, epoch: int, attempt: str | None = None) -> Any:
     """``table`` (a pyiceberg Table) whose in-memory metadata names the data files pyiceberg
-    writes for ``epoch``'s merge the sink's way (``mergefiles.py`` rule 2); the stored table's
-    properties are untouched (rule 3's reasoning: the catalog applies our updates only)."""
+    writes for ``epoch``'s merge the sink's way (``mergefiles.py`` rule 2), and with
+    ``attempt`` keeps their locations for :func:`_written_by`; the stored table's properties
+    are untouched (rule 3's reasoning: the catalog applies our updates only)."""
     properties = {**table.metadata.properties, _PROVIDER: f"{__name__}.MergeLocationProvider",
                   WRITING_JOB: check_job_id(job_id), WRITING_EPOCH: str(epoch)}
+    if attempt is not None:
+        properties[WRITING_ATTEMPT] = attempt
     table.metadata = table.metadata.model_copy(update={"properties": properties})
     return table
 

@@ -353,43 +353,6 @@ def test_a_merge_finds_a_changed_key_in_another_writers_file_whose_statistics_ro
     assert DeltaTable(uri).to_pyarrow_table().to_pylist() == [{"id": key, "name": "new"}]
 
 
-def test_a_delta_merge_that_loses_to_another_writer_deletes_its_files_and_the_retry_commits(
-        tmp_path: Any, monkeypatch: Any) -> None:
-    from deltalake import write_deltalake
-    from deltalake.exceptions import CommitFailedError
-
-    from sparkcoord.sinks.delta import DeltaCommitter
-
-    target = Target("delta", tmp_path)
-    c = target.committer("run-a")
-    assert c.merge(0, first_epoch, ["id"]) == COMMIT
-    where = location(target, c)
-    before = set(list_data_files(where))
-    written: list[set[str]] = []
-    build = DeltaCommitter._merge_actions
-
-    def raced(self: Any, *args: Any) -> list[Any]:
-        # another writer appends between the merge's read of the table and its commit
-        actions = build(self, *args)
-        written.append(set(list_data_files(where)) - before)
-        write_deltalake(where, pa.table({"id": pa.array([100], pa.int64()), "name": ["x"]}),
-                        mode="append")
-        return actions
-
-    with monkeypatch.context() as patch:
-        patch.setattr(DeltaCommitter, "_merge_actions", raced)
-        with pytest.raises(CommitFailedError):
-            c.merge(1, second_epoch, ["id"])
-    assert written[0], "the merge wrote no file before its commit"
-    assert not written[0] & set(list_data_files(where))  # deleted, not left for the sweep
-    assert set(list_data_files(where)) >= before  # the table's own files stay
-    # the commit worker's retry reads the table again and commits the epoch once
-    assert c.merge(1, second_epoch, ["id"]) == COMMIT
-    assert target.rows() == [(1, "n1"), (2, "two"), (3, "n3"), (4, "n4"), (6, "n6"),
-                             (9, "nine"), (100, "x")]
-    assert c.referenced_paths() >= set(list_data_files(where)) - before - written[0]
-
-
 def test_a_lost_delta_merge_whose_commit_landed_after_all_keeps_its_files(
         tmp_path: Any, monkeypatch: Any) -> None:
     # a store error after the commit was written fails it too: the table, read again, holds
@@ -414,3 +377,75 @@ def test_a_lost_delta_merge_whose_commit_landed_after_all_keeps_its_files(
                              (9, "nine")]
     # every file the table references (its merge files among them) is still there
     assert c.referenced_paths() <= set(list_data_files(location(target, c)))
+
+
+def race_the_commit(kind: str, target: Target, where: str, patch: Any) -> list[set[str]]:
+    """Another writer appends a row (id 100) between the next merge's writes and its commit,
+    once. Returns a list that then holds the data files the merge had written by then."""
+    before = set(list_data_files(where))
+    written: list[set[str]] = []
+
+    def other_writer() -> None:
+        written.append(set(list_data_files(where)) - before)
+        row = {"id": pa.array([100], pa.int64()), "name": ["x"]}
+        if kind == "delta":
+            from deltalake import write_deltalake
+
+            write_deltalake(where, pa.table(row), mode="append")
+        else:
+            other = target.catalog.load_table("lake.t")
+            other.append(pa.table(row, schema=other.schema().as_arrow()))
+
+    if kind == "delta":
+        from sparkcoord.sinks.delta import DeltaCommitter
+
+        build = DeltaCommitter._merge_actions
+
+        def built_then_raced(self: Any, *args: Any) -> list[Any]:
+            actions = build(self, *args)
+            other_writer()
+            return actions
+
+        patch.setattr(DeltaCommitter, "_merge_actions", built_then_raced)
+    else:
+        from pyiceberg.table import Transaction
+
+        commit = Transaction.commit_transaction
+
+        def raced_then_committed(self: Any) -> Any:
+            if not written:  # the other writer's own commit comes through here too
+                other_writer()
+            return commit(self)
+
+        patch.setattr(Transaction, "commit_transaction", raced_then_committed)
+    return written
+
+
+@pytest.mark.parametrize("kind", ["delta", "iceberg"])
+def test_a_merge_that_loses_to_another_writer_deletes_its_files_and_the_retry_commits(
+        tmp_path: Any, kind: str, monkeypatch: Any) -> None:
+    if kind == "delta":
+        from deltalake.exceptions import CommitFailedError as Lost
+    else:
+        from pyiceberg.exceptions import CommitFailedException as Lost
+
+    target = Target(kind, tmp_path)
+    c = target.committer("run-a")
+    assert c.merge(0, first_epoch, ["id"]) == COMMIT
+    where = location(target, c)
+    with monkeypatch.context() as patch:
+        written = race_the_commit(kind, target, where, patch)
+        with pytest.raises(Lost):
+            c.merge(1, second_epoch, ["id"])
+    assert written[0], "the merge wrote no file before its commit"
+    assert not written[0] & set(list_data_files(where))  # deleted, not left for the sweep
+
+    def held_in_data() -> set[str]:  # (delta-rs writes the other writer's file at the root)
+        return {p for p in c.referenced_paths() if p.startswith("data/")}
+
+    assert held_in_data() <= set(list_data_files(where))  # nothing the table holds
+    # the commit worker's retry reads the table again and commits the epoch once
+    assert c.merge(1, second_epoch, ["id"]) == COMMIT
+    assert target.rows() == [(1, "n1"), (2, "two"), (3, "n3"), (4, "n4"), (6, "n6"),
+                             (9, "nine"), (100, "x")]
+    assert held_in_data() <= set(list_data_files(where))
