@@ -27,9 +27,9 @@ Rules:
      are named ``sc-<job>.m<epoch>...`` and the sweep at the next start deletes them
      (``cleanup.py`` rule 1). Not retried by delta-rs over a commit that landed meanwhile
      (``max_commit_retries=0``, as rule 5: a removed file may have changed); an attempt
-     that so fails deletes the files it wrote, once the table read again shows that this run
-     did not commit the epoch and only those it does not reference (the commit worker
-     retries with new ones; what a kill or an error leaves is the sweep's); a table whose
+     that so fails deletes the files it wrote, only on proof that it did not land: the log
+     entry of the one version it could have written is another writer's (the commit worker
+     retries with new files; what a kill or an error leaves is the sweep's); a table whose
      protocol allows deletion vectors is refused (``ChangeStreamError``, the job fails
      naming it): a rewrite of the raw files would bring deleted rows back. A partitioned
      table is refused in both modes (``TableShapeError`` at open and at a commit): the
@@ -248,39 +248,50 @@ class DeltaCommitter:
         actions = self._merge_actions(table, epoch, changes, keys)
         properties.max_commit_retries = 0  # rule 4: fail, never rebase a rewrite
         from deltalake.exceptions import CommitFailedError
+        from deltalake.transaction import AddAction
 
+        base = table.version()
         try:
             table.create_write_transaction(actions, "append", table.schema(),
                                            commit_properties=properties)
         except CommitFailedError:
-            self._discard_lost_merge(epoch, [a.path for a in actions
-                                             if not type(a).__name__.startswith("Remove")])
+            self._discard_lost_merge(epoch, base, [a.path for a in actions
+                                                   if isinstance(a, AddAction)])
             raise
         assert self._fence is not None
         self._fence.committed(epoch)
         return COMMIT
 
-    def _discard_lost_merge(self, epoch: int, written: Sequence[str]) -> None:
+    def _discard_lost_merge(self, epoch: int, base: int, written: Sequence[str]) -> None:
         """Rule 4: a merge attempt whose commit failed deletes the files it wrote (``written``,
         relative to the table), so that a job that keeps losing to another writer does not
-        pile them up until the next start's sweep. Only if the table, read again, shows that
-        this run did not commit ``epoch`` after all (a store error after the commit landed
-        also fails it), and only the files the table does not reference. Best effort: what
-        is left (a failure here, a kill) is the sweep's, as before. Commit worker thread."""
+        pile them up until the next start's sweep; only on proof that the attempt did not
+        land. Without retries delta-rs writes exactly version ``base + 1`` or nothing, so the
+        proof is that version's log entry, read directly: it exists and is another writer's
+        (it carries neither this run's transaction for ``epoch`` nor any of the files, whose
+        names are this attempt's own, so no version can reference them). Anything else (no
+        entry yet: a stale store, a log store that publishes later; the entry is ours; it
+        cannot be read) keeps them for the sweep, as does a kill. Commit worker thread."""
         try:
-            table = self._load()
-            if self._version(table, run_app_id(self.job_id, self.run_id)) >= epoch:
-                return  # it landed: the files are the table's
-            held = self.referenced_paths()
             fs, root = self._files()
+            try:
+                entry = fs.cat_file(f"{root}/_delta_log/{base + 1:020d}.json")
+            except FileNotFoundError:
+                return  # no proof either way
+            ours, mine = run_app_id(self.job_id, self.run_id), set(written)
+            for line in entry.decode().splitlines():
+                action = json.loads(line) if line.strip() else {}
+                txn, add = action.get("txn") or {}, action.get("add") or {}
+                if ((txn.get("appId") == ours and txn.get("version") == epoch)
+                        or _unquote(str(add.get("path", ""))) in mine):
+                    return  # it landed: the files are the table's
             for path in written:
-                if path not in held:
-                    try:
-                        fs.rm_file(f"{root}/{path}")
-                    except FileNotFoundError:
-                        pass
+                try:
+                    fs.rm_file(f"{root}/{path}")
+                except FileNotFoundError:
+                    pass
         except Exception:  # noqa: BLE001 - the commit's own error is what the worker reports
-            log.warning("Delta table %s: the files of epoch %d's lost merge attempt stay for "
+            log.warning("Delta table %s: the files of epoch %d's failed merge attempt stay for "
                         "the next start's sweep", self.table_uri, epoch, exc_info=True)
 
     def _merge_actions(self, table: Any, epoch: int, changes: Reduced,

@@ -34,9 +34,9 @@ Rules:
      (``mergefiles.py`` rules 1-2), so a driver killed before the snapshot landed leaves
      files the sweep at the next start deletes (``cleanup.py`` rule 1). A merge whose commit
      the catalog refused (another writer committed since it read the table) deletes the
-     files its attempt wrote (the provider keeps their locations), once the table loaded
-     again shows that this run did not commit the epoch, and only those no snapshot
-     references; the commit worker retries with new ones.
+     files its attempt wrote (the provider keeps their locations), only on proof that it
+     did not land: the snapshot that followed the one it read is another writer's; the
+     commit worker retries with new ones.
   6. Compaction (``compaction.py`` rule 4, mode ``append``): an epoch with swaps commits one
      overwrite snapshot instead of the fast append: the inputs' entries of the current
      snapshot deleted, the outputs and the epoch's files added (pyiceberg has no "replace"
@@ -207,7 +207,10 @@ class IcebergCommitter:
 
         summary = self._summary(epoch)
         attempt = uuid.uuid4().hex
+        base = table.current_snapshot()
         table = with_merge_names(table, self.job_id, epoch, attempt)
+        with _WRITTEN_LOCK:
+            _WRITTEN[attempt] = []
         try:
             with table.transaction() as tx:
                 self._mark(tx, epoch)
@@ -220,7 +223,8 @@ class IcebergCommitter:
                 elif puts.num_rows:
                     tx.upsert(puts, join_cols=list(keys), snapshot_properties=summary)
         except CommitFailedException:
-            self._discard_lost_merge(table, epoch, _written_by(attempt))
+            self._discard_lost_merge(table, epoch, None if base is None else base.snapshot_id,
+                                     _written_by(attempt))
             raise
         finally:
             _forget_attempt(attempt)
@@ -228,30 +232,40 @@ class IcebergCommitter:
         self._fence.committed(epoch)
         return COMMIT
 
-    def _discard_lost_merge(self, table: Any, epoch: int, written: Sequence[str]) -> None:
-        """Rule 5: a merge whose commit lost to another writer (the catalog refused it)
-        deletes the data files it wrote (``written``, their locations), so that a job that
-        keeps losing does not pile them up until the next start's sweep: only if the table,
-        loaded again, shows that this run did not commit ``epoch`` after all, and only the
-        files no snapshot references. Best effort: what is left is the sweep's, as before.
-        Commit worker thread."""
+    def _discard_lost_merge(self, table: Any, epoch: int, base: int | None,
+                            written: Sequence[str]) -> None:
+        """Rule 5: a merge whose commit the catalog refused deletes the data files its attempt
+        wrote (``written``, their locations), so that a job that keeps losing to another
+        writer does not pile them up until the next start's sweep; only on proof that the
+        attempt did not land. The transaction asserted that the branch's head was ``base``
+        (the snapshot it read; None: none), so the proof is the branch's history loaded
+        again: the snapshot that followed ``base`` is another writer's (not this run's), and
+        then no snapshot can hold the files (their names are this attempt's own). Anything
+        else (nothing after ``base`` yet: a stale catalog read; this run's snapshot; an
+        error) keeps them for the sweep, as does a kill. Commit worker thread."""
         try:
             now = self.catalog.load_table(self.identifier)
-            if self._epochs(now)[1] >= epoch:
-                return  # it landed: the files are the table's
-            held = self.referenced_paths()
-            location = str(now.location()).rstrip("/") + "/"
-            for path in written:
-                relative = path
-                for prefix in (location, _strip_scheme(location)):
-                    if relative.startswith(prefix):
-                        relative = relative[len(prefix):]
-                        break
-                if relative not in held:
-                    table.io.delete(path)
+            snapshot, winner = now.current_snapshot(), None
+            while snapshot is not None:
+                if snapshot.parent_snapshot_id == base:
+                    winner = snapshot
+                    break
+                if snapshot.parent_snapshot_id is None:
+                    break
+                snapshot = now.snapshot_by_id(snapshot.parent_snapshot_id)
+            if winner is None or (winner.summary is not None
+                                  and winner.summary.get(RUN_KEY) == self.run_id):
+                return  # no proof that another writer took the branch: keep them
         except Exception:  # noqa: BLE001 - the commit's own error is what the worker reports
-            log.warning("Iceberg table %s: the files of epoch %d's lost merge attempt stay for "
-                        "the next start's sweep", self.identifier, epoch, exc_info=True)
+            log.warning("Iceberg table %s: the files of epoch %d's failed merge attempt stay "
+                        "for the next start's sweep", self.identifier, epoch, exc_info=True)
+            return
+        for path in written:
+            try:
+                table.io.delete(path)
+            except Exception:  # noqa: BLE001 - one left is the sweep's; the others still go
+                log.warning("Iceberg table %s: cannot delete %s of a failed merge attempt; the "
+                            "next start's sweep will", self.identifier, path, exc_info=True)
 
     def _decide(self, epoch: int) -> tuple[Decision, Any]:
         """Rule 2: the fence's decision for ``epoch`` on the table as it is now, and the
@@ -359,6 +373,8 @@ def _written_by(attempt: str) -> list[str]:
 def _forget_attempt(attempt: str) -> None:
     with _WRITTEN_LOCK:
         _WRITTEN.pop(attempt, None)
+
+
 _PROVIDER = "write.py-location-provider.impl"
 
 
@@ -383,7 +399,9 @@ class MergeLocationProvider(LocationProvider):
         location = f"{self.table_location.rstrip('/')}/{DATA_DIR}/{name}"
         if self._attempt is not None:
             with _WRITTEN_LOCK:
-                _WRITTEN.setdefault(self._attempt, []).append(location)
+                # only while its merge runs (a write still going after it ended adds nothing)
+                if self._attempt in _WRITTEN:
+                    _WRITTEN[self._attempt].append(location)
         return location
 
 

@@ -49,6 +49,15 @@ def location(target: Target, committer: Any) -> str:
     return committer.table_uri if target.kind == "delta" else committer.table_location
 
 
+def merged_once(kind: str, tmp_path: Any) -> tuple[Target, Any, str]:
+    """A table of ``kind`` holding epoch 0's merge, its committer (run ``run-a``) and where
+    its files are."""
+    target = Target(kind, tmp_path)
+    c = target.committer("run-a")
+    assert c.merge(0, first_epoch, ["id"]) == COMMIT
+    return target, c, location(target, c)
+
+
 def die_in_the_commit(kind: str, monkeypatch: Any) -> threading.Event:
     """The next table commit raises SystemExit after the merge's files were written: a driver
     killed between writing them and the transaction that references them. The event is set
@@ -59,15 +68,19 @@ def die_in_the_commit(kind: str, monkeypatch: Any) -> threading.Event:
         died.set()
         raise SystemExit("killed in the commit")
 
+    monkeypatch.setattr(*table_commit(kind), killed)
+    return died
+
+
+def table_commit(kind: str) -> tuple[Any, str]:
+    """The class and method name of a table format's commit (what a test patches)."""
     if kind == "delta":
         from deltalake import DeltaTable
 
-        monkeypatch.setattr(DeltaTable, "create_write_transaction", killed)
-    else:
-        from pyiceberg.table import Transaction
+        return DeltaTable, "create_write_transaction"
+    from pyiceberg.table import Transaction
 
-        monkeypatch.setattr(Transaction, "commit_transaction", killed)
-    return died
+    return Transaction, "commit_transaction"
 
 
 def foreign_files(where: str) -> list[str]:
@@ -83,10 +96,7 @@ def foreign_files(where: str) -> list[str]:
 @pytest.mark.parametrize("kind", ["delta", "iceberg"])
 def test_a_merge_killed_before_its_commit_leaves_only_files_the_next_sweep_deletes(
         tmp_path: Any, kind: str, monkeypatch: Any) -> None:
-    target = Target(kind, tmp_path)
-    c = target.committer("run-a")
-    assert c.merge(0, first_epoch, ["id"]) == COMMIT
-    where = location(target, c)
+    target, c, where = merged_once(kind, tmp_path)
     before = set(list_data_files(where))
     with monkeypatch.context() as patch:
         die_in_the_commit(kind, patch)
@@ -353,32 +363,6 @@ def test_a_merge_finds_a_changed_key_in_another_writers_file_whose_statistics_ro
     assert DeltaTable(uri).to_pyarrow_table().to_pylist() == [{"id": key, "name": "new"}]
 
 
-def test_a_lost_delta_merge_whose_commit_landed_after_all_keeps_its_files(
-        tmp_path: Any, monkeypatch: Any) -> None:
-    # a store error after the commit was written fails it too: the table, read again, holds
-    # the epoch for this run, so nothing of it is deleted
-    from deltalake import DeltaTable
-    from deltalake.exceptions import CommitFailedError
-
-    target = Target("delta", tmp_path)
-    c = target.committer("run-a")
-    assert c.merge(0, first_epoch, ["id"]) == COMMIT
-    commit = DeltaTable.create_write_transaction
-
-    def landed_then_failed(self: Any, *args: Any, **kwargs: Any) -> None:
-        commit(self, *args, **kwargs)
-        raise CommitFailedError("the store's answer was lost")
-
-    with monkeypatch.context() as patch:
-        patch.setattr(DeltaTable, "create_write_transaction", landed_then_failed)
-        with pytest.raises(CommitFailedError):
-            c.merge(1, second_epoch, ["id"])
-    assert target.rows() == [(1, "n1"), (2, "two"), (3, "n3"), (4, "n4"), (6, "n6"),
-                             (9, "nine")]
-    # every file the table references (its merge files among them) is still there
-    assert c.referenced_paths() <= set(list_data_files(location(target, c)))
-
-
 def race_the_commit(kind: str, target: Target, where: str, patch: Any) -> list[set[str]]:
     """Another writer appends a row (id 100) between the next merge's writes and its commit,
     once. Returns a list that then holds the data files the merge had written by then."""
@@ -429,16 +413,18 @@ def test_a_merge_that_loses_to_another_writer_deletes_its_files_and_the_retry_co
     else:
         from pyiceberg.exceptions import CommitFailedException as Lost
 
-    target = Target(kind, tmp_path)
-    c = target.committer("run-a")
-    assert c.merge(0, first_epoch, ["id"]) == COMMIT
-    where = location(target, c)
+    target, c, where = merged_once(kind, tmp_path)
+    # another instance of the job writing the same epoch's merge, not committed yet
+    racing = f"data/{merge_file_name('job', 1, 'a1b2c3d4e5f6', 0)}"
+    pq.write_table(pa.table({"id": [7], "name": ["seven"]}), f"{where}/{racing}")
     with monkeypatch.context() as patch:
         written = race_the_commit(kind, target, where, patch)
         with pytest.raises(Lost):
             c.merge(1, second_epoch, ["id"])
-    assert written[0], "the merge wrote no file before its commit"
-    assert not written[0] & set(list_data_files(where))  # deleted, not left for the sweep
+    assert written[0] - {racing}, "the merge wrote no file before its commit"
+    left = set(list_data_files(where))
+    assert not (written[0] - {racing}) & left  # deleted, not left for the sweep
+    assert racing in left  # another instance's files of the epoch are not this attempt's
 
     def held_in_data() -> set[str]:  # (delta-rs writes the other writer's file at the root)
         return {p for p in c.referenced_paths() if p.startswith("data/")}
@@ -449,3 +435,32 @@ def test_a_merge_that_loses_to_another_writer_deletes_its_files_and_the_retry_co
     assert target.rows() == [(1, "n1"), (2, "two"), (3, "n3"), (4, "n4"), (6, "n6"),
                              (9, "nine"), (100, "x")]
     assert held_in_data() <= set(list_data_files(where))
+
+
+@pytest.mark.parametrize("kind", ["delta", "iceberg"])
+def test_a_failed_merge_commit_that_landed_after_all_keeps_its_files(
+        tmp_path: Any, kind: str, monkeypatch: Any) -> None:
+    # a store or catalog error after the commit was written fails it too: the one version or
+    # snapshot it could have made is its own, so nothing of it is deleted
+    target, c, where = merged_once(kind, tmp_path)
+    before = set(list_data_files(where))
+    if kind == "delta":
+        from deltalake.exceptions import CommitFailedError as Lost
+    else:
+        from pyiceberg.exceptions import CommitFailedException as Lost
+    owner, name = table_commit(kind)
+    commit = getattr(owner, name)
+
+    def landed_then_failed(self: Any, *args: Any, **kwargs: Any) -> Any:
+        commit(self, *args, **kwargs)
+        raise Lost("the answer was lost")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(owner, name, landed_then_failed)
+        # even with the table's references unread, the proof alone keeps the files
+        patch.setattr(type(c), "referenced_paths", lambda self: set())
+        with pytest.raises(Lost):
+            c.merge(1, second_epoch, ["id"])
+    assert set(list_data_files(where)) - before, "the merge wrote no file"
+    assert target.rows() == [(1, "n1"), (2, "two"), (3, "n3"), (4, "n4"), (6, "n6"),
+                             (9, "nine")]
