@@ -72,8 +72,9 @@ class Lake:
 
 
 class FailingSinkSubtask(SinkSubtask):
-    """Fails the first attempt of subtask 0 in its first batch with rows, after it wrote and
-    reported its files (test only)."""
+    """Fails the first attempt of the first subtask to have rows, after it wrote and reported
+    its files (test only). Whichever subtask it is: the file source's readers pull their
+    splits, so which of them (and so which sink subtask) gets rows in a batch is a race."""
 
     def __init__(self, target: Any, marker: str) -> None:
         super().__init__(target)
@@ -83,9 +84,13 @@ class FailingSinkSubtask(SinkSubtask):
         super().process()
         context = self._context
         assert context is not None
-        if self._reported and context.subtask == 0 and not os.path.exists(self.marker):
-            with open(self.marker, "w") as f:
-                f.write(f"{context.epoch} {context.spark_attempt}")
+        if self._reported:
+            try:  # once in all: the marker's creation is atomic, another subtask's loses
+                fd = os.open(self.marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+            except FileExistsError:
+                return None
+            with os.fdopen(fd, "w") as f:
+                f.write(f"{context.subtask} {context.epoch} {context.spark_attempt}")
             raise RuntimeError("injected: the task failed after reporting its files")
         return None
 
