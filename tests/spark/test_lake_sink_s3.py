@@ -163,8 +163,8 @@ def test_a_stream_lands_in_a_table_on_s3_exactly_once_despite_a_task_failure_and
     # the failed attempt's reported files were withdrawn and deleted from S3 by the cleanup
     assert lake.data_files() == lake.referenced()
     assert len(lake.referenced()) >= 2
-    epoch, attempt = pathlib.Path(marker).read_text().split()
-    failed = [n for n in lake.deleted_files() if f".e{epoch}.s0.a{attempt}." in n]
+    subtask, epoch, attempt = pathlib.Path(marker).read_text().split()
+    failed = [n for n in lake.deleted_files() if f".e{epoch}.s{subtask}.a{attempt}." in n]
     assert failed, f"no file of the failed attempt was deleted: {lake.deleted_files()}"
 
     # a second run from the checkpoint: the sweep at its start lists the table's data on S3
