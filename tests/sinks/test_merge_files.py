@@ -457,8 +457,6 @@ def test_a_failed_merge_commit_that_landed_after_all_keeps_its_files(
 
     with monkeypatch.context() as patch:
         patch.setattr(owner, name, landed_then_failed)
-        # even with the table's references unread, the proof alone keeps the files
-        patch.setattr(type(c), "referenced_paths", lambda self: set())
         with pytest.raises(Lost):
             c.merge(1, second_epoch, ["id"])
     assert set(list_data_files(where)) - before, "the merge wrote no file"
