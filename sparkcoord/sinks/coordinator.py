@@ -27,9 +27,11 @@ Rules:
      epochs between had no files to commit).
   6. A fence error (a second writer, a checkpoint behind the table, a table behind the
      checkpoint), an existing table of other columns (``target.check_table_schema``), and in
-     mode ``merge`` a change the merge refuses (``changes.py`` rule 3),
-     fails the job with the error's text (``context.fail_job``): it does not go away by
-     retrying, and the commit stays pending in the checkpoint.
+     mode ``merge`` a change the merge refuses (``changes.py`` rule 3), and a value the
+     commit cannot represent (an ``OverflowError``: a date or time past its type's range,
+     :class:`ValueOutOfRange` naming the table and the epoch) fail the job with the error's
+     text (``context.fail_job``) at their first occurrence: none goes away by retrying, and
+     the commit stays pending in the checkpoint.
   7. Mode ``merge``: the reported files are the epoch's staged change rows; the commit reads
      them, reduces them by key (``changes.py``) and merges the result into the table in one
      transaction (``delta.py`` rule 4). The staged files are never in the table, so the
@@ -77,6 +79,11 @@ from sparkcoord.sinks.files import DataFile, parse_file_name, read_files
 from sparkcoord.sinks.target import SinkTarget, TableShapeError
 
 log = logging.getLogger("sparkcoord.sinks")
+
+
+class ValueOutOfRange(ValueError):
+    """A commit that can never succeed: a value of the epoch is past its type's range
+    (rule 6)."""
 
 
 @dataclass(frozen=True)
@@ -288,6 +295,15 @@ class SinkCoordinator(OperatorCoordinator):
         except (ChangeStreamError, SinkFenceError) as e:
             self.context.fail_job(e)  # rule 6: loud, the commit stays pending
             raise
+        except OverflowError as e:  # rule 6: the same values overflow on every retry
+            refused = ValueOutOfRange(
+                f"sink {self.context.operator_id!r}: the commit of epoch {epoch} to table "
+                f"{self.target.name} cannot succeed: a value is out of its type's range "
+                f"({e}). Nothing of the epoch is in the table; the epoch stays pending. "
+                f"Drop or correct the row upstream and restart from a checkpoint location "
+                f"that does not hold the epoch")
+            self.context.fail_job(refused)
+            raise refused from e
         kill_point("lake-committed", epoch)  # tests only
         swapped = [s for s in swaps if s not in getattr(self._committer, "left_out", ())]
         log.info("sink %r: epoch %d %s to %s (%d file(s)%s)", self.context.operator_id, epoch,

@@ -518,7 +518,9 @@ def _trusted_bounds(path: str, kinds: Sequence[Any], low: tuple[Any, ...],
                 return None
         elif pa.types.is_timestamp(kind):
             if not ours:
-                hi = hi + datetime.timedelta(milliseconds=1)
+                if hi > datetime.datetime.max.replace(tzinfo=hi.tzinfo) - _MILLISECOND:
+                    return None  # a cut bound in the range's last millisecond: read the file
+                hi = hi + _MILLISECOND
         elif not (pa.types.is_integer(kind) or pa.types.is_date(kind)
                   or pa.types.is_boolean(kind)):
             if not ours:
@@ -562,10 +564,16 @@ def delta_stats(file: DataFile) -> dict[str, Any]:
         if stats.null_count is not None:
             nulls[name] = stats.null_count
         if stats.min is not None and stats.max is not None:
-            lo, hi = _json_bound(stats.min, up=False), _json_bound(stats.max, up=True)
+            try:
+                lo, hi = _json_bound(stats.min, up=False), _json_bound(stats.max, up=True)
+            except (OverflowError, ValueError, TypeError):
+                continue  # a bound JSON cannot carry is left out (files.py rule 3)
             if lo is not None and hi is not None:
                 low[name], high[name] = lo, hi
     return {"numRecords": file.rows, "minValues": low, "maxValues": high, "nullCount": nulls}
+
+
+_MILLISECOND = datetime.timedelta(milliseconds=1)
 
 
 def _json_bound(value: Any, *, up: bool) -> Any:
@@ -579,7 +587,9 @@ def _json_bound(value: Any, *, up: bool) -> Any:
         extra = value.microsecond % 1000
         value = value - datetime.timedelta(microseconds=extra)
         if up and extra:
-            value += datetime.timedelta(milliseconds=1)
+            if value > datetime.datetime.max.replace(tzinfo=value.tzinfo) - _MILLISECOND:
+                return None  # no millisecond above it to round to: left out (files.py rule 3)
+            value += _MILLISECOND
         text = value.replace(tzinfo=None).isoformat(timespec="milliseconds")
         return f"{text}Z" if value.tzinfo is not None else text
     if isinstance(value, datetime.date):

@@ -443,7 +443,7 @@ def iceberg_data_file(table: Any, location: str, file: DataFile) -> Any:
             try:
                 lo = to_bytes(field.field_type, _iceberg_value(stats.min))
                 hi = to_bytes(field.field_type, _iceberg_value(stats.max))
-            except (TypeError, ValueError, AttributeError):
+            except (TypeError, ValueError, AttributeError, OverflowError):
                 continue  # a bound pyiceberg cannot serialize for this type: left out
             lower[fid], upper[fid] = lo, hi
     return IcebergDataFile.from_args(

@@ -513,3 +513,27 @@ def test_a_merge_epoch_pending_in_a_later_checkpoint_has_its_staged_files_delete
     assert second_context.failures == []
     assert not paths(staged) & set(list_data_files(uri))  # kept forever before the fix
     second.close()
+
+
+def test_a_commit_whose_value_is_out_of_range_fails_the_job_at_once_naming_table_and_epoch(
+        table: Table, monkeypatch: Any) -> None:
+    import sparkcoord.sinks.coordinator as module
+
+    def overflowing(*_: Any, **__: Any) -> Any:
+        raise OverflowError("date value out of range")
+
+    # what a statistic past datetime.max did before it was left out (issue 43 finding 1)
+    monkeypatch.setattr("sparkcoord.sinks.delta.add_action", overflowing)
+    monkeypatch.setattr("sparkcoord.sinks.iceberg.iceberg_data_file", overflowing)
+    coordinator, context = table.start()
+    checkpoint(coordinator, 0)
+    report(coordinator, table.write(0, rows(0, 10)))
+    coordinator.notify_checkpoint_complete(0)
+    wait_until(lambda: bool(context.failures))
+    cause = context.failures[0]
+    # the first failure, not the worker's CommitStuck after minutes of retries
+    assert isinstance(cause, module.ValueOutOfRange), cause
+    assert "epoch 0" in str(cause) and table.target.name in str(cause)
+    assert "date value out of range" in str(cause)
+    assert coordinator.handle_client_request("status")["pending"] == [0]
+    assert table.read().num_rows == 0
