@@ -19,6 +19,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from sparkcoord.core.errors import RequestFailed
 from sparkcoord.operator import SubtaskContext
 from sparkcoord.sources.postgres import catalog, replication
 from sparkcoord.sources.postgres.connection import ConnectionOptions
@@ -411,6 +412,29 @@ def test_readers_reading_chunks_at_once_share_the_slot_and_get_every_row_once(
     replication.drop_slot(admin, slot)
 
 
+def one_reader_source(admin: Any, admin_options: ConnectionOptions, tmp_path: Any, kind: str,
+                      columns: str, rows: str, *, chunk_size: int = 100, startup: str = "initial",
+                      **limits: Any
+                      ) -> tuple[str, str, ReaderConfig,
+                                 tuple[CoordinatorHarness, ManualRunner, ManualRunner]]:
+    """A new table ``(columns)`` holding ``SELECT rows`` and the real enumerator for it under
+    the harness (one reader, its workers run by hand): (name, slot, the reader's config as an
+    executor gets it, (harness, planning runner, slot runner))."""
+    n = next(_names)
+    name, slot, pub = f"cdc_{kind}_{n}", f"cdc_{kind}_slot_{n}", f"cdc_{kind}_pub_{n}"
+    table = TableName("public", name)
+    admin.execute(f"CREATE TABLE {name} ({columns})")
+    admin.execute(f"INSERT INTO {name} SELECT {rows}")
+    config = ReaderConfig(pickle.loads(pickle.dumps(admin_options)), slot, pub,
+                          (TableShape.of(catalog.table_info(admin, table)),), **limits)
+    io = PostgresEnumeratorIO(admin_options, slot, pub, chunk_size=chunk_size)
+    runner, slot_runner = ManualRunner(), ManualRunner()
+    provider = functools.partial(PostgresEnumerator, io=lambda: io, tables=(table,),
+                                 startup=startup, runner=runner, slot_runner=slot_runner)
+    h = CoordinatorHarness(provider, parallelism=1, storage_url=f"file://{tmp_path}/ckpt")
+    return name, slot, config, (h, runner, slot_runner)
+
+
 def test_a_batch_that_runs_again_emits_exactly_what_it_emitted_before_while_writes_go_on(
         admin: Any, admin_options: ConnectionOptions, executor_env: None, tmp_path: Any) -> None:
     """splits.py rule 5: Spark runs a batch again after a restart even when its sink already
@@ -418,19 +442,10 @@ def test_a_batch_that_runs_again_emits_exactly_what_it_emitted_before_while_writ
     same rows from the same state and answers, though the table changed in between: a chunk's
     rows are emitted from the state by the batch after the read, the stream up to the logged
     bound."""
-    n = next(_names)
-    name, slot, pub = f"cdc_again_{n}", f"cdc_again_slot_{n}", f"cdc_again_pub_{n}"
-    table = TableName("public", name)
-    admin.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, v int NOT NULL, note text)")
-    admin.execute(f"INSERT INTO {name} SELECT g, g, 'r' FROM generate_series(1, 600) g")
-    config = ReaderConfig(pickle.loads(pickle.dumps(admin_options)), slot, pub,
-                          (TableShape.of(catalog.table_info(admin, table)),),
-                          max_changes_per_batch=40, max_chunks_per_batch=1)
-    io = PostgresEnumeratorIO(admin_options, slot, pub, chunk_size=200)
-    runner, slot_runner = ManualRunner(), ManualRunner()
-    provider = functools.partial(PostgresEnumerator, io=lambda: io, tables=(table,),
-                                 runner=runner, slot_runner=slot_runner)
-    h = CoordinatorHarness(provider, parallelism=1, storage_url=f"file://{tmp_path}/ckpt")
+    name, slot, config, (h, runner, slot_runner) = one_reader_source(
+        admin, admin_options, tmp_path, "again", "id int PRIMARY KEY, v int NOT NULL, note text",
+        "g, g, 'r' FROM generate_series(1, 600) g", chunk_size=200,
+        max_changes_per_batch=40, max_chunks_per_batch=1)
     state: Any = None
     runs_compared = {"chunk rows": 0, "stream": 0}
 
@@ -467,6 +482,74 @@ def test_a_batch_that_runs_again_emits_exactly_what_it_emitted_before_while_writ
             h.run()
             assert h.service.failure is None, h.service.failure
         assert runs_compared["chunk rows"] >= 3 and runs_compared["stream"] >= 5, runs_compared
+    finally:
+        h.service.close()
+        h.run()
+        runner.run_all()
+        replication.drop_slot(admin, slot)
+
+
+def test_a_column_added_while_streaming_emits_the_transactions_before_it_and_stops_the_next_batch(
+        admin: Any, admin_options: ConnectionOptions, executor_env: None, tmp_path: Any) -> None:
+    """Issue 43, finding 6: five updates committed right before ``ALTER TABLE ... ADD COLUMN``,
+    in the same batch's read as the first change after it, are emitted by that batch (a batch
+    that runs again emits them again); the job fails in the next batch, once they committed,
+    naming the table and the way on (enumerator.py rule 7), and the slot is never confirmed
+    past them: the change of the new shape is still in it."""
+    name, slot, config, (h, runner, slot_runner) = one_reader_source(
+        admin, admin_options, tmp_path, "shape", "id int PRIMARY KEY, v int",
+        "g, 0 FROM generate_series(1, 5) g", startup="latest")
+    pub = config.publication
+    state: Any = None
+
+    def boundary() -> None:
+        runner.run_all()
+        h.clock.advance(0.5)  # a poll tick learns the stream's next bound
+        h.run()
+        slot_runner.run_all()
+        h.run()
+        h.checkpoint()
+
+    def commit() -> None:
+        h.commit()
+        slot_runner.run_all()
+        h.run()
+
+    h.start()
+    try:
+        runner.run_all()  # the publication and the slot
+        h.run()
+        boundary()
+        _, state = run_reader(h, config, 0, state)  # the stream goes out
+        commit()
+        for i in range(1, 6):
+            admin.execute(f"UPDATE {name} SET v = {i} WHERE id = {i}")
+        admin.execute(f"ALTER TABLE {name} ADD COLUMN extra text")
+        admin.execute(f"INSERT INTO {name} VALUES (6, 6, 'new shape')")
+        boundary()
+        before = pickle.loads(pickle.dumps(state))
+        first, _ = run_reader(h, config, 0, pickle.loads(pickle.dumps(before)))
+        h.retry_task(0)  # the batch runs again: the same rows
+        out, state = run_reader(h, config, 0, pickle.loads(pickle.dumps(before)))
+        rows = [r for b in out for r in b.to_pylist()]
+        assert rows == [r for b in first for r in b.to_pylist()]
+        assert [(r["op"], r["after"]["id"], r["after"]["v"]) for r in rows] == [
+            ("u", i, i) for i in range(1, 6)]
+        assert h.service.failure is None  # the updates are not in the sink yet
+        commit()
+        assert h.service.failure is None
+        last_emitted = max(r["lsn"] for r in rows)
+        boundary()
+        with pytest.raises(RequestFailed, match=rf"table public\.{name} changed"):
+            run_reader(h, config, 0, pickle.loads(pickle.dumps(state)))
+        failure = str(h.service.failure)
+        assert "SchemaChanged" in failure and "added: extra" in failure
+        assert f"table public.{name} changed while it was captured" in failure
+        assert "new checkpoint location" in failure
+        info = replication.slot_info(admin, slot)
+        assert info is not None and (info.confirmed_flush_lsn or 0) <= last_emitted
+        kept = replication.peek(admin, slot, pub)
+        assert any(tx.end_lsn > last_emitted for tx in kept.transactions)  # still there
     finally:
         h.service.close()
         h.run()

@@ -70,17 +70,23 @@ Rules:
      handed out again; finished reports it withdrew are undone (the chunk is in flight to the
      subtask again, which reports it again). A withdrawn stream report is forgotten (its
      epoch's position is then confirmed by a later report: never too far).
-  7. A captured table the publication no longer publishes (dropped, or taken out of it) is
+  7. The stream stops at a position ``P`` with an error: the source fails the job when the
+     stream reader reports it read to ``P`` or past it. That report comes in the batch after
+     the read, which Spark runs only once the read's batch committed, so every change before
+     ``P`` is in the sink first; nothing is confirmed past what the sink holds, and a
+     restart finds the same and stops at the same point. Two things set a stop (the
+     earlier ``P`` wins):
+     a captured table the publication no longer publishes (dropped, or taken out of it) is
      found by the poll, which asks for the published tables before the insert position
-     ``P``: every change the table had is before ``P``. The source fails the job (a
-     ``PublicationProblem`` naming the tables) when the stream reader reports it read to
-     ``P`` or past it: that report comes in the batch after the read, which Spark runs only
-     once the read's batch committed, so every change the tables had is in the sink first.
-     Nothing is confirmed past what the sink holds, and a restart finds the same and stops
-     at the same point. While tables are found gone every poll asks for a batch (nothing
-     else may be written to move the insert position). The check starts once the stream is
-     built: before, the publication may not exist yet (the set-up creates it on the other
-     worker, at the same time as an ``availableNow`` run's first poll).
+     ``P``: every change the table had is before ``P`` (a ``PublicationProblem`` naming the
+     tables). While a stop waits every poll asks for a batch (nothing else may be written to
+     move the insert position). The check starts once the stream is built: before, the
+     publication may not exist yet (the set-up creates it on the other worker, at the same
+     time as an ``availableNow`` run's first poll);
+     a captured table that changed shape (reader.py rule 4): the reader stopped its read
+     before the first change of the new shape, at ``P``, and its next batch reports ``P``
+     with the reason (``NextStreamRead.stopped``), so the job fails at that report (a
+     ``SchemaChanged`` naming the table, the change and the way on).
 
 Thread model: every callback on the coordinator's mailbox; the :class:`EnumeratorIO`'s
 ``set_up``/``plan`` on the planning runner and ``advance``, ``unpublished`` and
@@ -250,8 +256,8 @@ class PostgresEnumerator(OperatorCoordinator):
         self._learned_bound = 0
         #: an availableNow run's end: the WAL insert position when it started (rule 5)
         self._run_end: int | None = None
-        #: captured tables found unpublished, and an insert position after that (rule 7)
-        self._unpublished: tuple[tuple[TableName, ...], int] | None = None
+        #: where the stream stops, and the error the job then fails with (rule 7)
+        self._stop: tuple[int, Exception] | None = None
         #: the first boundary, waiting for the set-up's cycle (rule 2): id, future, timer
         self._deferred: tuple[int, Future[Any], Any] | None = None
 
@@ -505,22 +511,34 @@ class PostgresEnumerator(OperatorCoordinator):
         if request.read_to is not None:
             previous = state.reported.get(self._epoch, 0)
             state.reported[self._epoch] = max(previous, request.read_to)
-            if self._unpublished is not None and request.read_to >= self._unpublished[1]:
-                self._stop_unpublished(self._unpublished[0])
+            if request.stopped is not None:
+                from sparkcoord.sources.postgres.errors import SchemaChanged
+
+                self._stop_at(request.read_to, SchemaChanged(
+                    f"PostgreSQL source {self.context.operator_id!r}: {request.stopped}"))
+            if self._stop is not None and request.read_to >= self._stop[0]:
+                # rule 7: the batch that read to the stop committed
+                self.context.fail_job(self._stop[1])
         return StreamBound(state.stream_bound)
 
-    def _stop_unpublished(self, gone: tuple[TableName, ...]) -> None:
-        """Rule 7: the batch that read past the position after the tables left committed."""
+    def _stop_at(self, position: int, error: Exception) -> None:
+        """Rule 7: the stream stops at ``position`` with ``error`` (the earlier stop wins).
+        Mailbox thread."""
+        if self._stop is None or position < self._stop[0]:
+            self._stop = (position, error)
+
+    def _unpublished_error(self, gone: tuple[TableName, ...]) -> Exception:
+        """Rule 7: the error of captured tables that left the publication."""
         from sparkcoord.sources.postgres.errors import PublicationProblem
 
         names = ", ".join(map(str, gone))
-        self.context.fail_job(PublicationProblem(
+        return PublicationProblem(
             f"PostgreSQL source {self.context.operator_id!r}: captured table(s) {names} are no "
             f"longer published by the source's publication (dropped, or taken out of it); "
             "every change committed to them before that was delivered. Capture without them "
             "with a new checkpoint location, or, if a table still exists and was taken out by "
             "mistake, add it back (ALTER PUBLICATION ... ADD TABLE ...; what changed while it "
-            "was out is not in the stream: capture it again with a snapshot)"))
+            "was out is not in the stream: capture it again with a snapshot)")
 
     def _polled(self) -> None:
         """A poll tick (mailbox): once the stream is built, learn a new bound; a batch
@@ -555,8 +573,8 @@ class PostgresEnumerator(OperatorCoordinator):
         self._learning = False
         if self._closed:
             return
-        if gone and self._unpublished is None:
-            self._unpublished = (gone, position)
+        if gone and (self._stop is None or position < self._stop[0]):
+            self._stop_at(position, self._unpublished_error(gone))
             log.warning("PostgreSQL source %s: %s no longer published; the source stops once "
                         "the stream has delivered everything before %s",
                         self.context.operator_id, ", ".join(map(str, gone)), position)
@@ -569,7 +587,7 @@ class PostgresEnumerator(OperatorCoordinator):
         # an unmoved insert position: nothing new to read; but once tables left (rule 7), the
         # batch carrying the report past them must come even if nothing is written any more
         if self._work_left() or (self.state.stream_owner is not None
-                                 and (moved or self._unpublished is not None)):
+                                 and (moved or self._stop is not None)):
             self.context.request_batch()
 
     def _stream_behind_run_end(self) -> bool:
