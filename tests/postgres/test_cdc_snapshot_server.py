@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import logging
 import pickle
 import random
 import threading
@@ -554,4 +555,70 @@ def test_a_column_added_while_streaming_emits_the_transactions_before_it_and_sto
         h.service.close()
         h.run()
         runner.run_all()
+        replication.drop_slot(admin, slot)
+
+
+def test_a_transaction_holding_an_xid_holds_up_the_slot_creation_with_a_warning_and_a_status_naming_it(
+        admin: Any, admin_options: ConnectionOptions, tmp_path: Any) -> None:
+    """Issue 43, finding 7: creating a logical slot waits for every transaction that holds a
+    transaction id (PostgreSQL's behaviour). The wait is watched from a connection and thread
+    of its own (replication.py rule 7, enumerator.py rule 8): a WARNING and the source's status
+    name the blocking backend, the set-up goes on once its transaction ends."""
+    n = next(_names)
+    name, slot, pub = f"cdc_wait_{n}", f"cdc_wait_slot_{n}", f"cdc_wait_pub_{n}"
+    admin.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, note text)")
+    warnings: list[str] = []
+    warned = threading.Event()
+
+    class Seen(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.levelno == logging.WARNING and slot in record.getMessage():
+                warnings.append(record.getMessage())
+                warned.set()
+
+    seen = Seen()
+    logging.getLogger("sparkcoord.sources.postgres").addHandler(seen)
+    io = PostgresEnumeratorIO(admin_options, slot, pub, chunk_size=100, slot_wait_warn_s=0.05)
+    set_ups: list[threading.Thread] = []
+
+    def runner(work: Any) -> None:  # the set-up on a thread of its own, as in a real run
+        thread = threading.Thread(target=work, daemon=True)
+        set_ups.append(thread)
+        thread.start()
+
+    provider = functools.partial(PostgresEnumerator, io=lambda: io, tables=(TableName(
+        "public", name),), startup="latest", runner=runner, slot_runner=ManualRunner(),
+        first_boundary_wait_s=0.0)
+    h = CoordinatorHarness(provider, parallelism=1, storage_url=f"file://{tmp_path}/ckpt")
+    try:
+        with admin_options.connect(application_name="holds-an-xid") as holder:
+            pid = holder.info.backend_pid
+            with holder.transaction(force_rollback=True):
+                holder.execute(f"INSERT INTO {name} VALUES (1, 'x')")
+                holder.execute(f"CREATE ROLE cdc_wait_role_{n} PASSWORD 'hunter2'")
+                h.start()  # the set-up: it creates the publication, then waits for the slot
+                assert warned.wait(120), "no warning while the slot creation waited"
+                h.run()
+                h.checkpoint()  # the status answers once an epoch is sealed
+                status_now = status(h)
+                assert status_now["phase"] == "setting up"
+                assert f"pid {pid} (application 'holds-an-xid'" in status_now["waiting"]
+                assert status_now["blocking_pids"] == [pid]
+                assert set_ups[0].is_alive()  # it cannot end before the holder's transaction
+            # the transaction rolled back: the creation goes on
+        set_ups[0].join(120)
+        assert not set_ups[0].is_alive()
+        h.run()
+        assert replication.slot_info(admin, slot) is not None
+        assert status(h)["waiting"] is None and status(h)["blocking_pids"] == []
+        warning = warnings[0]
+        assert f"pid {pid} (application 'holds-an-xid', user 'cdc_admin', state 'idle in " \
+               "transaction', transaction started " in warning
+        assert f"query 'CREATE ROLE cdc_wait_role_{n} PASSWORD ***'" in warning
+        assert "hunter2" not in warning
+        assert h.service.failure is None
+    finally:
+        logging.getLogger("sparkcoord.sources.postgres").removeHandler(seen)
+        h.service.close()
+        h.run()
         replication.drop_slot(admin, slot)

@@ -87,6 +87,11 @@ Rules:
      before the first change of the new shape, at ``P``, and its next batch reports ``P``
      with the reason (``NextStreamRead.stopped``), so the job fails at that report (a
      ``SchemaChanged`` naming the table, the change and the way on).
+  8. The set-up's slot creation can wait for other sessions' transactions for as long as
+     they stay open (replication.py rule 7). The I/O watches it from a connection and thread
+     of its own and reports what it waits for; the report is posted to the mailbox and the
+     status shows it (``waiting``) until the creation ended. Nothing waits for it on the
+     mailbox.
 
 Thread model: every callback on the coordinator's mailbox; the :class:`EnumeratorIO`'s
 ``set_up``/``plan`` on the planning runner and ``advance``, ``unpublished`` and
@@ -122,6 +127,9 @@ log = logging.getLogger("sparkcoord.sources.postgres")
 INITIAL, LATEST = "initial", "latest"
 STARTUP_MODES = (INITIAL, LATEST)
 
+#: what the set-up's I/O reports of a wait (rule 8): its text and the pids waited for
+WaitReport = Callable[[str | None, tuple[int, ...]], None]
+
 #: how long the first boundary waits for the set-up's planning cycle (rule 2)
 FIRST_BOUNDARY_WAIT_S = 1.0
 
@@ -152,6 +160,12 @@ class EnumeratorIO(abc.ABC):
     def unpublished(self, tables: Sequence[TableName]) -> tuple[TableName, ...]:
         """Those of ``tables`` the publication no longer publishes (dropped, or taken out of
         it; all of them when the publication was dropped): rule 7."""
+
+    def report_waits(self, report: WaitReport) -> None:  # noqa: B027 - optional
+        """Have ``report`` called (on any thread) with what the set-up waits for and the pids
+        of the backends it waits for, and ``(None, ())`` once it no longer waits
+        (replication.py rule 7); optional: an I/O that never waits has nothing to report.
+        Called by the enumerator's worker that makes the I/O."""
 
     def close(self) -> None:  # noqa: B027 - optional: an I/O without connections has none
         """Release connections (any thread)."""
@@ -203,7 +217,8 @@ class PostgresEnumerator(OperatorCoordinator):
     """The coordinator of a PostgreSQL source (module rules).
 
     Client requests: ``"status"`` (phase, chunks planned/finished/pending/in flight, whether the
-    stream is out, the confirmed slot position, the state's size in entries)."""
+    stream is out, the confirmed slot position, what the set-up waits for (rule 8), the
+    state's size in entries)."""
 
     def __init__(self, context: CoordinatorContext, io: Callable[[], EnumeratorIO],
                  tables: Sequence[TableName], *, startup: str = INITIAL,
@@ -260,6 +275,8 @@ class PostgresEnumerator(OperatorCoordinator):
         self._stop: tuple[int, Exception] | None = None
         #: the first boundary, waiting for the set-up's cycle (rule 2): id, future, timer
         self._deferred: tuple[int, Future[Any], Any] | None = None
+        #: what the set-up waits for and the pids it waits for (rule 8), as the I/O reported
+        self._waiting: tuple[str | None, tuple[int, ...]] = (None, ())
 
     # ------------------------------------------------------------------ lifecycle (mailbox)
     def reset_to_checkpoint(self, checkpoint_id: int, state: Any) -> None:
@@ -307,7 +324,14 @@ class PostgresEnumerator(OperatorCoordinator):
         with self._io_lock:
             if self._io is None:
                 self._io = self._make_io()
+                post = self.context.run_in_coordinator_thread
+                self._io.report_waits(
+                    lambda text, pids: post(lambda: self._set_waiting(text, pids)))
             return self._io
+
+    def _set_waiting(self, text: str | None, pids: tuple[int, ...]) -> None:
+        """What the set-up waits for, for the status (rule 8). Mailbox thread."""
+        self._waiting = (None, ()) if self._closed or text is None else (text, pids)
 
     # ------------------------------------------------------------------ planning (rule 1)
     def _wants_planning(self) -> bool:
@@ -689,6 +713,7 @@ class PostgresEnumerator(OperatorCoordinator):
                     "chunks_finished": s.chunks_finished, "pending": len(s.pending),
                     "in_flight": len(s.in_flight), "planning_done": not s.planners,
                     "stream_owner": s.stream_owner, "confirmed_lsn": self._confirmed,
+                    "waiting": self._waiting[0], "blocking_pids": list(self._waiting[1]),
                     "state_entries": len(s.pending) + len(s.in_flight) + len(s.reported)
                     + sum(p.planned for p in s.progress.values())}
         raise ValueError(f"PostgreSQL source {self.context.operator_id!r}: unknown client "
@@ -704,13 +729,31 @@ class PostgresEnumeratorIO(EnumeratorIO):
     no password: libpq's environment supplies it (connection.py rule 2)."""
 
     def __init__(self, options: Any, slot: str, publication: str, chunk_size: int,
-                 chunk_key_columns: dict[TableName, str] | None = None) -> None:
+                 chunk_key_columns: dict[TableName, str] | None = None, *,
+                 slot_wait_warn_s: float | None = None) -> None:
+        from sparkcoord.sources.postgres.replication import SLOT_WAIT_WARN_S
+
         self.options = options
         self.slot = slot
         self.publication = publication
         self.chunk_size = chunk_size
         self.chunk_key_columns = dict(chunk_key_columns or {})
+        #: how long the slot's creation waits before it is named a wait (rule 8)
+        self.slot_wait_warn_s = SLOT_WAIT_WARN_S if slot_wait_warn_s is None else slot_wait_warn_s
+        self._report_wait: WaitReport | None = None
         self._conns: dict[str, Any] = {}
+
+    def report_waits(self, report: WaitReport) -> None:
+        self._report_wait = report
+
+    def _watch_slot_creation(self, creator_pid: int) -> Any:
+        """Rule 8: the slot's creation watched from a connection of its own."""
+        from sparkcoord.sources.postgres.replication import SlotCreationWatch
+
+        return SlotCreationWatch(
+            lambda: self.options.connect(application_name="sparkcoord-cdc-watch", retry_s=0.0),
+            self.slot, creator_pid, warn_after_s=self.slot_wait_warn_s,
+            report=self._report_wait)
 
     def _call(self, role: str, action: Callable[[Any], Any]) -> Any:
         """``action(connection)`` on the ``role`` connection ("planner" or "slot"), again on a
@@ -754,7 +797,7 @@ class PostgresEnumeratorIO(EnumeratorIO):
                                       self.chunk_key_columns.get(table))
                 planners[table] = PlannerState(table, shape.chunk_key_column, self.chunk_size)
             replication.ensure_publication(conn, self.publication, list(tables))
-            replication.ensure_slot(conn, self.slot)
+            replication.ensure_slot(conn, self.slot, watch=self._watch_slot_creation)
             return planners if snapshot else {}
 
         result: dict[TableName, PlannerState] = self._call("planner", work)
