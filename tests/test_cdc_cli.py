@@ -134,6 +134,10 @@ def test_without_a_url_the_header_says_libpqs_environment_is_used() -> None:
 @pytest.mark.parametrize("status, shown", [
     ({}, "starting"),
     ({"phase": "setting up"}, "setting up the slot and the publication"),
+    ({"phase": "setting up", "waiting": "creating the replication slot ...",
+      "blocking_pids": [4242]},
+     "setting up the slot and the publication: the slot's creation waits for transaction(s) "
+     "holding a transaction id to end (pid 4242; see the WARNING)"),
     ({"phase": "snapshot", "chunks_planned": 12, "chunks_finished": 5, "planning_done": False},
      "snapshot: 5 of 12+ chunks read"),
     ({"phase": "snapshot", "chunks_planned": 12, "chunks_finished": 12, "planning_done": True},

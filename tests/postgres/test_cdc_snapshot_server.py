@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import logging
 import pickle
 import random
 import threading
@@ -19,6 +20,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from sparkcoord.core.errors import RequestFailed
 from sparkcoord.operator import SubtaskContext
 from sparkcoord.sources.postgres import catalog, replication
 from sparkcoord.sources.postgres.connection import ConnectionOptions
@@ -411,6 +413,29 @@ def test_readers_reading_chunks_at_once_share_the_slot_and_get_every_row_once(
     replication.drop_slot(admin, slot)
 
 
+def one_reader_source(admin: Any, admin_options: ConnectionOptions, tmp_path: Any, kind: str,
+                      columns: str, rows: str, *, chunk_size: int = 100, startup: str = "initial",
+                      **limits: Any
+                      ) -> tuple[str, str, ReaderConfig,
+                                 tuple[CoordinatorHarness, ManualRunner, ManualRunner]]:
+    """A new table ``(columns)`` holding ``SELECT rows`` and the real enumerator for it under
+    the harness (one reader, its workers run by hand): (name, slot, the reader's config as an
+    executor gets it, (harness, planning runner, slot runner))."""
+    n = next(_names)
+    name, slot, pub = f"cdc_{kind}_{n}", f"cdc_{kind}_slot_{n}", f"cdc_{kind}_pub_{n}"
+    table = TableName("public", name)
+    admin.execute(f"CREATE TABLE {name} ({columns})")
+    admin.execute(f"INSERT INTO {name} SELECT {rows}")
+    config = ReaderConfig(pickle.loads(pickle.dumps(admin_options)), slot, pub,
+                          (TableShape.of(catalog.table_info(admin, table)),), **limits)
+    io = PostgresEnumeratorIO(admin_options, slot, pub, chunk_size=chunk_size)
+    runner, slot_runner = ManualRunner(), ManualRunner()
+    provider = functools.partial(PostgresEnumerator, io=lambda: io, tables=(table,),
+                                 startup=startup, runner=runner, slot_runner=slot_runner)
+    h = CoordinatorHarness(provider, parallelism=1, storage_url=f"file://{tmp_path}/ckpt")
+    return name, slot, config, (h, runner, slot_runner)
+
+
 def test_a_batch_that_runs_again_emits_exactly_what_it_emitted_before_while_writes_go_on(
         admin: Any, admin_options: ConnectionOptions, executor_env: None, tmp_path: Any) -> None:
     """splits.py rule 5: Spark runs a batch again after a restart even when its sink already
@@ -418,19 +443,10 @@ def test_a_batch_that_runs_again_emits_exactly_what_it_emitted_before_while_writ
     same rows from the same state and answers, though the table changed in between: a chunk's
     rows are emitted from the state by the batch after the read, the stream up to the logged
     bound."""
-    n = next(_names)
-    name, slot, pub = f"cdc_again_{n}", f"cdc_again_slot_{n}", f"cdc_again_pub_{n}"
-    table = TableName("public", name)
-    admin.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, v int NOT NULL, note text)")
-    admin.execute(f"INSERT INTO {name} SELECT g, g, 'r' FROM generate_series(1, 600) g")
-    config = ReaderConfig(pickle.loads(pickle.dumps(admin_options)), slot, pub,
-                          (TableShape.of(catalog.table_info(admin, table)),),
-                          max_changes_per_batch=40, max_chunks_per_batch=1)
-    io = PostgresEnumeratorIO(admin_options, slot, pub, chunk_size=200)
-    runner, slot_runner = ManualRunner(), ManualRunner()
-    provider = functools.partial(PostgresEnumerator, io=lambda: io, tables=(table,),
-                                 runner=runner, slot_runner=slot_runner)
-    h = CoordinatorHarness(provider, parallelism=1, storage_url=f"file://{tmp_path}/ckpt")
+    name, slot, config, (h, runner, slot_runner) = one_reader_source(
+        admin, admin_options, tmp_path, "again", "id int PRIMARY KEY, v int NOT NULL, note text",
+        "g, g, 'r' FROM generate_series(1, 600) g", chunk_size=200,
+        max_changes_per_batch=40, max_chunks_per_batch=1)
     state: Any = None
     runs_compared = {"chunk rows": 0, "stream": 0}
 
@@ -471,4 +487,138 @@ def test_a_batch_that_runs_again_emits_exactly_what_it_emitted_before_while_writ
         h.service.close()
         h.run()
         runner.run_all()
+        replication.drop_slot(admin, slot)
+
+
+def test_a_column_added_while_streaming_emits_the_transactions_before_it_and_stops_the_next_batch(
+        admin: Any, admin_options: ConnectionOptions, executor_env: None, tmp_path: Any) -> None:
+    """Issue 43, finding 6: five updates committed right before ``ALTER TABLE ... ADD COLUMN``,
+    in the same batch's read as the first change after it, are emitted by that batch (a batch
+    that runs again emits them again); the job fails in the next batch, once they committed,
+    naming the table and the way on (enumerator.py rule 7), and the slot is never confirmed
+    past them: the change of the new shape is still in it."""
+    name, slot, config, (h, runner, slot_runner) = one_reader_source(
+        admin, admin_options, tmp_path, "shape", "id int PRIMARY KEY, v int",
+        "g, 0 FROM generate_series(1, 5) g", startup="latest")
+    pub = config.publication
+    state: Any = None
+
+    def boundary() -> None:
+        runner.run_all()
+        h.clock.advance(0.5)  # a poll tick learns the stream's next bound
+        h.run()
+        slot_runner.run_all()
+        h.run()
+        h.checkpoint()
+
+    def commit() -> None:
+        h.commit()
+        slot_runner.run_all()
+        h.run()
+
+    h.start()
+    try:
+        runner.run_all()  # the publication and the slot
+        h.run()
+        boundary()
+        _, state = run_reader(h, config, 0, state)  # the stream goes out
+        commit()
+        for i in range(1, 6):
+            admin.execute(f"UPDATE {name} SET v = {i} WHERE id = {i}")
+        admin.execute(f"ALTER TABLE {name} ADD COLUMN extra text")
+        admin.execute(f"INSERT INTO {name} VALUES (6, 6, 'new shape')")
+        boundary()
+        before = pickle.loads(pickle.dumps(state))
+        first, _ = run_reader(h, config, 0, pickle.loads(pickle.dumps(before)))
+        h.retry_task(0)  # the batch runs again: the same rows
+        out, state = run_reader(h, config, 0, pickle.loads(pickle.dumps(before)))
+        rows = [r for b in out for r in b.to_pylist()]
+        assert rows == [r for b in first for r in b.to_pylist()]
+        assert [(r["op"], r["after"]["id"], r["after"]["v"]) for r in rows] == [
+            ("u", i, i) for i in range(1, 6)]
+        assert h.service.failure is None  # the updates are not in the sink yet
+        commit()
+        assert h.service.failure is None
+        last_emitted = max(r["lsn"] for r in rows)
+        boundary()
+        with pytest.raises(RequestFailed, match=rf"table public\.{name} changed"):
+            run_reader(h, config, 0, pickle.loads(pickle.dumps(state)))
+        failure = str(h.service.failure)
+        assert "SchemaChanged" in failure and "added: extra" in failure
+        assert f"table public.{name} changed while it was captured" in failure
+        assert "new checkpoint location" in failure
+        info = replication.slot_info(admin, slot)
+        assert info is not None and (info.confirmed_flush_lsn or 0) <= last_emitted
+        kept = replication.peek(admin, slot, pub)
+        assert any(tx.end_lsn > last_emitted for tx in kept.transactions)  # still there
+    finally:
+        h.service.close()
+        h.run()
+        runner.run_all()
+        replication.drop_slot(admin, slot)
+
+
+def test_a_transaction_holding_an_xid_holds_up_the_slot_creation_with_a_warning_and_a_status_naming_it(
+        admin: Any, admin_options: ConnectionOptions, tmp_path: Any) -> None:
+    """Issue 43, finding 7: creating a logical slot waits for every transaction that holds a
+    transaction id (PostgreSQL's behaviour). The wait is watched from a connection and thread
+    of its own (replication.py rule 7, enumerator.py rule 8): a WARNING and the source's status
+    name the blocking backend, the set-up goes on once its transaction ends."""
+    n = next(_names)
+    name, slot, pub = f"cdc_wait_{n}", f"cdc_wait_slot_{n}", f"cdc_wait_pub_{n}"
+    admin.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, note text)")
+    warnings: list[str] = []
+    warned = threading.Event()
+
+    class Seen(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.levelno == logging.WARNING and slot in record.getMessage():
+                warnings.append(record.getMessage())
+                warned.set()
+
+    seen = Seen()
+    logging.getLogger("sparkcoord.sources.postgres").addHandler(seen)
+    io = PostgresEnumeratorIO(admin_options, slot, pub, chunk_size=100, slot_wait_warn_s=0.05)
+    set_ups: list[threading.Thread] = []
+
+    def runner(work: Any) -> None:  # the set-up on a thread of its own, as in a real run
+        thread = threading.Thread(target=work, daemon=True)
+        set_ups.append(thread)
+        thread.start()
+
+    provider = functools.partial(PostgresEnumerator, io=lambda: io, tables=(TableName(
+        "public", name),), startup="latest", runner=runner, slot_runner=ManualRunner(),
+        first_boundary_wait_s=0.0)
+    h = CoordinatorHarness(provider, parallelism=1, storage_url=f"file://{tmp_path}/ckpt")
+    try:
+        with admin_options.connect(application_name="holds-an-xid") as holder:
+            pid = holder.info.backend_pid
+            with holder.transaction(force_rollback=True):
+                holder.execute(f"INSERT INTO {name} VALUES (1, 'x')")
+                holder.execute(f"CREATE ROLE cdc_wait_role_{n} PASSWORD 'hunter2'")
+                h.start()  # the set-up: it creates the publication, then waits for the slot
+                assert warned.wait(120), "no warning while the slot creation waited"
+                h.run()
+                h.checkpoint()  # the status answers once an epoch is sealed
+                status_now = status(h)
+                assert status_now["phase"] == "setting up"
+                assert f"pid {pid} (application 'holds-an-xid'" in status_now["waiting"]
+                assert status_now["blocking_pids"] == [pid]
+                assert set_ups[0].is_alive()  # it cannot end before the holder's transaction
+            # the transaction rolled back: the creation goes on
+        set_ups[0].join(120)
+        assert not set_ups[0].is_alive()
+        h.run()
+        assert replication.slot_info(admin, slot) is not None
+        assert status(h)["waiting"] is None and status(h)["blocking_pids"] == []
+        warning = warnings[0]
+        assert f"pid {pid} (application 'holds-an-xid', user 'cdc_admin', state 'idle in " \
+               "transaction', transaction started " in warning
+        assert f"query 'CREATE ROLE cdc_wait_role_{n} PASSWORD ***'" in warning
+        assert "hunter2" not in warning
+        assert h.service.failure is None
+    finally:
+        logging.getLogger("sparkcoord.sources.postgres").removeHandler(seen)
+        h.service.close()
+        h.run()
         replication.drop_slot(admin, slot)

@@ -1,6 +1,6 @@
 """The PostgreSQL source's loud stops on real Spark and a real PostgreSQL 15: a column added to a
 captured table while the stream runs stops the query naming the table and the change, with no
-row of the new shape in the sink; a captured table dropped while the stream runs stops the job
+row of the new shape in the sink and every change before it in the sink; a captured table dropped while the stream runs stops the job
 naming it, once every change it had before the drop is in the sink (enumerator.py rule 7).
 
 Spark's processes connect with libpq's environment (decision 64): PGPASSWORD goes into the
@@ -120,6 +120,28 @@ def test_a_column_added_while_streaming_stops_the_query_naming_the_table_with_no
     rows = mirror.rows()
     assert sorted(r["id"] for r in rows) == list(range(1, 22))  # nothing of the new shape
     assert [r["op"] for r in rows].count("r") == 20
+
+
+def test_the_updates_committed_right_before_a_column_is_added_reach_the_sink_before_the_stop(
+        spark: Any, postgres_server: PostgresServer, executor_password: None,
+        tmp_path: Any) -> None:
+    """Issue 43, finding 6: five updates committed milliseconds before ``ALTER TABLE ... ADD
+    COLUMN``, read in the same batch as the first change after it, are in the sink when the
+    job stops (reader.py rule 4, enumerator.py rule 7)."""
+    setup = ["CREATE TABLE items (id int PRIMARY KEY, v int)",
+             "INSERT INTO items SELECT g, 0 FROM generate_series(1, 10) g"]
+    with streaming_mirror(spark, postgres_server, str(tmp_path), "t_spark_cdc_alter_before",
+                          "public.items", setup, rows=10) as (conn, mirror):
+        for i in range(1, 6):
+            conn.execute(f"UPDATE items SET v = {100 + i} WHERE id = {i}")
+        conn.execute("ALTER TABLE items ADD COLUMN extra text")
+        conn.execute("INSERT INTO items VALUES (11, 11, 'new shape')")
+        expect_stop(mirror, r"table public\.items changed while it was captured "
+                            r"\(column\(s\) added: extra\).*new checkpoint location")
+    rows = mirror.rows()
+    assert sorted((r["id"], r["v"]) for r in rows if r["op"] == "u") == [
+        (i, 100 + i) for i in range(1, 6)]
+    assert 11 not in [r["id"] for r in rows]  # nothing of the new shape
 
 
 def test_a_captured_table_dropped_while_streaming_stops_the_job_naming_it_after_its_last_changes(

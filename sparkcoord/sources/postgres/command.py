@@ -155,6 +155,10 @@ def progress_text(tables: str, out: str, rows: int, status: dict[str, Any],
         where = "starting"
     elif phase == "setting up":
         where = "setting up the slot and the publication"
+        if status.get("waiting"):  # enumerator.py rule 8: what the slot's creation waits for
+            blockers = status.get("blocking_pids") or ()
+            where += (": the slot's creation waits for transaction(s) holding a transaction "
+                      f"id to end (pid {', '.join(map(str, blockers))}; see the WARNING)")
     elif phase == "snapshot":
         planned = f"{status.get('chunks_planned', 0)}" + (
             "" if status.get("planning_done") else "+")

@@ -70,17 +70,28 @@ Rules:
      handed out again; finished reports it withdrew are undone (the chunk is in flight to the
      subtask again, which reports it again). A withdrawn stream report is forgotten (its
      epoch's position is then confirmed by a later report: never too far).
-  7. A captured table the publication no longer publishes (dropped, or taken out of it) is
+  7. The stream stops at a position ``P`` with an error: the source fails the job when the
+     stream reader reports it read to ``P`` or past it. That report comes in the batch after
+     the read, which Spark runs only once the read's batch committed, so every change before
+     ``P`` is in the sink first; nothing is confirmed past what the sink holds, and a
+     restart finds the same and stops at the same point. Two things set a stop (the
+     earlier ``P`` wins):
+     a captured table the publication no longer publishes (dropped, or taken out of it) is
      found by the poll, which asks for the published tables before the insert position
-     ``P``: every change the table had is before ``P``. The source fails the job (a
-     ``PublicationProblem`` naming the tables) when the stream reader reports it read to
-     ``P`` or past it: that report comes in the batch after the read, which Spark runs only
-     once the read's batch committed, so every change the tables had is in the sink first.
-     Nothing is confirmed past what the sink holds, and a restart finds the same and stops
-     at the same point. While tables are found gone every poll asks for a batch (nothing
-     else may be written to move the insert position). The check starts once the stream is
-     built: before, the publication may not exist yet (the set-up creates it on the other
-     worker, at the same time as an ``availableNow`` run's first poll).
+     ``P``: every change the table had is before ``P`` (a ``PublicationProblem`` naming the
+     tables). While a stop waits every poll asks for a batch (nothing else may be written to
+     move the insert position). The check starts once the stream is built: before, the
+     publication may not exist yet (the set-up creates it on the other worker, at the same
+     time as an ``availableNow`` run's first poll);
+     a captured table that changed shape (reader.py rule 4): the reader stopped its read
+     before the first change of the new shape, at ``P``, and its next batch reports ``P``
+     with the reason (``NextStreamRead.stopped``), so the job fails at that report (a
+     ``SchemaChanged`` naming the table, the change and the way on).
+  8. The set-up's slot creation can wait for other sessions' transactions for as long as
+     they stay open (replication.py rule 7). The I/O watches it from a connection and thread
+     of its own and reports what it waits for; the report is posted to the mailbox and the
+     status shows it (``waiting``) until the creation ended. Nothing waits for it on the
+     mailbox.
 
 Thread model: every callback on the coordinator's mailbox; the :class:`EnumeratorIO`'s
 ``set_up``/``plan`` on the planning runner and ``advance``, ``unpublished`` and
@@ -116,6 +127,9 @@ log = logging.getLogger("sparkcoord.sources.postgres")
 INITIAL, LATEST = "initial", "latest"
 STARTUP_MODES = (INITIAL, LATEST)
 
+#: what the set-up's I/O reports of a wait (rule 8): its text and the pids waited for
+WaitReport = Callable[[str | None, tuple[int, ...]], None]
+
 #: how long the first boundary waits for the set-up's planning cycle (rule 2)
 FIRST_BOUNDARY_WAIT_S = 1.0
 
@@ -146,6 +160,12 @@ class EnumeratorIO(abc.ABC):
     def unpublished(self, tables: Sequence[TableName]) -> tuple[TableName, ...]:
         """Those of ``tables`` the publication no longer publishes (dropped, or taken out of
         it; all of them when the publication was dropped): rule 7."""
+
+    def report_waits(self, report: WaitReport) -> None:  # noqa: B027 - optional
+        """Have ``report`` called (on any thread) with what the set-up waits for and the pids
+        of the backends it waits for, and ``(None, ())`` once it no longer waits
+        (replication.py rule 7); optional: an I/O that never waits has nothing to report.
+        Called by the enumerator's worker that makes the I/O."""
 
     def close(self) -> None:  # noqa: B027 - optional: an I/O without connections has none
         """Release connections (any thread)."""
@@ -197,7 +217,8 @@ class PostgresEnumerator(OperatorCoordinator):
     """The coordinator of a PostgreSQL source (module rules).
 
     Client requests: ``"status"`` (phase, chunks planned/finished/pending/in flight, whether the
-    stream is out, the confirmed slot position, the state's size in entries)."""
+    stream is out, the confirmed slot position, what the set-up waits for (rule 8), the
+    state's size in entries)."""
 
     def __init__(self, context: CoordinatorContext, io: Callable[[], EnumeratorIO],
                  tables: Sequence[TableName], *, startup: str = INITIAL,
@@ -250,10 +271,12 @@ class PostgresEnumerator(OperatorCoordinator):
         self._learned_bound = 0
         #: an availableNow run's end: the WAL insert position when it started (rule 5)
         self._run_end: int | None = None
-        #: captured tables found unpublished, and an insert position after that (rule 7)
-        self._unpublished: tuple[tuple[TableName, ...], int] | None = None
+        #: where the stream stops, and the error the job then fails with (rule 7)
+        self._stop: tuple[int, Exception] | None = None
         #: the first boundary, waiting for the set-up's cycle (rule 2): id, future, timer
         self._deferred: tuple[int, Future[Any], Any] | None = None
+        #: what the set-up waits for and the pids it waits for (rule 8), as the I/O reported
+        self._waiting: tuple[str | None, tuple[int, ...]] = (None, ())
 
     # ------------------------------------------------------------------ lifecycle (mailbox)
     def reset_to_checkpoint(self, checkpoint_id: int, state: Any) -> None:
@@ -301,7 +324,14 @@ class PostgresEnumerator(OperatorCoordinator):
         with self._io_lock:
             if self._io is None:
                 self._io = self._make_io()
+                post = self.context.run_in_coordinator_thread
+                self._io.report_waits(
+                    lambda text, pids: post(lambda: self._set_waiting(text, pids)))
             return self._io
+
+    def _set_waiting(self, text: str | None, pids: tuple[int, ...]) -> None:
+        """What the set-up waits for, for the status (rule 8). Mailbox thread."""
+        self._waiting = (None, ()) if self._closed or text is None else (text, pids)
 
     # ------------------------------------------------------------------ planning (rule 1)
     def _wants_planning(self) -> bool:
@@ -505,22 +535,34 @@ class PostgresEnumerator(OperatorCoordinator):
         if request.read_to is not None:
             previous = state.reported.get(self._epoch, 0)
             state.reported[self._epoch] = max(previous, request.read_to)
-            if self._unpublished is not None and request.read_to >= self._unpublished[1]:
-                self._stop_unpublished(self._unpublished[0])
+            if request.stopped is not None:
+                from sparkcoord.sources.postgres.errors import SchemaChanged
+
+                self._stop_at(request.read_to, SchemaChanged(
+                    f"PostgreSQL source {self.context.operator_id!r}: {request.stopped}"))
+            if self._stop is not None and request.read_to >= self._stop[0]:
+                # rule 7: the batch that read to the stop committed
+                self.context.fail_job(self._stop[1])
         return StreamBound(state.stream_bound)
 
-    def _stop_unpublished(self, gone: tuple[TableName, ...]) -> None:
-        """Rule 7: the batch that read past the position after the tables left committed."""
+    def _stop_at(self, position: int, error: Exception) -> None:
+        """Rule 7: the stream stops at ``position`` with ``error`` (the earlier stop wins).
+        Mailbox thread."""
+        if self._stop is None or position < self._stop[0]:
+            self._stop = (position, error)
+
+    def _unpublished_error(self, gone: tuple[TableName, ...]) -> Exception:
+        """Rule 7: the error of captured tables that left the publication."""
         from sparkcoord.sources.postgres.errors import PublicationProblem
 
         names = ", ".join(map(str, gone))
-        self.context.fail_job(PublicationProblem(
+        return PublicationProblem(
             f"PostgreSQL source {self.context.operator_id!r}: captured table(s) {names} are no "
             f"longer published by the source's publication (dropped, or taken out of it); "
             "every change committed to them before that was delivered. Capture without them "
             "with a new checkpoint location, or, if a table still exists and was taken out by "
             "mistake, add it back (ALTER PUBLICATION ... ADD TABLE ...; what changed while it "
-            "was out is not in the stream: capture it again with a snapshot)"))
+            "was out is not in the stream: capture it again with a snapshot)")
 
     def _polled(self) -> None:
         """A poll tick (mailbox): once the stream is built, learn a new bound; a batch
@@ -555,8 +597,8 @@ class PostgresEnumerator(OperatorCoordinator):
         self._learning = False
         if self._closed:
             return
-        if gone and self._unpublished is None:
-            self._unpublished = (gone, position)
+        if gone and (self._stop is None or position < self._stop[0]):
+            self._stop_at(position, self._unpublished_error(gone))
             log.warning("PostgreSQL source %s: %s no longer published; the source stops once "
                         "the stream has delivered everything before %s",
                         self.context.operator_id, ", ".join(map(str, gone)), position)
@@ -569,7 +611,7 @@ class PostgresEnumerator(OperatorCoordinator):
         # an unmoved insert position: nothing new to read; but once tables left (rule 7), the
         # batch carrying the report past them must come even if nothing is written any more
         if self._work_left() or (self.state.stream_owner is not None
-                                 and (moved or self._unpublished is not None)):
+                                 and (moved or self._stop is not None)):
             self.context.request_batch()
 
     def _stream_behind_run_end(self) -> bool:
@@ -671,6 +713,7 @@ class PostgresEnumerator(OperatorCoordinator):
                     "chunks_finished": s.chunks_finished, "pending": len(s.pending),
                     "in_flight": len(s.in_flight), "planning_done": not s.planners,
                     "stream_owner": s.stream_owner, "confirmed_lsn": self._confirmed,
+                    "waiting": self._waiting[0], "blocking_pids": list(self._waiting[1]),
                     "state_entries": len(s.pending) + len(s.in_flight) + len(s.reported)
                     + sum(p.planned for p in s.progress.values())}
         raise ValueError(f"PostgreSQL source {self.context.operator_id!r}: unknown client "
@@ -686,13 +729,31 @@ class PostgresEnumeratorIO(EnumeratorIO):
     no password: libpq's environment supplies it (connection.py rule 2)."""
 
     def __init__(self, options: Any, slot: str, publication: str, chunk_size: int,
-                 chunk_key_columns: dict[TableName, str] | None = None) -> None:
+                 chunk_key_columns: dict[TableName, str] | None = None, *,
+                 slot_wait_warn_s: float | None = None) -> None:
+        from sparkcoord.sources.postgres.replication import SLOT_WAIT_WARN_S
+
         self.options = options
         self.slot = slot
         self.publication = publication
         self.chunk_size = chunk_size
         self.chunk_key_columns = dict(chunk_key_columns or {})
+        #: how long the slot's creation waits before it is named a wait (rule 8)
+        self.slot_wait_warn_s = SLOT_WAIT_WARN_S if slot_wait_warn_s is None else slot_wait_warn_s
+        self._report_wait: WaitReport | None = None
         self._conns: dict[str, Any] = {}
+
+    def report_waits(self, report: WaitReport) -> None:
+        self._report_wait = report
+
+    def _watch_slot_creation(self, creator_pid: int) -> Any:
+        """Rule 8: the slot's creation watched from a connection of its own."""
+        from sparkcoord.sources.postgres.replication import SlotCreationWatch
+
+        return SlotCreationWatch(
+            lambda: self.options.connect(application_name="sparkcoord-cdc-watch", retry_s=0.0),
+            self.slot, creator_pid, warn_after_s=self.slot_wait_warn_s,
+            report=self._report_wait)
 
     def _call(self, role: str, action: Callable[[Any], Any]) -> Any:
         """``action(connection)`` on the ``role`` connection ("planner" or "slot"), again on a
@@ -736,7 +797,7 @@ class PostgresEnumeratorIO(EnumeratorIO):
                                       self.chunk_key_columns.get(table))
                 planners[table] = PlannerState(table, shape.chunk_key_column, self.chunk_size)
             replication.ensure_publication(conn, self.publication, list(tables))
-            replication.ensure_slot(conn, self.slot)
+            replication.ensure_slot(conn, self.slot, watch=self._watch_slot_creation)
             return planners if snapshot else {}
 
         result: dict[TableName, PlannerState] = self._call("planner", work)

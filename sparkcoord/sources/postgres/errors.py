@@ -53,6 +53,11 @@ class PublicationProblem(PostgresSourceError):
     """The publication does not publish a captured table."""
 
 
+class SchemaChanged(PostgresSourceError):
+    """A captured table's shape changed while streaming (reader.py rule 4): names the table,
+    the change and the way on."""
+
+
 class ChunkKeyError(PostgresSourceError):
     """A table that cannot be split into key chunks as asked: no primary key and no chunk key
     column named, a composite key (not yet supported), a key type we cannot order by."""

@@ -32,8 +32,18 @@ Rules:
      captured tables' columns (the union by name; one name with two different types in two
      tables is an error naming both). Every conversion error names the table and the column.
   4. A change of a captured table whose shape differs from the table's (a column added,
-     dropped, renamed or retyped while streaming) stops the reader with an error naming the
-     table and the change: never a row of the wrong shape.
+     dropped, renamed or retyped while streaming; pgoutput describes the relation again,
+     with a Relation message, before the first change that uses its new shape) is never
+     emitted as a row of the wrong shape. The stream read stops before that change's
+     transaction: the batch emits every transaction before it and keeps the position at the
+     end of the last of them, with the reason (:attr:`StreamPosition.stopped`), and asks for
+     the next batch; that batch reports the position and the reason in its
+     :class:`NextStreamRead`, and the enumerator fails the job with a :class:`SchemaChanged`
+     naming the table, the change and the way on (enumerator.py rule 7: the report comes in
+     the batch after the read, which runs only once the read's batch committed). Where the
+     read stops is a function of the WAL, so a batch that runs again stops at the same
+     transaction, and the slot is never confirmed past what the sink holds. A chunk read
+     (the snapshot) that meets such a change fails its task with the error.
   5. Credentials (decision 64): the reader's :class:`ReaderConfig` holds the connection
      options, which pickle without their password; an executor connects with libpq's own
      environment (``PGPASSWORD``, ``PGPASSFILE`` or ``~/.pgpass``, a service file). A
@@ -46,6 +56,7 @@ connection is opened in that thread and closed in ``close``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -60,6 +71,7 @@ from sparkcoord.sources.postgres.catalog import composed
 from sparkcoord.sources.postgres.chunks import Chunk, chunk_sql
 from sparkcoord.sources.postgres.errors import (
     PostgresSourceError,
+    SchemaChanged,
     SlotProblem,
     ValueConversionError,
 )
@@ -108,10 +120,6 @@ log = logging.getLogger("sparkcoord.sources.postgres")
 #: the chunk key types Python orders as the server does (watermarks.py rule 8)
 INTEGER_KEYS = frozenset({values.INT2, values.INT4, values.INT8})
 _TEXT_CASTS = {values.TEXT: "text", values.VARCHAR: "varchar", values.BPCHAR: "bpchar"}
-
-
-class SchemaChanged(PostgresSourceError):
-    """A captured table's shape changed while streaming (rule 4)."""
 
 
 @dataclass(frozen=True)
@@ -273,10 +281,11 @@ class RowDecoder:
             "columns reordered" if not (added or dropped or retyped) else "") if part)
         raise SchemaChanged(
             f"table {self.shape.table} changed while it was captured ({what}): the source "
-            "stops rather than emit rows of another shape. Start it again with a new "
-            "checkpoint location (and startup mode 'initial' to read the table again), or "
-            "undo the change if nothing was written to the table while it was in place (such "
-            "changes carry the other shape and stop the source again)")
+            "stops rather than emit rows of another shape; every change committed before the "
+            "first change of the new shape was delivered. Start it again with a new "
+            "checkpoint location (startup mode 'initial' reads the table again with its new "
+            "columns; drop the old replication slot): the changes written with the new shape "
+            "stay in the stream, so undoing the change now does not let this checkpoint go on")
 
 
 def decode_transaction(tx: Transaction, decoders: Mapping[TableName, RowDecoder]) -> TxChanges:
@@ -629,14 +638,20 @@ def read_stream(conn: Any, config: ReaderConfig, position: StreamPosition, upto:
     decoders = {s.table: RowDecoder(s) for s in config.shapes}
     order = order or KeyOrder(conn, config.shapes)
     rows: list[OutRow] = []
+    emitted = 0
     for tx in taken:
-        changes = decode_transaction(tx, decoders)
+        try:
+            changes = decode_transaction(tx, decoders)
+        except SchemaChanged as e:  # rule 4: stop before it, at the last transaction's end
+            return StreamRead(rows, dataclasses.replace(position, stopped=str(e)), True,
+                              emitted)
         flt = position.filter
         rows.extend(stream_rows(changes, flt, order.locate(flt) if flt is not None else None))
         position = position.moved_to(tx.end_lsn)
+        emitted += 1
     if not full:
         position = position.moved_to(upto)
-    return StreamRead(rows, position, full, len(taken))
+    return StreamRead(rows, position, full, emitted)
 
 
 # -- the operator (rules 1 and 2) --------------------------------------------------------------
@@ -719,12 +734,16 @@ class PostgresReader(SubtaskOperator):
             self.context.request_batch()  # rule 1: emit and report them
 
     def _stream(self, read_to: int | None) -> Iterator[Any]:
-        assert self.state.position is not None
-        bound = self.context.request(NextStreamRead(read_to))
+        position = self.state.position
+        assert position is not None
+        bound = self.context.request(NextStreamRead(read_to, position.stopped))
         if not isinstance(bound, StreamBound):
             raise TypeError(f"reader {self.context.operator_id}: the enumerator answered "
                             f"{bound!r} to NextStreamRead")
-        read = read_stream(self._connection(), self.config, self.state.position, bound.upto)
+        if position.stopped is not None:
+            # rule 4: the enumerator fails the job at this report; never read past the stop
+            raise SchemaChanged(position.stopped)
+        read = read_stream(self._connection(), self.config, position, bound.upto)
         self.state.position = read.position
         self.rows += len(read.rows)
         if read.rows:

@@ -89,9 +89,12 @@ class NextStreamRead:
     """The stream reader's request at the start of each of its batches (rules 3 and 5):
     its previous batch read every transaction ending at or before ``read_to`` (None in the
     batch that got the stream), so the slot may be confirmed there once this batch commits;
-    and "how far may this batch read?"."""
+    and "how far may this batch read?". ``stopped``: the previous batch stopped at
+    ``read_to`` before a transaction it cannot emit (a captured table changed shape: reader.py
+    rule 4), and why; the enumerator then fails the job (enumerator.py rule 7)."""
 
     read_to: int | None = None
+    stopped: str | None = None
 
 
 @dataclass(frozen=True)

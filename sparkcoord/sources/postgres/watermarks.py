@@ -449,6 +449,9 @@ class StreamPosition:
 
     after: int
     filter: StreamFilter | None = None
+    #: why the stream stops at ``after``: the next transaction cannot be emitted (a captured
+    #: table changed shape, reader.py rule 4); the message names the table and the way on
+    stopped: str | None = None
 
     def moved_to(self, read_to: int) -> StreamPosition:
         """The position after a peek that read to ``read_to``: the filter is dropped once
@@ -457,7 +460,7 @@ class StreamPosition:
         flt = self.filter
         if flt is not None and after >= flt.max_hw:
             flt = None
-        return StreamPosition(after, flt)
+        return StreamPosition(after, flt, self.stopped)
 
 
 # -- rule 6: the map while the snapshot runs (the enumerator's) -----------------------------
