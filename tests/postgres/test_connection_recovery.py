@@ -4,20 +4,27 @@ replays its WAL after a crash (``pg_ctl stop -m immediate`` and a start) or is a
 consistent, and every place the source connects (the coordinator's planner and slot connections,
 the readers) waits through it; a refused login still fails at once.
 
-Which message a real server sends when is a race against its WAL replay, so the server here is
-made deterministic: :class:`RecoveringServer` listens on loopback in front of the session's real
-server, answers the next ``refuse(n)`` startup packets with the ErrorResponse PostgreSQL 15 sends
-(the texts of its postmaster.c), and relays every other connection to the real server byte for
-byte.
+Which message a server in crash recovery sends when is a race against its WAL replay, so two
+servers here hold the state as long as the test needs: a real standby restored from a base backup
+whose end is not in its WAL yet (it answers "not yet accepting connections" until the test hands
+it the rest, which it does on the source's first WARNING); and :class:`RecoveringServer`, which
+listens on loopback in front of the session's real server, answers the next ``refuse(n)``
+startup packets with the ErrorResponse PostgreSQL 15 sends (the texts of its postmaster.c), and
+relays every other connection to the real server byte for byte.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import socket
 import struct
+import subprocess
 import threading
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,7 +33,8 @@ from sparkcoord.sources.postgres.connection import ConnectionOptions, transient_
 from sparkcoord.sources.postgres.enumerator import PostgresEnumeratorIO
 from sparkcoord.sources.postgres.errors import ConnectionRefused
 from sparkcoord.sources.postgres.reader import PostgresReader, ReaderConfig
-from tests.postgres_server import ADMIN_PASSWORD, ADMIN_USER, PostgresServer
+from sparkcoord.testing import postgres
+from tests.postgres_server import ADMIN_PASSWORD, ADMIN_USER, PostgresServer, Role
 
 #: PostgreSQL 15's answers to a startup packet it cannot serve yet: (SQLSTATE, message, detail),
 #: as postmaster.c's canAcceptConnections and postinit.c send them
@@ -252,3 +260,108 @@ def test_a_readers_connection_waits_for_the_recovering_server(
     finally:
         reader.close()
     assert recovering.refused == 3
+
+
+class UnfinishedStandby(postgres.PostgresServer):
+    """A hot standby restored from a base backup of ``primary`` with the WAL of the backup's
+    start only: it replays that and waits for the rest, answering 57P03 "not yet accepting
+    connections" (it is not consistent before the backup's end); :meth:`finish` hands it
+    the rest."""
+
+    def __init__(self, primary: postgres.PostgresServer) -> None:
+        super().__init__()
+        self.primary = primary
+        self._rest: list[Path] = []
+
+    def start(self) -> None:
+        postgres._RUNNING.add(self)
+        if self._owner is not None:
+            os.chown(self.root, *self._owner)
+        os.chmod(self.root, 0o700)
+        with self.primary.connect(via_socket=True) as conn:
+            first, = conn.execute("SELECT pg_walfile_name(pg_backup_start('recovery', true))"
+                                  ).fetchone()
+            subprocess.run(["cp", "-a", str(self.primary.data), str(self.data)], check=True)
+            conn.execute("CREATE TABLE after_the_start (id int)")
+            conn.execute("SELECT pg_switch_wal()")
+            last, label = conn.execute("SELECT pg_walfile_name(lsn), labelfile FROM "
+                                       "pg_backup_stop(false)").fetchone()
+        wal = self.data / "pg_wal"
+        for path in wal.iterdir():
+            if path.is_file():
+                path.unlink()
+        for name in ("postmaster.pid", "postmaster.opts"):
+            (self.data / name).unlink(missing_ok=True)
+        source = self.primary.data / "pg_wal"
+        shutil.copy2(source / first, wal / first)
+        self._rest = [source / n for n in sorted(os.listdir(source)) if first < n <= last]
+        assert self._rest, "the backup's end is in a segment after its start"
+        (self.data / "backup_label").write_text(label)
+        (self.data / "standby.signal").write_text("")
+        with open(self.data / "postgresql.conf", "a") as conf:
+            conf.write(f"port = {self.port}\nunix_socket_directories = '{self.socket_dir}'\n"
+                       "hot_standby = on\nwal_retrieve_retry_interval = '50ms'\n")
+        if self._owner is not None:
+            subprocess.run(["chown", "-R", f"{self._owner[0]}:{self._owner[1]}", str(self.data)],
+                           check=True)
+        self._started = True
+        self._run("pg_ctl", "-D", str(self.data), "-l", str(self.root / "server.log"), "-W",
+                  "start")
+
+    def finish(self) -> None:
+        """Hand the standby the WAL up to the backup's end: it becomes consistent."""
+        for path in self._rest:
+            target = self.data / "pg_wal" / path.name
+            shutil.copy2(path, target.with_suffix(".part"))
+            if self._owner is not None:
+                os.chown(target.with_suffix(".part"), *self._owner)
+            os.rename(target.with_suffix(".part"), target)
+
+    def answer(self) -> str:
+        """What the standby answers a connection now."""
+        import psycopg
+
+        try:
+            psycopg.connect(host=self.host, port=self.port, user=ADMIN_USER,
+                            password=ADMIN_PASSWORD, dbname="postgres", connect_timeout=5).close()
+        except psycopg.OperationalError as e:
+            return str(e)
+        return "accepted"
+
+
+class FinishOnWarning(logging.Handler):
+    """Finishes the standby when the source logs that it waits for it (its first refusal)."""
+
+    def __init__(self, standby: UnfinishedStandby) -> None:
+        super().__init__(logging.WARNING)
+        self.standby = standby
+        self.seen: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.seen.append(record.getMessage())
+        if "trying again" in record.getMessage():
+            self.standby.finish()
+
+
+def test_a_real_server_not_yet_accepting_connections_while_it_replays_its_wal_is_waited_for(
+        ) -> None:
+    primary = postgres.PostgresServer(roles=[Role(ADMIN_USER, ADMIN_PASSWORD, "SUPERUSER")])
+    with primary, UnfinishedStandby(primary) as standby:
+        deadline = time.monotonic() + 60  # the postmaster opens its socket, then recovery starts
+        while "not yet accepting connections" not in standby.answer():
+            assert time.monotonic() < deadline, standby.answer()
+            time.sleep(0.05)
+        handler = FinishOnWarning(standby)
+        logger = logging.getLogger("sparkcoord.sources.postgres.connection")
+        logger.addHandler(handler)
+        try:
+            options = ConnectionOptions.parse(
+                f"postgresql://{ADMIN_USER}@127.0.0.1:{standby.port}/postgres",
+                {"password": ADMIN_PASSWORD})
+            with options.connect(retry_s=60.0) as conn:
+                assert conn.execute("SELECT pg_is_in_recovery()").fetchone() == (True,)
+        finally:
+            logger.removeHandler(handler)
+        assert len(handler.seen) == 1
+        assert ("FATAL: the database system is not yet accepting connections DETAIL: Consistent "
+                "recovery state has not been yet reached.") in handler.seen[0]
