@@ -173,6 +173,17 @@ def test_an_array_of_other_dimensions_than_its_column_declares_is_an_error_namin
     with pytest.raises(ValueConversionError, match=r"a 1-dimensional array in a column declared "
                                                    r"with 2 dimensions"):
         values.from_text(oid, "{1,2}", modifier, dimensions=2)
+    for sql_type, statement in [("numeric(6,2)[]", "numeric(6,2)[][]"),
+                                ("varchar(10)[]", "character varying(10)[][]"),
+                                ("timestamptz(3)[]", "timestamp(3) with time zone[][]"),
+                                ('"char"[]', '"char"[][]')]:
+        text, oid, modifier = server_text(admin, sql_type, "'{{NULL}}'")
+        with pytest.raises(ValueConversionError) as e:
+            values.from_text(oid, text, modifier)
+        assert f"TYPE {statement}, which rewrites nothing" in str(e.value)
+        admin.execute(f"CREATE TEMP TABLE declared (v {sql_type})")
+        admin.execute(f"ALTER TABLE declared ALTER COLUMN v TYPE {statement}")  # the way on runs
+        admin.execute("DROP TABLE declared")
 
 
 # -- rule 5: a column at a time ---------------------------------------------------------------
@@ -432,7 +443,10 @@ def test_an_array_of_more_dimensions_than_its_column_stops_with_table_column_val
     with pytest.raises(ValueConversionError, match=message):
         RowDecoder(shape).row(change.new)  # type: ignore[union-attr]
     # the way on: declare the dimensions; a new start reads them from the catalog
+    filenode = "SELECT pg_relation_filenode('arrays_bad')"
+    before = admin.execute(filenode).fetchone()
     admin.execute("ALTER TABLE arrays_bad ALTER COLUMN v TYPE integer[][]")
+    assert admin.execute(filenode).fetchone() == before  # nothing was rewritten
     declared = TableShape.of(catalog.table_info(admin, table))
     assert RowDecoder(declared).row(change.new)["v"] == [[1, 2], [3, 4]]  # type: ignore[union-attr]
     replication.drop_slot(admin, "arrays_bad_slot")

@@ -271,7 +271,21 @@ def _dimensions(parts: list[Any]) -> int:
     return depth
 
 
-def _array(type_oid: int, element: Callable[[str], Any],
+def _sql_type(type_oid: int, type_modifier: int) -> str:
+    """A mapped type's SQL name with its modifier (``numeric(6,2)``, ``character
+    varying(10)``, ``timestamp(3) with time zone``), for a statement in an error."""
+    name = TYPE_NAMES[type_oid]
+    shape = numeric_precision(type_modifier) if type_oid == NUMERIC else None
+    if shape is not None:
+        return f"numeric({shape[0]},{shape[1]})"
+    if type_oid in (VARCHAR, BPCHAR) and type_modifier >= 4:
+        return f"{name}({type_modifier - 4})"
+    if type_oid in (TIMESTAMP, TIMESTAMPTZ) and type_modifier >= 0:
+        return name.replace("timestamp", f"timestamp({type_modifier})", 1)
+    return name
+
+
+def _array(type_oid: int, element: Callable[[str], Any], element_sql: str,
            dimensions: int) -> Callable[[str], list[Any]]:
     from psycopg import adapters
     from psycopg.pq import Format
@@ -296,13 +310,12 @@ def _array(type_oid: int, element: Callable[[str], Any],
         found = _dimensions(parts)
         if found != declared:
             brackets = "[]" * found
-            element_name = TYPE_NAMES[ARRAY_ELEMENTS[type_oid]]
             raise _fail(type_oid, text, (
                 f"a {found}-dimensional array in a column declared with {declared} "
                 f"dimension{'s' if declared > 1 else ''} (PostgreSQL does not enforce the "
                 f"declared number; its Spark type, nested arrays, needs it). The way on: "
                 f"declare the column's dimensions (ALTER TABLE ... ALTER COLUMN ... TYPE "
-                f"{element_name}{brackets}, which rewrites nothing) and start again with a "
+                f"{element_sql}{brackets}, which rewrites nothing) and start again with a "
                 f"new checkpoint location and startupMode initial, as for a schema change; "
                 f"or store only {declared}-dimensional values in it"))
         return nested(parts, declared)
@@ -315,7 +328,8 @@ def converter(type_oid: int, type_modifier: int = -1,
     column (``dimensions``: an array column's declared number). Any thread."""
     element = ARRAY_ELEMENTS.get(type_oid)
     if element is not None:
-        return _array(type_oid, converter(element, type_modifier), dimensions)
+        return _array(type_oid, converter(element, type_modifier),
+                      _sql_type(element, type_modifier), dimensions)
     if type_oid == BOOL:
         return _bool
     if type_oid in (INT2, INT4, INT8, OID):
