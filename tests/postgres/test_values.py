@@ -163,10 +163,27 @@ def test_uuids_are_their_canonical_text() -> None:
     assert uuid.UUID(value) == uuid.UUID(UUID) and value == UUID
 
 
-def test_a_multi_dimensional_array_is_an_error_naming_its_type(admin: Any) -> None:
+def test_an_array_of_other_dimensions_than_its_column_declares_is_an_error_naming_the_way_on(
+        admin: Any) -> None:
     text, oid, modifier = server_text(admin, "int4[]", "'{{1,2},{3,4}}'")
-    with pytest.raises(ValueConversionError, match=r"integer\[\] value .*multi-dimensional"):
+    with pytest.raises(ValueConversionError, match=r"integer\[\] value '\{\{1,2\},\{3,4\}\}': a "
+                       r"2-dimensional array in a column declared with 1 dimension .*ALTER "
+                       r"TABLE .* TYPE integer\[\]\[\].*new checkpoint location"):
         values.from_text(oid, text, modifier)
+    with pytest.raises(ValueConversionError, match=r"a 1-dimensional array in a column declared "
+                                                   r"with 2 dimensions"):
+        values.from_text(oid, "{1,2}", modifier, dimensions=2)
+    for sql_type, statement in [("numeric(6,2)[]", "numeric(6,2)[][]"),
+                                ("varchar(10)[]", "character varying(10)[][]"),
+                                ("timestamptz(3)[]", "timestamp(3) with time zone[][]"),
+                                ('"char"[]', '"char"[][]')]:
+        text, oid, modifier = server_text(admin, sql_type, "'{{NULL}}'")
+        with pytest.raises(ValueConversionError) as e:
+            values.from_text(oid, text, modifier)
+        assert f"TYPE {statement}, which rewrites nothing" in str(e.value)
+        admin.execute(f"CREATE TEMP TABLE declared (v {sql_type})")
+        admin.execute(f"ALTER TABLE declared ALTER COLUMN v TYPE {statement}")  # the way on runs
+        admin.execute("DROP TABLE declared")
 
 
 # -- rule 5: a column at a time ---------------------------------------------------------------
@@ -319,3 +336,117 @@ def test_a_timestamp_whose_utc_instant_leaves_years_1_to_9999_is_an_error() -> N
         values.from_text(values.TIMESTAMP, "2024-01-01 00:00:00+00")  # naive column, aware text
     with pytest.raises(ValueConversionError, match="before year 1"):
         values.from_text(values.TIMESTAMP, "0044-03-15 00:00:00 BC")
+
+
+# -- arrays: rule 3 -----------------------------------------------------------------------------
+
+#: text elements that need quoting or escaping in an array's text form, and NULL
+AWKWARD = ['a"b', "c,d", "{e}", "}{", "f\\g", '\\"', "", "NULL", None, "null", " lead ",
+           "it's", "x y", "ü☃"]
+
+#: (column type, value as psycopg sends it, expected value, expected Arrow type)
+ARRAY_COLUMNS: list[tuple[str, Any, Any, pa.DataType]] = [
+    ("text[]", AWKWARD, AWKWARD, pa.list_(pa.string())),
+    ("varchar(10)[]", AWKWARD, AWKWARD, pa.list_(pa.string())),
+    ("text[][]", [AWKWARD[:7], AWKWARD[7:]], [AWKWARD[:7], AWKWARD[7:]],
+     pa.list_(pa.list_(pa.string()))),
+    ("int4[]", [1, None, -3], [1, None, -3], pa.list_(pa.int32())),
+    ("int8[][][]", [[[1], [2]], [[None], [4]]], [[[1], [2]], [[None], [4]]],
+     pa.list_(pa.list_(pa.list_(pa.int64())))),
+    ("numeric(6,2)[]", [Decimal("1.5"), None], [Decimal("1.50"), None],
+     pa.list_(pa.decimal128(6, 2))),
+    ("numeric[]", [Decimal("1e-20"), Decimal("NaN")], ["0.00000000000000000001", "NaN"],
+     pa.list_(pa.string())),
+    ("boolean[]", [True, None, False], [True, None, False], pa.list_(pa.bool_())),
+    ("float8[]", [0.1, float("inf")], [0.1, float("inf")], pa.list_(pa.float64())),
+    ("date[][]", [[date(2024, 2, 29)], [None]], [[date(2024, 2, 29)], [None]],
+     pa.list_(pa.list_(pa.date32()))),
+    ("timestamptz[]", [datetime(2026, 1, 2, 3, 4, 5, 6, tzinfo=UTC)],
+     [datetime(2026, 1, 2, 3, 4, 5, 6, tzinfo=UTC)], pa.list_(pa.timestamp("us", tz="UTC"))),
+    ("bytea[]", [b"\x00\\\"", None, b""], [b"\x00\\\"", None, b""], pa.list_(pa.binary())),
+    ("jsonb[]", None, None, pa.list_(pa.string())),  # NULL, set below
+    ("uuid[]", [uuid.UUID(UUID)], [UUID], pa.list_(pa.string())),
+    ("int4[][]", [], [], pa.list_(pa.list_(pa.int32()))),  # '{}' fits every column
+]
+
+
+def _array_table(admin: Any, name: str) -> tuple[TableName, Any]:
+    from sparkcoord.sources.postgres import catalog
+
+    admin.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, "
+                  + ", ".join(f"c{i} {t}" for i, (t, _, _, _) in enumerate(ARRAY_COLUMNS)) + ")")
+    table = TableName("public", name)
+    replication.ensure_publication(admin, f"{name}_pub", [table])
+    replication.ensure_slot(admin, f"{name}_slot")
+    admin.execute(f"INSERT INTO {name} VALUES (1, "
+                  + ", ".join("%s" for _ in ARRAY_COLUMNS) + ")",
+                  [v for _, v, _, _ in ARRAY_COLUMNS])
+    admin.execute(f"UPDATE {name} SET c12 = ARRAY['{{\"a\": [1, \"}}\"]}}'::jsonb, NULL]")
+    admin.execute(f"INSERT INTO {name} (id) VALUES (2)")
+    return table, TableShape.of(catalog.table_info(admin, table))
+
+
+def test_arrays_arrive_as_nested_arrays_of_their_elements_in_the_snapshot_and_the_stream(
+        admin: Any, admin_options: Any) -> None:
+    from sparkcoord.sources.postgres.reader import RowDecoder, arrow_schema
+
+    table, shape = _array_table(admin, "arrays_t")
+    expected = {f"c{i}": want for i, (_, _, want, _) in enumerate(ARRAY_COLUMNS)}
+    expected["c12"] = ['{"a": [1, "}"]}', None]
+    after = arrow_schema([shape]).field("after").type
+    for i, (_, _, _, arrow) in enumerate(ARRAY_COLUMNS):
+        assert after.field(f"c{i}").type == arrow, ARRAY_COLUMNS[i][0]
+    config = ReaderConfig(admin_options, "arrays_t_slot", "arrays_t_pub", (shape,))
+    read = read_chunk_watermarked(admin, config, SnapshotChunk(
+        split_id="a#0", table=table, key_column="id", index=0, start=None, end=None))
+    rows = {row["id"]: row for row in read.batch.column("after").to_pylist()}
+    assert {k: v for k, v in rows[1].items() if k != "id"} == expected
+    assert all(v is None for k, v in rows[2].items() if k != "id")
+    decoder = RowDecoder(shape)
+    changes = [c for tx in replication.peek(admin, "arrays_t_slot", "arrays_t_pub").transactions
+               for c in tx.changes]
+    streamed = decoder.row(changes[1].new)  # type: ignore[union-attr]  # the update
+    assert {k: v for k, v in streamed.items() if k != "id"} == expected
+    assert pa.array([streamed], after).to_pylist() == [streamed]
+    replication.drop_slot(admin, "arrays_t_slot")
+
+
+def test_an_array_with_a_lower_bound_other_than_one_keeps_its_elements_in_order(
+        admin: Any) -> None:
+    admin.execute("CREATE TEMP TABLE bounds (v int[])")
+    admin.execute("INSERT INTO bounds VALUES ('{1,2}')")
+    admin.execute("UPDATE bounds SET v[0] = 5")  # PostgreSQL extends it to [0:2]={5,1,2}
+    text, = admin.execute("SELECT v::text FROM bounds").fetchone()
+    assert text == "[0:2]={5,1,2}"
+    assert values.from_text(1007, text) == [5, 1, 2]
+
+
+def test_an_array_of_more_dimensions_than_its_column_stops_with_table_column_value_and_way_on(
+        admin: Any, admin_options: Any) -> None:
+    from sparkcoord.sources.postgres import catalog
+    from sparkcoord.sources.postgres.reader import RowDecoder
+
+    admin.execute("CREATE TABLE arrays_bad (id int PRIMARY KEY, v int[])")
+    table = TableName("public", "arrays_bad")
+    replication.ensure_publication(admin, "arrays_bad_pub", [table])
+    replication.ensure_slot(admin, "arrays_bad_slot")
+    admin.execute("INSERT INTO arrays_bad VALUES (1, '{{1,2},{3,4}}')")
+    shape = TableShape.of(catalog.table_info(admin, table))
+    message = (r"table public.arrays_bad, column 'v': integer\[\] value '\{\{1,2\},\{3,4\}\}': "
+               r"a 2-dimensional array in a column declared with 1 dimension .*ALTER TABLE "
+               r"\.\.\. ALTER COLUMN \.\.\. TYPE integer\[\]\[\].*new checkpoint location")
+    config = ReaderConfig(admin_options, "arrays_bad_slot", "arrays_bad_pub", (shape,))
+    with pytest.raises(ValueConversionError, match=message):
+        read_chunk_watermarked(admin, config, SnapshotChunk(
+            split_id="b#0", table=table, key_column="id", index=0, start=None, end=None))
+    change, = replication.peek(admin, "arrays_bad_slot", "arrays_bad_pub").transactions[0].changes
+    with pytest.raises(ValueConversionError, match=message):
+        RowDecoder(shape).row(change.new)  # type: ignore[union-attr]
+    # the way on: declare the dimensions; a new start reads them from the catalog
+    filenode = "SELECT pg_relation_filenode('arrays_bad')"
+    before = admin.execute(filenode).fetchone()
+    admin.execute("ALTER TABLE arrays_bad ALTER COLUMN v TYPE integer[][]")
+    assert admin.execute(filenode).fetchone() == before  # nothing was rewritten
+    declared = TableShape.of(catalog.table_info(admin, table))
+    assert RowDecoder(declared).row(change.new)["v"] == [[1, 2], [3, 4]]  # type: ignore[union-attr]
+    replication.drop_slot(admin, "arrays_bad_slot")

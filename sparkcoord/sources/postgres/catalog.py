@@ -40,6 +40,8 @@ class TableColumn:
     type_oid: int
     type_modifier: int
     not_null: bool
+    #: an array column's declared dimensions (``attndims``; 0 when none were declared)
+    dimensions: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,11 +65,11 @@ def table_info(conn: Connection[Any], table: TableName) -> TableInfo:
     if row is None or row[0] is None:
         raise PostgresSourceError(f"table {table} does not exist (or the role cannot see it)")
     oid = row[0]
-    columns = tuple(TableColumn(name, type_oid, modifier, not_null) for name, type_oid, modifier,
-                    not_null in conn.execute(
-                        "SELECT attname, atttypid::int8, atttypmod, attnotnull FROM pg_attribute "
-                        "WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped "
-                        "ORDER BY attnum", (oid,)).fetchall())
+    columns = tuple(TableColumn(name, type_oid, modifier, not_null, dimensions)
+                    for name, type_oid, modifier, not_null, dimensions in conn.execute(
+                        "SELECT attname, atttypid::int8, atttypmod, attnotnull, attndims::int "
+                        "FROM pg_attribute WHERE attrelid = %s AND attnum > 0 AND NOT "
+                        "attisdropped ORDER BY attnum", (oid,)).fetchall())
     key = tuple(name for (name,) in conn.execute(
         "SELECT a.attname FROM pg_index i CROSS JOIN LATERAL unnest(i.indkey) "
         "WITH ORDINALITY AS k(attnum, position) JOIN pg_attribute a "

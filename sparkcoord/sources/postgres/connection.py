@@ -19,12 +19,15 @@ Rules:
      connection is a :class:`ConnectionRefused` naming host, port, database and user and the
      server's reason, with any secret's text replaced by ``***`` and the driver's exception
      not chained.
-  4. A server that cannot be reached, or is starting up or shutting down (a restart), is
-     waited for when the caller asks (``retry_s``; the enumerator's and the readers'
-     connections wait :data:`RECONNECT_S`): :meth:`ConnectionOptions.connect` tries again,
-     pausing 0.2 s doubling to 5 s, logging one WARNING; a refused login (a wrong password,
-     an unknown role or database) fails at once. libpq gives no SQLSTATE for a failed
-     connection, so which is which is told by its message (:func:`transient_refusal`).
+  4. A server that cannot be reached, or cannot take a session yet (starting up, replaying
+     WAL after a crash or as a standby not yet consistent, shutting down, out of connection
+     slots: the server's SQLSTATE 57P03 and 53300 answers) is waited for when the caller asks
+     (``retry_s``; the enumerator's and the readers' connections wait :data:`RECONNECT_S`):
+     :meth:`ConnectionOptions.connect` tries again, pausing 0.2 s doubling to 5 s, logging
+     one WARNING; a refused login (a wrong password, an unknown role or database, a database
+     that does not allow connections) fails at once. libpq gives no SQLSTATE for a failed
+     connection, so which is which is told by its message (:func:`transient_refusal`), each
+     text as PostgreSQL 15 sends it.
   5. Every session sets ``DateStyle=ISO``, ``TimeZone=UTC``, ``bytea_output=hex``,
      ``extra_float_digits=3`` and ``client_encoding=UTF8`` (after the user's own
      ``options``, so they win): values.py reads the text forms these give.
@@ -55,11 +58,25 @@ SESSION_SETTINGS = ("-c DateStyle=ISO -c TimeZone=UTC -c bytea_output=hex "
 MASK = "***"
 #: how long the enumerator's and the readers' connections wait for a server that is down
 RECONNECT_S = 60.0
-#: libpq's messages for a server that is not there (yet): rule 4
-_TRANSIENT = ("connection refused", "could not connect", "starting up", "shutting down",
-              "in recovery mode", "too many clients", "closed the connection unexpectedly",
-              "no such file or directory", "timeout expired", "connection timed out",
-              "terminating connection", "server closed the connection")
+#: rule 4: what libpq says when the server cannot be reached or the connection broke...
+_UNREACHABLE = ("connection refused", "could not connect", "closed the connection unexpectedly",
+                "no such file or directory", "timeout expired", "connection timed out",
+                "terminating connection", "server closed the connection")
+#: ... and what the server answers a startup packet with while it cannot take a session yet:
+#: SQLSTATE 57P03 cannot_connect_now (postmaster.c's canAcceptConnections: starting up,
+#: replaying WAL after a crash or as a standby not yet consistent, hot standby off, crashed
+#: and reinitializing, shutting down) and 53300 too_many_connections (postinit.c). Not
+#: ``database "x" is not currently accepting connections`` (datallowconn false): that stays.
+_NOT_YET = ("the database system is starting up",
+            "the database system is not yet accepting connections",
+            "consistent recovery state has not been yet reached",
+            "the database system is not accepting connections",
+            "the database system is in recovery mode",
+            "the database system is shutting down",
+            "sorry, too many clients already",
+            "remaining connection slots are reserved",
+            "too many connections for role", "too many connections for database")
+_TRANSIENT = _UNREACHABLE + _NOT_YET
 
 
 def transient_refusal(message: str) -> bool:

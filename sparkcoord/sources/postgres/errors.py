@@ -31,8 +31,9 @@ class ValueConversionError(PostgresSourceError, ValueError):
 class ConnectionRefused(PostgresSourceError):
     """The server could not be reached or refused the login: names host, port, database and
     user, never the password. ``transient``: the server was not reachable or not accepting
-    connections yet (starting up, shutting down, too many clients), as during a restart;
-    a refused login (wrong password, unknown role or database) is not."""
+    connections yet (starting up, replaying WAL after a crash, shutting down, too many
+    clients), as during a restart; a refused login (wrong password, unknown role or
+    database) is not."""
 
     def __init__(self, message: str, transient: bool = False) -> None:
         super().__init__(message)

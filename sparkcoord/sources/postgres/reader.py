@@ -151,7 +151,7 @@ def arrow_schema(shapes: Sequence[TableShape]) -> pa.Schema:
     keys: list[str] = []
     for shape in shapes:
         for column in shape.columns:
-            kind = values.arrow_type(column.type_oid, column.type_modifier)
+            kind = values.arrow_type(column.type_oid, column.type_modifier, column.dimensions)
             seen = columns.get(column.name)
             if seen is not None and seen[0] != kind:
                 raise PostgresSourceError(
@@ -236,7 +236,8 @@ class RowDecoder:
     def __init__(self, shape: TableShape) -> None:
         self.shape = shape
         self.names = shape.column_names
-        self.converters = [values.converter(c.type_oid, c.type_modifier) for c in shape.columns]
+        self.converters = [values.converter(c.type_oid, c.type_modifier, c.dimensions)
+                           for c in shape.columns]
 
     def row(self, texts: Sequence[Any]) -> RowValues:
         out: RowValues = {}
@@ -485,7 +486,7 @@ def read_chunk_watermarked(conn: Any, config: ReaderConfig, chunk: SnapshotChunk
     for column in shape.columns:
         try:
             columns[column.name] = values.column_from_texts(
-                column.type_oid, column.type_modifier, texts[column.name])
+                column.type_oid, column.type_modifier, texts[column.name], column.dimensions)
         except ValueConversionError as e:
             raise ValueConversionError(
                 f"table {shape.table}, column {column.name!r}: {e}") from None

@@ -16,7 +16,7 @@ Rules:
      holds for :class:`NextStreamRead`, the stream reader's report of the position its
      previous batch read to, sent at the start of the next batch.
   4. A :class:`TableShape` is what a reader needs of a captured table: its columns (name,
-     type oid, type modifier), its row key (the primary key, or, for a table without one, the
+     type oid, type modifier, an array's declared dimensions), its row key (the primary key, or, for a table without one, the
      chunk key column, which must then be unique and NOT NULL) and its chunk key column, which
      must be one of the row key's columns (watermarks.py rule 3).
   5. What a batch emits is a function of what is durable before it runs (its subtask's state
@@ -112,6 +112,8 @@ class ShapeColumn:
     name: str
     type_oid: int
     type_modifier: int
+    #: an array column's declared dimensions, at least 1 (values.py rule 3)
+    dimensions: int = 1
 
 
 @dataclass(frozen=True)
@@ -144,7 +146,8 @@ class TableShape:
                 f"table {info.table}: the chunk key column {column!r} is not part of its primary "
                 f"key ({', '.join(key)}); the snapshot can hand over to the stream exactly only "
                 "when each key stays in one chunk: name a primary key column")
-        return cls(info.table, tuple(ShapeColumn(c.name, c.type_oid, c.type_modifier)
+        return cls(info.table, tuple(ShapeColumn(c.name, c.type_oid, c.type_modifier,
+                                                 max(c.dimensions, 1))
                                      for c in info.columns), key, column)
 
     @property

@@ -18,10 +18,16 @@ Rules:
        bpchar 1042, name 19, char 18 -> str; date 1082 -> date, date32; timestamp 1114 ->
        naive datetime, timestamp[us]; timestamptz 1184 -> aware UTC datetime,
        timestamp[us, UTC]; uuid 2950 -> str; json 114, jsonb 3802 -> str (the JSON text);
-       bytea 17 -> bytes, binary; a one-dimensional array of any of these (the array types
-       in :data:`ARRAY_ELEMENTS`) -> a list of the element's values, list<element type>
-       (split by psycopg's array parser as text, each element then read as above; a
-       multi-dimensional array is an error naming the column).
+       bytea 17 -> bytes, binary; an array of any of these (the array types in
+       :data:`ARRAY_ELEMENTS`) -> a list of the element's values (NULL elements None),
+       nested as deep as the column's declared dimensions (``pg_attribute.attndims``:
+       ``integer[]`` list<int32>, ``integer[][]`` list<list<int32>>; none declared, as
+       ``CREATE TABLE AS`` leaves it, is one). PostgreSQL does not enforce the declared
+       dimensions, so a value of another number of them is an error naming the declared and
+       the value's dimensions and the way on (an empty array fits every column). The text is
+       split by psycopg's array parser, each element then read as above; a lower bound other
+       than 1 (``[0:2]={...}``) is not kept: the elements arrive in order, from the first.
+       An array of a type not listed here is text, as that type is (rule 1).
   4. A value the Python type cannot hold is an error naming the type and the value, never a
      silent substitute: a numeric ``NaN`` or infinity as a decimal, a date or timestamp that
      is ``infinity``, before year 1 or after year 9999.
@@ -89,11 +95,15 @@ def _as_decimal(type_modifier: int) -> tuple[int, int] | None:
     return shape
 
 
-def arrow_type(type_oid: int, type_modifier: int = -1) -> pa.DataType:
-    """The Arrow type of a column (rule 3; string for a type not listed). Any thread."""
+def arrow_type(type_oid: int, type_modifier: int = -1, dimensions: int = 1) -> pa.DataType:
+    """The Arrow type of a column (rule 3; string for a type not listed): ``dimensions`` is
+    an array column's declared number (``attndims``). Any thread."""
     element = ARRAY_ELEMENTS.get(type_oid)
     if element is not None:  # an array's type modifier is its element's
-        return pa.list_(arrow_type(element, type_modifier))
+        kind = arrow_type(element, type_modifier)
+        for _ in range(max(dimensions, 1)):
+            kind = pa.list_(kind)
+        return kind
     if type_oid == BOOL:
         return pa.bool_()
     if type_oid == INT2:
@@ -252,32 +262,74 @@ def _text(text: str) -> str:
     return text
 
 
-def _array(type_oid: int, element: Callable[[str], Any]) -> Callable[[str], list[Any]]:
+def _dimensions(parts: list[Any]) -> int:
+    """How many dimensions psycopg's nested lists have (PostgreSQL's arrays are rectangular:
+    the first element tells)."""
+    depth = 1
+    while parts and isinstance(parts[0], list):
+        parts, depth = parts[0], depth + 1
+    return depth
+
+
+def _sql_type(type_oid: int, type_modifier: int) -> str:
+    """A mapped type's SQL name with its modifier (``numeric(6,2)``, ``character
+    varying(10)``, ``timestamp(3) with time zone``), for a statement in an error."""
+    name = TYPE_NAMES[type_oid]
+    shape = numeric_precision(type_modifier) if type_oid == NUMERIC else None
+    if shape is not None:
+        return f"numeric({shape[0]},{shape[1]})"
+    if type_oid in (VARCHAR, BPCHAR) and type_modifier >= 4:
+        return f"{name}({type_modifier - 4})"
+    if type_oid in (TIMESTAMP, TIMESTAMPTZ) and type_modifier >= 0:
+        return name.replace("timestamp", f"timestamp({type_modifier})", 1)
+    return name
+
+
+def _array(type_oid: int, element: Callable[[str], Any], element_sql: str,
+           dimensions: int) -> Callable[[str], list[Any]]:
     from psycopg import adapters
     from psycopg.pq import Format
 
     loader = adapters.get_loader(1009, Format.TEXT)  # text[]: the elements as text
     assert loader is not None, "psycopg has a text[] loader"
     texts = loader(1009, None)
+    declared = max(dimensions, 1)
+
+    def nested(parts: list[Any], depth: int) -> list[Any]:
+        if depth == 1:
+            return [None if p is None else element(p) for p in parts]
+        return [nested(p, depth - 1) for p in parts]
 
     def convert(text: str) -> list[Any]:
         try:
             parts = texts.load(text.encode())
         except Exception as e:  # noqa: BLE001 - psycopg's parser error, named below
             raise _fail(type_oid, text, f"not an array's text form ({e})") from None
-        if any(isinstance(p, list) for p in parts):
-            raise _fail(type_oid, text, "a multi-dimensional array (only one dimension is "
-                                        "mapped)")
-        return [None if p is None else element(p) for p in parts]
+        if not parts:
+            return []  # '{}' has no dimensions: it fits every column
+        found = _dimensions(parts)
+        if found != declared:
+            brackets = "[]" * found
+            raise _fail(type_oid, text, (
+                f"a {found}-dimensional array in a column declared with {declared} "
+                f"dimension{'s' if declared > 1 else ''} (PostgreSQL does not enforce the "
+                f"declared number; its Spark type, nested arrays, needs it). The way on: "
+                f"declare the column's dimensions (ALTER TABLE ... ALTER COLUMN ... TYPE "
+                f"{element_sql}{brackets}, which rewrites nothing) and start again with a "
+                f"new checkpoint location and startupMode initial, as for a schema change; "
+                f"or store only {declared}-dimensional values in it"))
+        return nested(parts, declared)
     return convert
 
 
-def converter(type_oid: int, type_modifier: int = -1) -> Callable[[str], Any]:
+def converter(type_oid: int, type_modifier: int = -1,
+              dimensions: int = 1) -> Callable[[str], Any]:
     """The function from a column's text form to its Python value (rule 3), chosen once per
-    column. Any thread."""
+    column (``dimensions``: an array column's declared number). Any thread."""
     element = ARRAY_ELEMENTS.get(type_oid)
     if element is not None:
-        return _array(type_oid, converter(element, type_modifier))
+        return _array(type_oid, converter(element, type_modifier),
+                      _sql_type(element, type_modifier), dimensions)
     if type_oid == BOOL:
         return _bool
     if type_oid in (INT2, INT4, INT8, OID):
@@ -299,14 +351,15 @@ def converter(type_oid: int, type_modifier: int = -1) -> Callable[[str], Any]:
 _ARROW_PARSED = frozenset({INT2, INT4, INT8, OID, FLOAT8, DATE, TIMESTAMP, TIMESTAMPTZ})
 
 
-def column_from_texts(type_oid: int, type_modifier: int, texts: pa.Array) -> pa.Array:
+def column_from_texts(type_oid: int, type_modifier: int, texts: pa.Array,
+                      dimensions: int = 1) -> pa.Array:
     """A column's values from their text forms (rule 5): ``texts`` a string array (null for
     SQL NULL), the result an array of :func:`arrow_type`. A value that cannot be converted is
     the :class:`ValueConversionError` :func:`converter` raises for it (the caller adds the
     table and the column). Any thread."""
     import pyarrow.compute as pc
 
-    kind = arrow_type(type_oid, type_modifier)
+    kind = arrow_type(type_oid, type_modifier, dimensions)
     if converter(type_oid, type_modifier) is _text:
         return texts
     try:
@@ -321,7 +374,7 @@ def column_from_texts(type_oid: int, type_modifier: int, texts: pa.Array) -> pa.
             return pc.cast(texts, kind)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         pass  # a value Arrow refuses: each value on its own says which and why
-    convert = converter(type_oid, type_modifier)
+    convert = converter(type_oid, type_modifier, dimensions)
     items = [None if text is None else convert(text) for text in texts.to_pylist()]
     try:
         return pa.array(items, kind)
@@ -334,9 +387,10 @@ def column_from_texts(type_oid: int, type_modifier: int, texts: pa.Array) -> pa.
         raise ValueConversionError(f"{TYPE_NAMES.get(type_oid, type_oid)} column: {e}") from None
 
 
-def from_text(type_oid: int, text: str | None, type_modifier: int = -1) -> Any:
+def from_text(type_oid: int, text: str | None, type_modifier: int = -1,
+              dimensions: int = 1) -> Any:
     """One value from its text form (None stays None). Any thread."""
-    return None if text is None else converter(type_oid, type_modifier)(text)
+    return None if text is None else converter(type_oid, type_modifier, dimensions)(text)
 
 
 def is_known(type_oid: int) -> bool:
