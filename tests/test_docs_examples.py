@@ -55,7 +55,7 @@ def test_every_python_example_in_the_docs_is_executed_by_a_test_or_marked_as_a_s
         text = path.read_text()
         for index, match in enumerate(re.finditer(r"```python\n", text)):
             before = text[:match.start()].rstrip().splitlines()[-1:]
-            sketch = bool(before) and before[0].startswith(SKETCH)
+            sketch = bool(before) and before[0].lstrip().startswith(SKETCH)  # in a list too
             executed = (path.name, index) in EXECUTED
             assert not (sketch and executed), f"{path.name} block {index}: a sketch that runs?"
             if not sketch and not executed:

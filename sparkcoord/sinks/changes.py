@@ -12,23 +12,29 @@ Rules:
   2. A truncate (``t``) removes every row whose last change is before it: the changes before
      the epoch's last truncate are dropped, and the merge deletes every row of the table the
      remaining changes do not touch (:attr:`Reduced.truncated`).
-  3. An update whose ``unchanged`` lists columns (TOASTed values PostgreSQL did not send) is
-     refused, naming the table and the columns: its ``after`` holds null for them, and a
-     merge would write that null over the value the table has. ``REPLICA IDENTITY FULL`` on
-     the source table sends them.
+  3. An update whose ``unchanged`` lists columns (large TOASTed values PostgreSQL did not
+     send, holding null in ``after``) sets only the columns it carries: an earlier change of
+     the key in the epoch gives the others (:func:`reduce_changes`), and what none gives is
+     the value the table holds (:func:`fill_unchanged`, by the committer, from the rows it
+     reads anyway). A key not in the table then is refused naming the PostgreSQL table, the
+     key and the columns: its values are nowhere (``REPLICA IDENTITY FULL`` sends them).
   4. The result has the table's columns (the fields of ``after``), the key's columns taken
-     from ``key`` (a delete has no ``after``), and :data:`OP_COLUMN`.
+     from ``key`` (a delete has no ``after``), :data:`OP_COLUMN` and
+     :data:`UNCHANGED_COLUMN` (rule 3's columns still to take from the table; null: none).
 
 Thread model: none (functions of Arrow tables).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 #: The reduced rows' operation column: ``d`` deletes the key, anything else puts the row.
 OP_COLUMN = "_sparkcoord_op"
+#: The reduced rows' columns to keep from the table's row of the key (rule 3)
+UNCHANGED_COLUMN = "_sparkcoord_unchanged"
 
 
 class ChangeStreamError(ValueError):
@@ -43,6 +49,18 @@ class Reduced:
     rows: Any
     #: an epoch's truncate: delete every row of the table ``rows`` does not touch (rule 2)
     truncated: bool
+    #: the PostgreSQL table the changes are of (its ``table`` column), for errors
+    source: str = ""
+
+    @property
+    def partial(self) -> bool:
+        """Whether a row put takes columns from the table's row (rule 3)."""
+        import pyarrow.compute as pc
+
+        if UNCHANGED_COLUMN not in self.rows.schema.names:
+            return False
+        lengths = pc.list_value_length(self.rows.column(UNCHANGED_COLUMN))
+        return bool(pc.any(pc.fill_null(pc.greater(lengths, 0), False)).as_py())
 
 
 def table_schema(input_schema: Any) -> Any:
@@ -85,17 +103,6 @@ def reduce_changes(staged: Any, table: str) -> Reduced:
         last = max(i for i, t in enumerate(truncates.to_pylist()) if t)
         ordered = ordered.slice(last + 1)
         ops = ordered.column("op")
-    unchanged = ordered.column("unchanged") if "unchanged" in ordered.schema.names else None
-    if unchanged is not None and ordered.num_rows:
-        updates = pc.and_(pc.equal(ops, "u"), pc.greater(pc.list_value_length(unchanged), 0))
-        hit = ordered.filter(pc.fill_null(updates, False))
-        if hit.num_rows:
-            names = sorted({c for cs in hit.column("unchanged").to_pylist() for c in cs or ()})
-            raise ChangeStreamError(
-                f"table {table}: an update did not send column(s) {', '.join(names)} (large "
-                f"values PostgreSQL keeps out of line and did not change); a merge would write "
-                f"null over them. Set REPLICA IDENTITY FULL on the source table, or use mode "
-                f"'append' and apply the changes yourself (docs/cdc.md)")
     ordered = ordered.filter(pc.not_equal(ops, "t"))
     key = ordered.column("key").combine_chunks()
     after = ordered.column("after").combine_chunks()
@@ -105,12 +112,118 @@ def reduce_changes(staged: Any, table: str) -> Reduced:
         # child array's placeholder values
         source = key if field.name in keys else after
         arrays[field.name] = pc.struct_field(source, field.name)
-    flat = pa.table({**arrays, OP_COLUMN: ordered.column("op"),
+    unchanged = (ordered.column("unchanged") if "unchanged" in ordered.schema.names
+                 else pa.nulls(ordered.num_rows, pa.list_(pa.string())))
+    flat = pa.table({**arrays, OP_COLUMN: ordered.column("op"), UNCHANGED_COLUMN: unchanged,
                      "_rank": pa.array(range(ordered.num_rows), pa.int64())})
     # rule 1: per key, the last change
     last = flat.group_by(keys, use_threads=False).aggregate([("_rank", "max")])
     wanted = pc.is_in(flat.column("_rank"), value_set=last.column("_rank_max"))
-    rows = flat.filter(wanted).drop_columns(["_rank"])
-    return Reduced(rows.cast(pa.schema([*columns, pa.field(OP_COLUMN, pa.string())])),
-                   truncated)
+    rows = _fill_from_epoch(flat, flat.filter(wanted), keys).drop_columns(["_rank"])
+    sources = (pc.unique(staged.column("table")).to_pylist()
+               if "table" in staged.schema.names else [])
+    schema = pa.schema([*columns, pa.field(OP_COLUMN, pa.string()),
+                        pa.field(UNCHANGED_COLUMN, pa.list_(pa.string()))])
+    return Reduced(rows.cast(schema), truncated, ", ".join(str(t) for t in sources) or table)
+
+
+def _partial(rows: Any) -> Any:
+    """The mask of ``rows`` that are updates leaving columns out (rule 3)."""
+    import pyarrow.compute as pc
+
+    lengths = pc.list_value_length(rows.column(UNCHANGED_COLUMN))
+    return pc.fill_null(pc.and_(pc.equal(rows.column(OP_COLUMN), "u"),
+                                pc.greater(lengths, 0)), False)
+
+
+def _fill_from_epoch(flat: Any, last: Any, keys: list[str]) -> Any:
+    """``last`` (each key's last change) with the columns a partial update left out taken
+    from the key's earlier changes in ``flat`` (rule 3); what none gives stays listed in
+    :data:`UNCHANGED_COLUMN`. Only the keys whose last change is partial are walked."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    partial = _partial(last)
+    if not pc.any(partial).as_py():
+        return last.set_column(last.schema.get_field_index(UNCHANGED_COLUMN), UNCHANGED_COLUMN,
+                               pa.nulls(last.num_rows, pa.list_(pa.string())))
+    wanted = last.filter(partial).select(keys)
+    ranks = flat.select([*keys, "_rank"]).join(wanted, keys, join_type="left semi")
+    history = flat.filter(pc.is_in(flat.column("_rank"), value_set=ranks.column("_rank"))
+                          ).sort_by("_rank").to_pylist()
+    state: dict[tuple[Any, ...], dict[str, Any] | None] = {}
+    for row in history:
+        key = tuple(row[k] for k in keys)
+        if row[OP_COLUMN] == "d":
+            state[key] = None
+            continue
+        missing = ({c for c in row[UNCHANGED_COLUMN] or () if c not in keys}
+                   if row[OP_COLUMN] == "u" else set())
+        before = state.get(key)
+        if before is not None and missing:
+            for column in missing:
+                row[column] = before[column]
+            missing &= set(before[UNCHANGED_COLUMN] or ())
+        row[UNCHANGED_COLUMN] = sorted(missing) or None
+        state[key] = row
+    filled = pa.Table.from_pylist([r for r in state.values() if r is not None],
+                                  schema=last.schema)
+    full = last.filter(pc.invert(partial))
+    full = full.set_column(full.schema.get_field_index(UNCHANGED_COLUMN), UNCHANGED_COLUMN,
+                           pa.nulls(full.num_rows, pa.list_(pa.string())))
+    return pa.concat_tables([full, filled])
+
+
+def fill_unchanged(puts: Any, stored: Any, keys: Sequence[str], source: str,
+                   table: str) -> Any:
+    """``puts`` (rows put, with :data:`UNCHANGED_COLUMN`) without that column, each row's
+    listed columns taken from ``stored`` (the table's current rows of at least those keys,
+    in any order); ChangeStreamError naming the PostgreSQL table ``source``, the keys and the
+    columns when a key with listed columns is not in ``stored`` (rule 3). Called by a
+    committer on the commit worker thread."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if UNCHANGED_COLUMN not in puts.schema.names:
+        return puts
+    lengths = pc.fill_null(pc.list_value_length(puts.column(UNCHANGED_COLUMN)), 0)
+    partial = pc.greater(lengths, 0)
+    if not pc.any(partial).as_py():
+        return puts.drop_columns([UNCHANGED_COLUMN])
+    full = puts.filter(pc.invert(partial)).drop_columns([UNCHANGED_COLUMN])
+    schema = full.schema
+    wanted = puts.filter(partial)
+    found = stored.select(schema.names).cast(schema).join(
+        wanted.select(list(keys)), list(keys), join_type="left semi").to_pylist()
+    by_key = {tuple(_plain(r[k]) for k in keys): r for r in found}
+    rows, absent = [], []
+    for row in wanted.to_pylist():
+        key = tuple(_plain(row[k]) for k in keys)
+        old = by_key.get(key)
+        columns = row.pop(UNCHANGED_COLUMN)
+        if old is None:
+            absent.append((key, columns))
+            continue
+        rows.append({**row, **{c: old[c] for c in columns}})
+    if absent:
+        named = sorted({c for _, cs in absent for c in cs})
+        shown = ", ".join(str(k[0] if len(k) == 1 else k) for k, _ in absent[:5])
+        raise ChangeStreamError(
+            f"table {source}: {len(absent)} update(s) (key {', '.join(keys)} = {shown}"
+            f"{', ...' if len(absent) > 5 else ''}) did not send column(s) "
+            f"{', '.join(named)} (large values PostgreSQL keeps out of line and did not "
+            f"change), and the target {table} has no row of that key to keep them from. Set "
+            f"REPLICA IDENTITY FULL on {source} and mirror it again from a new checkpoint "
+            f"location (docs/cdc.md)")
+    return pa.concat_tables([full, pa.Table.from_pylist(rows, schema=schema)])
+
+
+def _plain(value: Any) -> Any:
+    """A key value compared across a table read and the staged rows: a timestamp with a
+    zone as its naive UTC instant."""
+    import datetime
+
+    if isinstance(value, datetime.datetime) and value.tzinfo is not None:
+        return value.astimezone(datetime.timezone.utc).replace(tzinfo=None)
+    return value
 

@@ -66,7 +66,7 @@ import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from sparkcoord.sinks.changes import OP_COLUMN, ChangeStreamError, Reduced
+from sparkcoord.sinks.changes import OP_COLUMN, ChangeStreamError, Reduced, fill_unchanged
 from sparkcoord.sinks.fencing import ALREADY_COMMITTED, COMMIT, NO_EPOCH, Decision, EpochFence
 from sparkcoord.sinks.files import DataFile, check_job_id
 from sparkcoord.sinks.mergefiles import KeyRange, MergeFileWriter, files_to_rewrite
@@ -316,6 +316,7 @@ class DeltaCommitter:
         fs, root = self._files()
         now = int(time.time() * 1000)
         removes: list[Any] = []
+        stored: list[Any] = []  # the changed keys' current rows, for changes.py rule 3
         try:
             for f in candidates:
                 if not changes.truncated:
@@ -328,11 +329,15 @@ class DeltaCommitter:
                     if hit.num_rows == 0:
                         continue  # its bounds overlap the changed keys, its rows do not
                     drop = pc.is_in(marked.column("__row"), value_set=hit.column("__row"))
+                    stored.append(rows.filter(drop))
                     kept = rows.filter(pc.invert(drop))
                     if kept.num_rows:
                         writer.write(kept)
                 removes.append(RemoveAction(f.path, True, now, f.size))
-            puts = changes.rows.filter(pc.not_equal(ops, "d")).drop_columns([OP_COLUMN])
+            puts = fill_unchanged(
+                changes.rows.filter(pc.not_equal(ops, "d")).drop_columns([OP_COLUMN]),
+                pa.concat_tables(stored) if stored else self.schema.empty_table(), keys,
+                changes.source, self.table_uri)
             if puts.num_rows:
                 writer.write(puts.select(self.schema.names).cast(self.schema))
             written = writer.close()

@@ -27,6 +27,8 @@ Options (strings, as Spark's):
   - ``mode``: ``append`` (default: the rows are the table's) or ``merge`` (Delta: the rows are
     the PostgreSQL source's change stream of one captured table, applied to the table by key
     each epoch: ``changes.py``; the table's columns are those of ``after``).
+  - ``sourceTable``: mode ``merge`` of a change stream capturing several tables: the one
+    this sink mirrors (``schema.table``); its rows, key and columns only (:func:`one_table`).
   - ``targetFileSize``: roll to a new data file at this size (default ``128m``).
   - ``compaction``: ``true`` to rewrite small files of earlier epochs into files of the
     target size, swapped in with a later epoch's commit (mode ``append``; default ``false``:
@@ -52,6 +54,7 @@ import dataclasses
 import hashlib
 from typing import TYPE_CHECKING, Any
 
+from sparkcoord.core.changestream import TABLES_METADATA, tables_of
 from sparkcoord.core.text import parse_bytes
 from sparkcoord.sinks.changes import key_names, table_schema
 from sparkcoord.sinks.compaction import DEFAULT_MAX_FILES
@@ -73,7 +76,7 @@ if TYPE_CHECKING:
     from sparkcoord.spark.job import CoordinatedJob
 
 _OPTIONS = {"jobid", "targetfilesize", "parallelism", "source", "name", "catalog", "mode",
-            "compaction", "compactionmaxfiles"}
+            "compaction", "compactionmaxfiles", "sourcetable"}
 
 
 class LakeSink:
@@ -97,8 +100,8 @@ class LakeSink:
     def option(self, key: str, value: Any) -> LakeSink:
         if not key.lower().startswith("catalog.") and key.lower() not in _OPTIONS:
             raise ValueError(f"unknown lake sink option {key!r}: use one of jobId, mode, "
-                             f"targetFileSize, compaction, compactionMaxFiles, parallelism, "
-                             f"source, name, catalog, catalog.<property>")
+                             f"sourceTable, targetFileSize, compaction, compactionMaxFiles, "
+                             f"parallelism, source, name, catalog, catalog.<property>")
         refuse_credentials({key: value}, "lake sink")
         self._options[key] = str(value).lower() if isinstance(value, bool) else str(value)
         return self
@@ -128,6 +131,8 @@ class LakeSink:
         ``df``'s coordinated source (``job.attach``), so call it before the query starts.
         An Iceberg table is created here if missing (its tasks need the location the catalog
         gives it); a Delta table by its first commit."""
+        if self._lowered().get("mode", "append").lower() == "merge":
+            df = one_table(df, self._lowered().get("sourcetable"))
         return self.writer_of(df, self.operator_spec(df, table))
 
     def writer_of(self, df: DataFrame, spec: OperatorSpec) -> DataStreamWriter:
@@ -150,6 +155,9 @@ class LakeSink:
         mode = lowered.get("mode", "append").lower()
         schema, keys = rows_schema, tuple[str, ...]()
         if mode == "merge":
+            captured = tables_of(_after_metadata(df))
+            if len(captured) > 1:  # core/changestream.py rule 2
+                raise ValueError(_several_tables(captured))
             schema, keys = table_schema(rows_schema), tuple(key_names(rows_schema))
         if self._format == "delta":
             table = resolve_location(self.job.spark, table, "Delta table")
@@ -187,6 +195,54 @@ class LakeSink:
     def _default_job_id(self, table: str) -> str:
         digest = hashlib.sha256(f"{self.job.checkpoint_dir}\0{table}".encode()).hexdigest()
         return f"sc{digest[:16]}"
+
+
+def one_table(df: DataFrame, source_table: str | None) -> DataFrame:
+    """Mode ``merge``: ``df``'s rows of ``source_table`` (option ``sourceTable``), with the
+    ``key``, ``before`` and ``after`` structs cut to that table's own columns and key
+    (``core/changestream.py`` rule 2; driver program thread). A change stream of one table is
+    returned as it is; one of several without ``source_table`` is refused, naming its tables
+    and the way on, before anything is written."""
+    from pyspark.sql import functions as F
+
+    captured = tables_of(_after_metadata(df))
+    if source_table is None:
+        if len(captured) > 1:
+            raise ValueError(_several_tables(captured))
+        return df
+    name = source_table if "." in source_table else f"public.{source_table}"
+    if name not in captured:
+        raise ValueError(
+            f"lake sink option sourceTable {source_table!r}: the change stream carries "
+            + (f"the tables {', '.join(sorted(captured))}" if captured else
+               "no table names (it is not the PostgreSQL source's change stream)"))
+    shape = captured[name]
+
+    def cut(column: str, fields: list[str]) -> Any:
+        cut = F.when(F.col(column).isNull(), F.lit(None)).otherwise(
+            F.struct(*[F.col(column)[f].alias(f) for f in fields]))
+        if column == "after":  # the cut stream still says which table it holds
+            return cut.alias(column, metadata={TABLES_METADATA: {name: shape}})
+        return cut.alias(column)
+
+    fields = {"key": shape["key"], "before": shape["columns"], "after": shape["columns"]}
+    return df.where(F.col("table") == F.lit(name)).select(*[
+        cut(c, fields[c]) if c in fields else F.col(f"`{c}`") for c in df.columns])
+
+
+def _after_metadata(df: DataFrame) -> dict[str, Any] | None:
+    field = next((f for f in df.schema.fields if f.name == "after"), None)
+    return None if field is None else field.metadata
+
+
+def _several_tables(captured: dict[str, Any]) -> str:
+    names = sorted(captured)
+    return (f"lake sink mode 'merge': the change stream carries {len(names)} tables "
+            f"({', '.join(names)}); a sink mirrors one table by its own key and columns. "
+            f"Name it: LakeSink(job).option('mode', 'merge').option('sourceTable', "
+            f"'{names[0]}').writer(changes, ...), one sink per table (a filter on the "
+            f"'table' column alone keeps the other tables' key columns, and the merge would "
+            f"join on them)")
 
 
 def _flag(name: str, value: str) -> bool:

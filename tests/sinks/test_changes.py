@@ -50,7 +50,7 @@ def test_the_last_change_per_key_in_lsn_and_seq_order_wins_whatever_the_row_orde
     assert as_dict(reduced) == {1: ("u", "b"), 2: ("d", None), 3: ("u", "early"),
                                 4: ("c", "new")}
     assert not reduced.truncated
-    assert reduced.rows.schema.names == ["id", "name", "_sparkcoord_op"]
+    assert reduced.rows.schema.names == ["id", "name", "_sparkcoord_op", "_sparkcoord_unchanged"]
 
 
 def test_a_truncate_drops_the_changes_before_it_and_asks_for_the_rest_to_be_deleted() -> None:
@@ -59,12 +59,33 @@ def test_a_truncate_drops_the_changes_before_it_and_asks_for_the_rest_to_be_dele
     assert reduced.truncated and as_dict(reduced) == {2: ("c", "kept")}
 
 
-def test_an_update_that_did_not_send_a_toasted_column_is_refused_naming_table_and_column(
+def test_an_update_that_did_not_send_a_toasted_column_takes_it_from_the_epochs_earlier_change(
 ) -> None:
-    staged = changes(("u", 10, 0, 1, None, ["name"]))
-    with pytest.raises(ChangeStreamError, match=r"table public\.t.*column\(s\) name.*"
+    # key 1: put, then updated without its TOASTed name: the put gives the name
+    # key 2: updated without its name alone in the epoch: the table's row must give it
+    staged = changes(("c", 10, 0, 1, "big-1"), ("u", 11, 0, 1, None, ["name"]),
+                     ("u", 12, 0, 2, None, ["name"]))
+    rows = {r["id"]: r for r in reduce_changes(staged, "public.t").rows.to_pylist()}
+    assert rows[1]["name"] == "big-1" and rows[1]["_sparkcoord_unchanged"] is None
+    assert rows[1]["_sparkcoord_op"] == "u"
+    assert rows[2]["name"] is None and rows[2]["_sparkcoord_unchanged"] == ["name"]
+
+
+def test_an_update_without_a_toasted_column_of_a_key_the_table_lacks_is_refused_naming_it(
+) -> None:
+    from sparkcoord.sinks.changes import UNCHANGED_COLUMN, fill_unchanged
+
+    reduced = reduce_changes(changes(("u", 12, 0, 2, None, ["name"])), "public.t")
+    puts = reduced.rows.drop_columns(["_sparkcoord_op"])
+    stored = pa.table({"id": [7], "name": ["other"]})
+    with pytest.raises(ChangeStreamError, match=r"table public\.t: 1 update\(s\) \(key id = 2\)"
+                                                r".*column\(s\) name.*target /lake/t.*"
                                                 r"REPLICA IDENTITY FULL"):
-        reduce_changes(staged, "public.t")
+        fill_unchanged(puts, stored, ["id"], "public.t", "/lake/t")
+    filled = fill_unchanged(puts, pa.table({"id": [2], "name": ["kept"]}), ["id"], "public.t",
+                            "/lake/t")
+    assert UNCHANGED_COLUMN not in filled.schema.names
+    assert filled.to_pylist() == [{"id": 2, "name": "kept"}]
 
 
 def test_a_dataframe_that_is_not_a_change_stream_is_refused_naming_what_it_lacks() -> None:
@@ -188,3 +209,24 @@ def test_an_iceberg_merge_deletes_thousands_of_composite_keys_in_one_epoch(tmp_p
     left = sorted(zip(data.column("region").to_pylist(), data.column("id").to_pylist(),
                       strict=True))
     assert left == sorted((r, i) for r, i in keys if i % 3 == 1)
+
+
+@pytest.mark.parametrize("kind", ["delta", "iceberg"])
+def test_a_merge_keeps_the_stored_value_of_a_toasted_column_an_update_did_not_send(
+        tmp_path: Any, kind: str) -> None:
+    target = Target(kind, tmp_path)
+    c = target.committer("run-a")
+    first = reduce_changes(changes(("r", 10, None, 1, "big-a"), ("r", 10, None, 2, "big-b")),
+                           "public.t")
+    assert c.merge(0, lambda: first, ["id"]) == COMMIT
+    # key 1 updated without its TOASTed name; key 2 updated with it, then without it
+    second = reduce_changes(changes(("u", 20, 0, 1, None, ["name"]),
+                                    ("u", 21, 0, 2, "big-b2"), ("u", 22, 0, 2, None, ["name"])),
+                            "public.t")
+    assert c.merge(1, lambda: second, ["id"]) == COMMIT
+    assert target.rows() == [(1, "big-a"), (2, "big-b2")]
+    # a key the table does not hold: its value is nowhere, refused naming the source table
+    third = reduce_changes(changes(("u", 30, 0, 9, None, ["name"])), "public.t")
+    with pytest.raises(ChangeStreamError, match=r"table public\.t: 1 update\(s\) \(key id = 9\)"):
+        c.merge(2, lambda: third, ["id"])
+    assert target.rows() == [(1, "big-a"), (2, "big-b2")]

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -119,6 +120,22 @@ def parse_cdc_options(options: dict[str, str]) -> tuple[CdcOptions, dict[str, st
     return parsed, connection
 
 
+def with_table_shapes(struct: Any, shapes: Sequence[Any]) -> Any:
+    """``struct`` (the rows' ``StructType``) with each captured table's columns and key on
+    its ``after`` field (``core/changestream.py`` rule 1; driver program thread)."""
+    from pyspark.sql.types import StructField, StructType
+
+    from sparkcoord.core.changestream import TABLES_METADATA
+
+    tables = {str(shape.table): {"columns": [c.name for c in shape.columns],
+                                 "key": list(shape.key)} for shape in shapes}
+    return StructType([
+        StructField(f.name, f.dataType, f.nullable,
+                    {**(f.metadata or {}), TABLES_METADATA: tables} if f.name == "after"
+                    else f.metadata)
+        for f in struct.fields])
+
+
 def default_slot_name(checkpoint_dir: str, source: str) -> str:
     """``sparkcoord_`` and a hash of the job's checkpoint location and the source's name:
     stable across restarts of one job, different for two jobs (a slot serves one reader of
@@ -181,7 +198,8 @@ class PostgresCDC:
         schema = arrow_schema(shapes)
         # a timestamp without time zone is a TimestampNTZ, as Arrow and PostgreSQL see it; the
         # readers emit batches of exactly the Arrow schema Spark derives from this struct
-        struct = from_arrow_schema(schema, prefer_timestamp_ntz=True)
+        struct = with_table_shapes(from_arrow_schema(schema, prefer_timestamp_ntz=True),
+                                   shapes)
         io = functools.partial(PostgresEnumeratorIO, conn_options, slot, publication,
                                opts.chunk_size, dict(opts.chunk_key_columns))
         # maxChunksPerBatch is a reader's (it bounds what its state holds, decision 68); the
