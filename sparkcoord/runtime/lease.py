@@ -50,12 +50,11 @@ from sparkcoord.core.lease import (
     lost_message,
     may_take_over,
 )
+from sparkcoord.runtime import layout
 from sparkcoord.runtime.files import Files, FsspecFiles, files_for
 
 log = logging.getLogger(__name__)
 
-LEASE_DIR = "lease"
-LEASE_SUFFIX = ".json"
 #: how many times a run re-reads the lease after losing a race for the next generation
 RACES = 5
 
@@ -123,15 +122,15 @@ def _exists(files: Files, path: str) -> bool:
 def generations(files: Files, root: str) -> list[int]:
     """The generations present in ``<root>/lease``, ascending (one listing). Any thread."""
     found = []
-    for name in _names(files, posixpath.join(root, LEASE_DIR)):
-        stem = name[:-len(LEASE_SUFFIX)] if name.endswith(LEASE_SUFFIX) else ""
+    for name in _names(files, posixpath.join(root, layout.LEASE)):
+        stem = name[:-len(layout.LEASE_SUFFIX)] if name.endswith(layout.LEASE_SUFFIX) else ""
         if stem.isdigit():
             found.append(int(stem))
     return sorted(found)
 
 
 def lease_path(root: str, generation: int) -> str:
-    return posixpath.join(root, LEASE_DIR, f"{generation}{LEASE_SUFFIX}")
+    return posixpath.join(root, layout.LEASE, f"{generation}{layout.LEASE_SUFFIX}")
 
 
 def read_holder(files: Files, root: str, generation: int) -> LeaseHolder | None:
