@@ -15,9 +15,11 @@ Rules:
      rule 3), whichever generation came after.
   3. The source runner's coordination service reads the generation it runs under when it
      starts (:func:`current_fence`) and checks it (one ``stat`` of two files, or two store
-     requests) before it writes a record, starts, truncates or seals an inbound log; a fenced
-     run fails with :class:`LeaseLost`. No lease directory (a service started without a job
-     runner: tools, tests) means no fence.
+     requests) as it restores, before it writes a record and before it seals an inbound log
+     (a seal's log start follows its record; a restore's log start follows the restore's
+     check), and before it writes ``channel.json``; a fenced run fails with
+     :class:`LeaseLost`. No lease directory (a service started without a job runner: tools,
+     tests) means no fence.
   4. Listings and existence checks on an fsspec store bypass its listing cache: another
      process's lease must be seen.
 
@@ -155,7 +157,7 @@ class LeaseFence:
 
     def check(self) -> None:
         """Raise :class:`LeaseLost` if the lease moved on. Called by the checkpoint storage
-        before it writes a record or starts, truncates or seals an inbound log (the service's
+        before it writes a record or seals an inbound log, by the service as it restores (its
         threads), and by the job runner (its threads)."""
         if self.lost is None and (
                 _exists(self.files, lease_path(self.root, self.generation + 1))

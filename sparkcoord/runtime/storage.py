@@ -23,9 +23,11 @@ Rules:
      service learnt that the batch committed (a crash before that leaves no seal: then the
      frames alone are checked). A state part is checked against its name (its SHA-256).
   5. A run that lost the job's lease writes nothing more (runtime/lease.py rule 3): the fence
-     is checked before a record is written and before an inbound log is started, truncated
-     or sealed (once per epoch each; appends are not checked: at most the appends of the
-     epoch in flight, of a run that another took over from another machine, come after).
+     is checked before a record is written (the seal then starts the epoch's inbound log)
+     and before an inbound log is sealed; the service checks it as it restores, before it
+     starts or truncates a log. Twice per epoch; appends are not checked (a store request per
+     event): at most the appends of the epoch in flight, of a run another driver took over
+     from another machine, come after.
 
 Thread model: one writer per job (the coordination service); records and state may be read
 from any thread or process. Inbound appends happen inside the service's critical section.
@@ -213,8 +215,9 @@ class CheckpointStorage:
         handed to Spark, and at a restore to an uncommitted epoch (with the entries it keeps,
         decision 36): so the log of every epoch Spark logged exists (rule 4). A local log is
         replaced atomically (a new file renamed over the old one); on an object store the old
-        segments are deleted first, then the ``begin`` object is written with ``initial``."""
-        self.check_fence()
+        segments are deleted first, then the ``begin`` object is written with ``initial``.
+        The fence (rule 5) was checked just before: by the record's write at a seal, by the
+        service at a restore."""
         if self._local:
             if self._log_epoch == epoch:
                 self._close_log()
@@ -397,7 +400,6 @@ class CheckpointStorage:
 
     def truncate_inbound_log(self, epoch: int) -> None:
         """Delete the inbound log of ``epoch`` (and any seal of it) durably."""
-        self.check_fence()
         if self._log_epoch == epoch:
             self._close_log()
         self._log_sums.pop(epoch, None)

@@ -816,12 +816,13 @@ class JobHandle:
         job, report = self.job, self.report
         deadline = None if self._timeout_s is None else time.monotonic() + self._timeout_s
         while not self._stop.is_set():
+            if self._lease is not None:
+                # rule 6: nothing written, no query started, on a lease another run took over
+                self._lease.check()
             job._forget_failures()
             self._last_counted = -1
             self._counted_before = report.batches
             self._committed_before = self._newest_commit()
-            if self._lease is not None:
-                self._lease.check()  # rule 6: no query on a lease another run took over
             query = self._writer.option("checkpointLocation", job.spark_checkpoint).start()
             self._query_started(query)
             log.info("query %s started on %s%s", query.id, job.spark_checkpoint,
