@@ -108,14 +108,19 @@ def test_a_second_driver_program_is_refused_at_start_naming_the_holder_before_an
     assert writer.started == []  # refused before any query started
 
 
-def test_a_killed_driver_programs_lease_does_not_stop_its_restart(tmp_path, other_driver) -> None:
+def test_a_killed_driver_programs_lease_does_not_stop_its_restart(tmp_path, other_driver,
+                                                                   caplog) -> None:
     proc, _ = other_driver
     proc.kill()  # SIGKILL: it released nothing
     proc.wait()
     writer = Writer()
-    handle = job_on(tmp_path).start(writer, until=lambda: True, poll_s=0.01)  # type: ignore[arg-type]
+    with caplog.at_level("WARNING", logger="sparkcoord.runtime.lease"):
+        handle = job_on(tmp_path).start(writer, until=lambda: True, poll_s=0.01)  # type: ignore[arg-type]
     assert handle.await_termination(30)
     assert len(writer.started) == 1
+    # the takeover is told once, as the lease is taken (not also as the DataFrame is built)
+    takeovers = [r.getMessage() for r in caplog.records if "taking over" in r.getMessage()]
+    assert len(takeovers) == 1 and f"its process (pid {proc.pid}) is gone" in takeovers[0]
 
 
 def test_a_run_whose_lease_was_taken_over_ends_with_lease_lost_not_its_last_failure(tmp_path) -> None:

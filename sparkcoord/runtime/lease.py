@@ -202,8 +202,9 @@ class CoordinationLease:
         self.fence: LeaseFence | None = None
         self.lost: str | None = None
 
-    def _verdict(self) -> tuple[int, LeaseHolder | None]:
-        """The highest generation and its holder, after refusing if that holder keeps it."""
+    def _verdict(self, taking: bool = True) -> tuple[int, LeaseHolder | None]:
+        """The highest generation and its holder, after refusing if that holder keeps it
+        (``taking``: a takeover follows, and is logged)."""
         present = generations(self.files, self.root)
         if not present:
             return -1, None
@@ -222,7 +223,7 @@ class CoordinationLease:
                                 if holder.identity.same_machine(self._me) else None, here)
         if not verdict.take:
             raise LeaseHeld(held_message(self.url, holder, verdict, self._me, now))
-        if not holder.released:
+        if taking and not holder.released:
             log.warning("taking over the lease of %s from %s: %s", self.url,
                         holder.describe(now), verdict.reason)
         return top, holder
@@ -238,7 +239,7 @@ class CoordinationLease:
         holder = read_holder(self.files, self.root, present[-1])
         if holder is None or holder.identity == self._me:
             return
-        self._verdict()
+        self._verdict(taking=False)
 
     def acquire(self) -> LeaseHolder:
         """Take the lease (rule 1), or raise :class:`LeaseHeld` naming the holder. Called by
