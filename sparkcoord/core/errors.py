@@ -6,6 +6,10 @@ from __future__ import annotations
 class SparkCoordError(Exception):
     """Base class of every error sparkcoord raises on purpose."""
 
+    #: a failure no restart can change (a refusal): the job runner gives up at once instead
+    #: of restarting the query (sparkcoord/spark/job.py rule 6)
+    permanent = False
+
 
 class IllegalTransition(SparkCoordError):
     """An input that the protocol does not allow in the current state.

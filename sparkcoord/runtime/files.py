@@ -47,6 +47,19 @@ class Files:
         """Delete a file or a directory tree; nothing if it does not exist."""
         raise NotImplementedError
 
+    def exists(self, path: str) -> bool:
+        """Whether a file is at ``path`` (one ``stat``, or one request to the store)."""
+        raise NotImplementedError
+
+    def create_exclusive(self, path: str, data: bytes) -> None:
+        """Create ``path`` holding ``data`` only if nothing is there, atomically (of two
+        callers, one succeeds); ``FileExistsError`` otherwise. Local: written under a
+        temporary name and hard-linked to ``path`` (``link(2)`` refuses an existing name);
+        S3 through s3fs: a put with ``If-None-Match: *``; other fsspec stores: their
+        ``pipe_file(mode="create")`` (fsspec's default checks, then writes: not atomic).
+        Called by the job runner as it takes a lease (driver program; runtime/lease.py)."""
+        raise NotImplementedError
+
     def makedirs(self, directory: str) -> None:
         """Create ``directory`` and its parents; nothing if it exists (an object store has no
         empty directories: nothing there either). Called by the checkpoint storage when it
@@ -93,6 +106,23 @@ class LocalFiles(Files):
 
     def makedirs(self, directory: str) -> None:
         os.makedirs(directory, exist_ok=True)
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def create_exclusive(self, path: str, data: bytes) -> None:
+        parent = posixpath.dirname(path)
+        os.makedirs(parent, exist_ok=True)
+        tmp = posixpath.join(parent, f".{posixpath.basename(path)}.{uuid.uuid4().hex}.tmp")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)  # atomic, and refuses an existing name: complete or absent
+        finally:
+            os.remove(tmp)
+        fsync_directory(parent)
 
 
 def fsync_directory(path: str) -> None:
@@ -148,6 +178,14 @@ class FsspecFiles(Files):
 
     def makedirs(self, directory: str) -> None:
         self.fs.makedirs(directory, exist_ok=True)
+
+    def exists(self, path: str) -> bool:
+        return bool(self.fs.exists(path))
+
+    def create_exclusive(self, path: str, data: bytes) -> None:
+        self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
+        self.fs.pipe_file(path, data, mode="create")
+        self.fs.invalidate_cache(posixpath.dirname(path))
 
 
 #: the schemes fsspec's local filesystem strips from a local path, in the order it tries them

@@ -8,6 +8,7 @@
     inbound/<epoch>.sealed                     the log's length and CRC-32 when its batch committed
     state/<operator>/<index>/<epoch>.state     a subtask's state at the end of an epoch's batch
     state/<operator>/<index>/lineage           since which epoch the subtask keeps state
+    lease/<generation>.json                    the job runner's lease (runtime/lease.py)
     channel.json                               the running service's address and secret
     attached.pkl                               downstream operators attached after the source
     last-failure.json                          the cause of the last run's global failure
@@ -24,11 +25,13 @@ INBOUND = "inbound"
 STATE = "state"
 LINEAGE = "lineage"
 SEGMENTS_BEGIN = "begin"
+LEASE = "lease"
 CHANNEL_INFO = "channel.json"
 ATTACHED = "attached.pkl"
 FAILURE_REPORT = "last-failure.json"
 
 RECORD_SUFFIX = ".ckpt"
+LEASE_SUFFIX = ".json"
 LOG_SUFFIX = ".log"
 SEAL_SUFFIX = ".sealed"
 SEGMENT_SUFFIX = ".seg"

@@ -20,6 +20,9 @@ Rules:
      and the inputs around it happen in one total order (DESIGN rule 6, finding A).
   4. The first global failure wins; afterwards the service and its inbox refuse everything
      and the adapter fails the query with the failure's text. A closed service refuses too.
+  5. A run whose lease was taken over by a newer run (runtime/lease.py rule 3) fails at its
+     restore or its next seal with :class:`~sparkcoord.core.lease.LeaseLost`, before it
+     writes (storage rule 5); a seal found fenced in ``batch_committed`` fails the job too.
 
 Thread model: every public method may be called from any thread; service state is guarded by
 ``_lock``, which the inbox shares. Holders are called under it and only enqueue, so the lock
@@ -49,6 +52,7 @@ from sparkcoord.core.errors import (
 )
 from sparkcoord.core.ids import NO_EPOCH, SubtaskId
 from sparkcoord.core.inbound import InboundGate, ReplayedItem
+from sparkcoord.core.lease import LeaseLost
 from sparkcoord.core.records import CheckpointRecord
 from sparkcoord.core.restore import RestorePoint, RestorePointDetector
 from sparkcoord.core.stored import StoredOnce, snapshot_parts
@@ -182,6 +186,11 @@ class CoordinationService:
             epoch = point.epoch
             # every file read here is verified; a missing or damaged one fails the job with an
             # error naming it (and the same error comes back at every restart: it needs a person)
+            try:
+                self.storage.check_fence()  # rule 5
+            except LeaseLost as exc:
+                self._fail(f"LeaseLost: {exc}")
+                raise
             try:
                 record = self.storage.read_record(epoch) if epoch != NO_EPOCH else None
                 # the state parts its snapshots refer to, checked now (and held: the holders
@@ -335,8 +344,12 @@ class CoordinationService:
             snapshots[CLIENTS_KEY] = pickle.dumps(clients, protocol=pickle.HIGHEST_PROTOCOL)
         record = CheckpointRecord(epoch, snapshots, prepared.events)
         started = time.perf_counter()
-        self.storage.write_record(record, prepared.parts)
-        self.storage.start_inbound_log(epoch)
+        try:
+            self.storage.write_record(record, prepared.parts)
+            self.storage.start_inbound_log(epoch)
+        except LeaseLost as exc:  # rule 5: another run has the job now
+            self._fail(f"LeaseLost: {exc}")
+            raise
         log.info("sealed epoch %d: %d events for subtasks, written in %.1f ms", epoch,
                  prepared.event_count(), (time.perf_counter() - started) * 1e3)
         with self._lock:

@@ -22,6 +22,12 @@ Rules:
      acknowledged before the batch could commit) and match its seal, written when the
      service learnt that the batch committed (a crash before that leaves no seal: then the
      frames alone are checked). A state part is checked against its name (its SHA-256).
+  5. A run that lost the job's lease writes nothing more (runtime/lease.py rule 3): the fence
+     is checked before a record is written (the seal then starts the epoch's inbound log)
+     and before an inbound log is sealed; the service checks it as it restores, before it
+     starts or truncates a log. Twice per epoch; appends are not checked (a store request per
+     event): at most the appends of the epoch in flight, of a run another driver took over
+     from another machine, come after.
 
 Thread model: one writer per job (the coordination service); records and state may be read
 from any thread or process. Inbound appends happen inside the service's critical section.
@@ -36,7 +42,7 @@ import threading
 import weakref
 import zlib
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkcoord.core.entries import ClientRequestEntry, ClientResponseEntry, LogEntry
 from sparkcoord.core.errors import CorruptRecord
@@ -54,6 +60,9 @@ from sparkcoord.core.stored import StoredOnce, snapshot_parts
 from sparkcoord.runtime import layout
 from sparkcoord.runtime.files import Files, FsspecFiles, LocalFiles, files_for
 from sparkcoord.runtime.subtask_state import SubtaskStateStore
+
+if TYPE_CHECKING:
+    from sparkcoord.runtime.lease import LeaseFence
 
 
 class RecordNotFound(CorruptRecord):
@@ -92,6 +101,9 @@ class CheckpointStorage:
         self._parts_alive: weakref.WeakValueDictionary[str, StoredOnce[Any]] = (
             weakref.WeakValueDictionary())
         self.states = SubtaskStateStore(self.files, self.root, retain=retain, fsync=fsync)
+        #: rule 5: the lease generation this run writes under (set by the source runner as
+        #: its run starts; None: no fence)
+        self.fence: LeaseFence | None = None
         files.makedirs(self._path(layout.RECORDS))
         files.makedirs(self._path(layout.INBOUND))
 
@@ -110,7 +122,15 @@ class CheckpointStorage:
         state = self.__dict__.copy()
         state["_log_file"] = None
         state["_log_epoch"] = None
+        state["fence"] = None  # executors write no record nor log
         return state
+
+    def check_fence(self) -> None:
+        """Rule 5: raise :class:`~sparkcoord.core.lease.LeaseLost` if a newer run took the
+        job's lease over. Called before each write of a record or of an inbound log's start,
+        truncation or seal (the service's threads), and by the service as it restores."""
+        if self.fence is not None:
+            self.fence.check()
 
     def _path(self, *parts: str) -> str:
         return posixpath.join(self.root, *parts)
@@ -123,6 +143,7 @@ class CheckpointStorage:
                      parts: dict[str, StoredOnce[Any]] | None = None) -> None:
         """Write ``record`` atomically, replacing any garbage record of the same epoch, after
         the state parts its snapshots refer to (``parts``; rule 3: each written once)."""
+        self.check_fence()
         names = frozenset(n for snapshot in record.snapshots.values()
                           for n in snapshot_parts(snapshot))
         with self._parts_lock:
@@ -194,7 +215,9 @@ class CheckpointStorage:
         handed to Spark, and at a restore to an uncommitted epoch (with the entries it keeps,
         decision 36): so the log of every epoch Spark logged exists (rule 4). A local log is
         replaced atomically (a new file renamed over the old one); on an object store the old
-        segments are deleted first, then the ``begin`` object is written with ``initial``."""
+        segments are deleted first, then the ``begin`` object is written with ``initial``.
+        The fence (rule 5) was checked just before: by the record's write at a seal, by the
+        service at a restore."""
         if self._local:
             if self._log_epoch == epoch:
                 self._close_log()
@@ -365,6 +388,7 @@ class CheckpointStorage:
         Called by the service (driver thread) at the completion of ``epoch``, after the inbound
         gate stopped admitting events of that epoch. Nothing if this process neither wrote nor
         verified the log (it then knows nothing to record)."""
+        self.check_fence()
         sums = self._log_sums.pop(epoch, None)
         if sums is None:
             return

@@ -12,6 +12,9 @@ Rules (see also :mod:`sparkcoord.spark.source`, whose reader delegates here):
   3. A global failure makes the next call raise, failing the query with the failure's text;
      ``latest_epoch`` first answers "no batch" for up to ``cancel_wait_s``, so that the job
      runner can stop the query (decision 44).
+  4. A run writes under the lease generation present when it starts (the one its job runner
+     took: runtime/lease.py rule 3); a run that a newer generation fenced fails with
+     ``LeaseLost`` before it writes (``channel.json`` included).
 
 Thread model: Spark's runner calls the reader from its main thread, one call at a time; the
 channel server and the coordinators' mailboxes run on their own threads inside the service.
@@ -36,6 +39,7 @@ from sparkcoord.core.ids import NO_EPOCH, SubtaskId
 from sparkcoord.core.records import CheckpointRecord
 from sparkcoord.runtime import layout
 from sparkcoord.runtime.kills import kill_point
+from sparkcoord.runtime.lease import current_fence
 from sparkcoord.runtime.logs import install_log_handler
 from sparkcoord.runtime.service import (
     CheckpointDeclined,
@@ -74,6 +78,8 @@ class DriverSide:
         self.closed = False
         storage = CheckpointStorage(spec.checkpoint_url, retain=spec.retain, fsync=spec.fsync,
                                     storage_options=spec.storage_options)
+        # rule 4: the lease generation the job runner took before it started this query
+        storage.fence = current_fence(storage.files, storage.root, spec.checkpoint_url)
         spec = with_attached(spec, storage)
         self.spec = spec
         self.service = CoordinationService(
@@ -110,6 +116,7 @@ class DriverSide:
                                 "pid": os.getpid(), "run": self.service.run_id,
                                 "secret": self.secret.hex()}
         # private: a local file is created 0600 and renamed into place (never readable by others)
+        storage.check_fence()
         storage.files.write_atomic(f"{storage.root}/{layout.CHANNEL_INFO}", json.dumps(info).encode(),
                                    private=True)
 

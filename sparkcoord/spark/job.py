@@ -21,6 +21,14 @@ Rules:
      request); batches, ``until`` and the timeout are looked at every ``poll_s``. A
      ``fail_job`` thus stops and restarts the query within ~50 ms of its report, whatever
      ``poll_s`` (default 0.5 s) is (decision 84).
+  6. One driver program at a time runs a job on its checkpoint location: ``start`` takes the
+     lease of every coordinated source's directory before the first query starts, and raises
+     :class:`~sparkcoord.core.lease.LeaseHeld` naming the holder when another program has
+     it (runtime/lease.py rule 1); the handle keeps the lease across restarts and releases
+     it as the job ends. A lease found taken over, before a query starts, at a poll or after
+     a failure, ends the job with :class:`~sparkcoord.core.lease.LeaseLost`, and a failure
+     whose cause is a permanent sparkcoord error (``SparkCoordError.permanent``: a refusal
+     that no restart changes) ends it with :class:`JobGaveUp` at once: neither is retried.
 
 Thread model: the user's driver program thread. The coordination itself runs in Spark's source
 runner process; this side only starts, watches and restarts the query.
@@ -43,11 +51,13 @@ from typing import TYPE_CHECKING, Any
 from sparkcoord.coordinator import CoordinatorProvider
 from sparkcoord.core.codec import EventCodec
 from sparkcoord.core.errors import SparkCoordError
+from sparkcoord.core.lease import DEFAULT_TTL_S, LeaseLost
 from sparkcoord.core.text import plural
 from sparkcoord.operator import SubtaskOperator
 from sparkcoord.runtime import layout
 from sparkcoord.runtime.config import ServiceConfig
 from sparkcoord.runtime.files import files_for
+from sparkcoord.runtime.lease import CoordinationLease, LeaseKeeper
 from sparkcoord.runtime.logs import check_level, install_log_handler
 from sparkcoord.runtime.restart import FixedDelay, RestartStrategy
 from sparkcoord.spark.python_start import launched_python
@@ -131,11 +141,27 @@ def sparkcoord_error_in(spark_text: str) -> str | None:
     the task's Python traceback inside ends with the exception's qualified name and message.
     Only a :class:`SparkCoordError` counts (the module is imported to check: it is ours), and
     only the exception a traceback ends with (not one that another exception chained)."""
+    found = _sparkcoord_exception_in(spark_text)
+    return None if found is None else found[1]
+
+
+def permanent_error_in(text: str) -> str | None:
+    """The name of the permanent sparkcoord error (``SparkCoordError.permanent``: a refusal a
+    restart cannot change) that ``text`` (a failure's cause, or Spark's error text) ends
+    with; None if it ends with another (rule 6). Handle thread, after a query failed."""
+    found = _sparkcoord_exception_in(text)
+    if found is None or not getattr(found[0], "permanent", False):
+        return None
+    return found[0].__name__
+
+
+def _sparkcoord_exception_in(spark_text: str) -> tuple[type, str] | None:
     lines = spark_text.split("\n")
     found = None
     for i, line in enumerate(lines):
         m = _OUR_EXCEPTION.fullmatch(line.rstrip("\r"))
-        if m is None or not _is_ours(m.group(1), m.group(2)):
+        cls = None if m is None else _our_class(m.group(1), m.group(2))
+        if m is None or cls is None:
             continue
         message = [m.group(3)]
         j = i + 1
@@ -146,18 +172,18 @@ def sparkcoord_error_in(spark_text: str) -> str | None:
         following = next((ln for ln in lines[j:] if ln.strip()), "")
         if following.startswith(_CHAINED):
             continue  # another exception followed from this one: that one is the error
-        found = f"{m.group(2)}: " + "\n".join(message).rstrip()
+        found = (cls, f"{m.group(2)}: " + "\n".join(message).rstrip())
     return found
 
 
-def _is_ours(module: str, name: str) -> bool:
+def _our_class(module: str, name: str) -> type | None:
     import importlib
 
     try:
         cls = getattr(importlib.import_module(module), name, None)
     except Exception:  # noqa: BLE001 - a module of another version, or none: not ours to tell
-        return False
-    return isinstance(cls, type) and issubclass(cls, SparkCoordError)
+        return None
+    return cls if isinstance(cls, type) and issubclass(cls, SparkCoordError) else None
 
 
 def failure_text(spark_text: str) -> str:
@@ -238,8 +264,12 @@ class CoordinatedJob:
                  fsync: bool = False, channel_fault_plan: str | None = None,
                  spark_checkpoint: str | None = None,
                  storage_options: dict[str, Any] | None = None,
-                 log_level: str = "WARNING") -> None:
+                 log_level: str = "WARNING", lease_ttl_s: float = DEFAULT_TTL_S) -> None:
+        if lease_ttl_s <= 0:
+            raise ValueError(f"lease_ttl_s must be > 0 seconds, got {lease_ttl_s}")
         self.spark = spark
+        #: rule 6: how long another machine's driver waits for an unrenewed lease to lapse
+        self.lease_ttl_s = lease_ttl_s
         self.log_level = check_level(log_level)
         self.checkpoint_dir = resolve_location(spark, checkpoint_dir, "checkpoint_dir")
         self.storage_options = dict(storage_options or {})
@@ -300,6 +330,8 @@ class CoordinatedJob:
                           self.channel_advertised_host, self.retain, self.fsync,
                           list(recipients), self.spark_checkpoint, self.channel_fault_plan,
                           self.storage_options, self.log_level)
+        # rule 6: another driver program running this job is refused before this one writes
+        self._lease(spec.checkpoint_url).peek()
         self._specs[name] = spec
         # a fresh DataFrame hosts no attached operator yet: an earlier program's attachments
         # on this checkpoint directory do not linger (attach() writes the file again)
@@ -373,6 +405,9 @@ class CoordinatedJob:
         with launched_python(self.spark):  # PySpark wraps the function here (decision 82)
             return spread.mapInArrow(fn, struct)
 
+    def _lease(self, url: str) -> CoordinationLease:
+        return CoordinationLease(url, self.storage_options, ttl_s=self.lease_ttl_s)
+
     def check_cluster_settings(self) -> None:
         """Refuse settings that break the guarantee (speculative execution: two live attempts).
         Driver program thread; reads ``spark.conf`` only, so a Spark Connect session works."""
@@ -395,12 +430,21 @@ class CoordinatedJob:
         thread. ``until`` may ask the job's coordinators (:meth:`request`): a request that no
         run can take while a restart is due or the query is starting means "not done yet"
         (decision 51). Called from the user's driver program thread.
+
+        Raises :class:`~sparkcoord.core.lease.LeaseHeld`, naming the holder, when another
+        driver program runs this job on the same checkpoint location (rule 6).
         """
         self.check_cluster_settings()
         install_log_handler(self.log_level)  # unless this program configured logging
-        handle = JobHandle(self, writer, restart or FixedDelay(attempts=3, delay_s=1.0), until,
-                           poll_s, timeout_s, on_failure)
-        handle._thread.start()
+        lease = LeaseKeeper([self._lease(self._specs[name].checkpoint_url)
+                             for name in sorted(self._specs)]).acquire()
+        try:
+            handle = JobHandle(self, writer, restart or FixedDelay(attempts=3, delay_s=1.0),
+                               until, poll_s, timeout_s, on_failure, lease)
+            handle._thread.start()
+        except BaseException:
+            lease.stop()
+            raise
         return handle
 
     def run(self, writer: DataStreamWriter, *, restart: RestartStrategy | None = None,
@@ -594,8 +638,11 @@ class JobHandle:
 
     def __init__(self, job: CoordinatedJob, writer: DataStreamWriter, strategy: RestartStrategy,
                  until: Callable[[], bool] | None, poll_s: float, timeout_s: float | None,
-                 on_failure: Callable[[str], None] | None) -> None:
+                 on_failure: Callable[[str], None] | None,
+                 lease: LeaseKeeper | None = None) -> None:
         self.job = job
+        #: the job's leases (rule 6), released as the handle's thread ends
+        self._lease = lease
         self.report = RunReport()
         self.query: Any = None
         self._writer = writer
@@ -760,6 +807,8 @@ class JobHandle:
             self._error = exc
         finally:
             self.job._release_clients()
+            if self._lease is not None:
+                self._lease.stop()
 
     def _loop(self) -> None:
         from pyspark.errors import StreamingQueryException
@@ -767,6 +816,9 @@ class JobHandle:
         job, report = self.job, self.report
         deadline = None if self._timeout_s is None else time.monotonic() + self._timeout_s
         while not self._stop.is_set():
+            if self._lease is not None:
+                # rule 6: nothing written, no query started, on a lease another run took over
+                self._lease.check()
             job._forget_failures()
             self._last_counted = -1
             self._counted_before = report.batches
@@ -804,6 +856,11 @@ class JobHandle:
                             self._count_batches(query)
                             raise TimeoutError(f"job not done after {self._timeout_s}s; "
                                                f"failures so far: {report.failures}")
+                    if self._lease is not None and self._lease.lost is not None:
+                        log.error("%s", self._lease.lost)  # rule 6: another run has the job
+                        query.stop()
+                        self._count_batches(query)
+                        raise LeaseLost(self._lease.lost)
                     cause = job.failure_cause()
                     if cause is not None:
                         # The job failed in sparkcoord: stop the query now, as Flink cancels
@@ -823,6 +880,7 @@ class JobHandle:
                 self.query = None
                 if self._on_failure is not None:
                     self._on_failure(cause)
+                self._give_up_if_permanent(cause, exc)
                 delay = self._strategy.next_delay(time.monotonic())
                 if delay is None:
                     spark_first = ([] if isinstance(exc, _JobFailedInRun)
@@ -844,6 +902,27 @@ class JobHandle:
                 if self._stop.wait(delay):
                     return
                 self._phase = f"Restarting the query (restart {report.restarts})"
+
+    def _give_up_if_permanent(self, cause: str, exc: BaseException) -> None:
+        """Rule 6, after a query failed (handle thread): a lease another run took over raises
+        :class:`LeaseLost` (whatever the failure looked like: the fenced run fails with the
+        lease's text, or with a symptom of the two runs); a cause that is a permanent
+        sparkcoord error raises :class:`JobGaveUp` without a restart."""
+        first = (cause.strip().splitlines() or [""])[0]
+        if self._lease is not None:
+            try:
+                self._lease.check()
+            except LeaseLost as lost:
+                log.error("%s", lost)
+                raise LeaseLost(f"{lost}\n\n(the query failed with: {first})") from exc
+        permanent = permanent_error_in(cause)
+        if permanent is None and not isinstance(exc, _JobFailedInRun):
+            permanent = permanent_error_in(str(exc))
+        if permanent is not None:
+            log.error("query failed with %s, which a restart cannot change: %s", permanent,
+                      first)
+            raise JobGaveUp(f"{cause}\n\nThe query failed with {permanent}, which a restart "
+                            f"cannot change, so it was not restarted") from exc
 
     def _waits(self) -> tuple[float, int]:
         """How long the handle thread waits on the query between reads of the failure report,

@@ -4,6 +4,8 @@
 It runs until the sink holds 2 x N rows and exits 0, unless SPARKCOORD_TEST_KILL kills it.
 With SPARKCOORD_TEST_CHECKPOINT (JSON: ``url``, ``storage_options``) the coordination
 directory is that URL (e.g. on an S3 server) and Spark's checkpoint is ``<workdir>/spark``.
+With SPARKCOORD_TEST_HOLD (a path) it also runs until that file exists (the lease test keeps a
+driver program running while a second one starts).
 """
 
 from __future__ import annotations
@@ -44,13 +46,15 @@ def main() -> None:
               .trigger(processingTime="0 seconds"))
 
     commits = os.path.join(job.spark_checkpoint, "commits")
+    hold = os.environ.get("SPARKCOORD_TEST_HOLD")
 
     def done() -> bool:
         # all numbers in the sink, and at least 4 committed batches (the checkpoint interval
         # seals epochs even with nothing to carry), so that every kill point at epoch >= 1
         # is reached whatever the machine's speed
         batches = len([n for n in os.listdir(commits) if n.isdigit()]) if os.path.isdir(commits) else 0
-        return batches >= 4 and sum(len(r) for r in read_batch_files(sink).values()) >= 2 * total
+        return (batches >= 4 and sum(len(r) for r in read_batch_files(sink).values()) >= 2 * total
+                and (hold is None or os.path.exists(hold)))
 
     job.run(writer, until=done, timeout_s=240)
     spark.stop()
