@@ -670,6 +670,11 @@ class _Context(CoordinatorContext):
 
     def fail_job(self, cause: BaseException | str) -> None:
         text = cause if isinstance(cause, str) else repr(cause)
+        if getattr(cause, "permanent", False):
+            # its qualified name on a line of its own, as a traceback ends: the job runner
+            # gives up at once on a permanent sparkcoord error (spark/job.py rule 6)
+            kind = type(cause)
+            text += f"\n{kind.__module__}.{kind.__qualname__}: {cause}"
         holder = self.holder
         holder._run_or_submit(lambda: holder._report_failure(
             self.generation, f"coordinator {holder.name!r} called fail_job: {text}"))

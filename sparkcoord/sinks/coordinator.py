@@ -43,6 +43,14 @@ Rules:
      rules 1-6). The outputs of a swap the commit made are kept by the cleanup after it,
      like the epoch's files; those of a swap left out are deleted.
 
+  9. A run's first checkpoint completes only once the table's fence let the run write (the
+     commit worker's ``open``: the fence and the table's shape, not the orphan sweep after
+     it): the batch of that epoch, the run's first, starts after it, so the tasks of a run
+     the fence refuses (a second writer, a checkpoint behind its table) write nothing into
+     the table's directory; the refusal fails the job (rule 6) and declines the checkpoint.
+     The fence errors are permanent (``SparkCoordError.permanent``): the job runner gives up
+     at once instead of restarting into the same refusal.
+
 Thread model: every callback on the coordinator's mailbox; the committer, the sweep and the
 cleanup on the commit worker's thread (``sparkcoord-commit-<operator>``).
 """
@@ -54,6 +62,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,6 +130,8 @@ class SinkCoordinator(OperatorCoordinator):
         self._running: dict[int, list[DataFile | FilesCompacted]] = {}
         self._planner = self._new_planner(None)
         self._worker: CommitWorker | None = None
+        #: rule 9: done once the commit worker's open passed the table's fence
+        self._fenced: Future[None] | None = None
         #: status (handle_client_request): commits done by this start and their durations
         self._commits_done = 0
         self._commit_seconds: deque[float] = deque(maxlen=100)
@@ -195,6 +206,26 @@ class SinkCoordinator(OperatorCoordinator):
 
     def checkpoint_coordinator(self, checkpoint_id: int, result: Any) -> None:
         worker = self._started_worker()
+        assert self._fenced is not None
+        if not self._fenced.done():
+            # rule 9: the run's first checkpoint completes once the table's fence let this
+            # run write, so no task of a refused run writes a file into the table's directory
+            post = self.context.run_in_coordinator_thread
+            self._fenced.add_done_callback(lambda _: post(functools.partial(
+                self._checkpoint_fenced, checkpoint_id, result)))
+            return
+        self._take_checkpoint(checkpoint_id, result, worker)
+
+    def _checkpoint_fenced(self, checkpoint_id: int, result: Any) -> None:
+        """Rule 9, on the mailbox once the fence decided: checkpoint or decline."""
+        assert self._fenced is not None and self._worker is not None
+        error = self._fenced.exception()
+        if error is not None:
+            result.set_exception(error)  # the job fails with it already (rule 6)
+            return
+        self._take_checkpoint(checkpoint_id, result, self._worker)
+
+    def _take_checkpoint(self, checkpoint_id: int, result: Any, worker: CommitWorker) -> None:
         worker.submit(self._ledger.restored())  # a restore's pending commits, if not yet
         compaction = None
         if self._planner is not None:
@@ -228,6 +259,7 @@ class SinkCoordinator(OperatorCoordinator):
             pending = [e for e in self._ledger.pending_epochs if e in self._restored_pending]
             held = {path for items in self._ledger.pending_items() for item in items
                     for path in _written_paths(item)}
+            self._fenced = Future()
             self._worker = CommitWorker(
                 self.context.operator_id, self._commit,
                 lambda epoch: post(functools.partial(self._commit_done, epoch,
@@ -264,11 +296,16 @@ class SinkCoordinator(OperatorCoordinator):
     def _open(self, last_committed: int, pending: list[int], held: set[str]) -> None:
         """Rule 4's fence check and rule 5's sweep (worker thread, before any commit)."""
         committer = self.target.committer()
+        assert self._fenced is not None
         try:
             committer.open(last_committed, pending)
         except (SinkFenceError, TableShapeError) as e:
             self.context.fail_job(e)  # rule 6
+            if not self._fenced.done():
+                self._fenced.set_exception(e)  # rule 9
             raise
+        if not self._fenced.done():
+            self._fenced.set_result(None)  # rule 9: the sweep below need not hold it up
         self._sweep(self._final_at_start, committer.referenced_paths() | held)
         self._committer = committer
         self._cleaned_through = self._final_at_start

@@ -56,7 +56,10 @@ NO_EPOCH = -1
 
 
 class SinkFenceError(SparkCoordError):
-    """A lake sink refused to commit: the table and this job's state do not agree."""
+    """A lake sink refused to commit: the table and this job's state do not agree. Permanent:
+    a restart meets the same table and checkpoint (``coordinator.py`` rule 9)."""
+
+    permanent = True
 
     def __init__(self, message: str, table: str, job_id: str, ours: int, table_epoch: int):
         super().__init__(message)

@@ -176,3 +176,30 @@ def test_the_examples_of_docs_sinks_write_a_delta_and_an_iceberg_table_as_writte
     report = job.run(namespace["writer"].trigger(availableNow=True), timeout_s=240)
     assert report.failures == []
     assert lake.rows() == [(i, f"n{i}") for i in ids]
+
+
+@pytest.mark.parametrize("kind", ["delta", "iceberg"])
+def test_a_run_the_fence_refuses_writes_no_file_and_is_not_restarted(spark, tmp_path,
+                                                                     kind) -> None:
+    """Issue 43 finding 11: a job refused as a second writer wrote 3 files into the other
+    job's table directory and restarted 3 times on a refusal no restart changes."""
+    from sparkcoord.runtime.restart import FixedDelay
+    from sparkcoord.spark import CoordinatedJob, JobGaveUp
+
+    lake = Lake(kind, tmp_path)
+    data = tmp_path / "data"
+    ids = write_files(data, files=2)
+    job = CoordinatedJob(spark, str(tmp_path / "ckpt"))
+    writer = lake.sink(job, jobId="events").writer(source(job, data), lake.table)
+    assert job.run(writer.trigger(availableNow=True), timeout_s=240).failures == []
+    files = lake.data_files()
+    write_files(data, first=10_000, files=2)  # rows the refused run would write
+    job = CoordinatedJob(spark, str(tmp_path / "ckpt-other"))
+    writer = lake.sink(job, jobId="events").writer(source(job, data), lake.table)
+    handle = job.start(writer.trigger(availableNow=True),
+                       restart=FixedDelay(attempts=3, delay_s=0.0), timeout_s=240)
+    with pytest.raises(JobGaveUp, match="CheckpointBehindTable.*which a restart cannot change"):
+        handle.await_termination(240)
+    assert handle.restarts == 0
+    assert lake.data_files() == files  # nothing written into the table's directory
+    assert lake.rows() == [(i, f"n{i}") for i in ids]
