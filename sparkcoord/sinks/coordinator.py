@@ -42,7 +42,6 @@ Rules:
      the running batch like a file, and the epoch's commit swaps it in (``compaction.py``
      rules 1-6). The outputs of a swap the commit made are kept by the cleanup after it,
      like the epoch's files; those of a swap left out are deleted.
-
   9. A run's first checkpoint completes only once the table's fence let the run write (the
      commit worker's ``open``: the fence and the table's shape, not the orphan sweep after
      it): the batch of that epoch, the run's first, starts after it, so the tasks of a run
@@ -50,6 +49,11 @@ Rules:
      the table's directory; the refusal fails the job (rule 6) and declines the checkpoint.
      The fence errors are permanent (``SparkCoordError.permanent``): the job runner gives up
      at once instead of restarting into the same refusal.
+  10. Before an epoch's commit, the files its tasks reported are looked for (one listing of
+      the epoch's prefix): a file gone (a table maintenance that deletes unreferenced files
+      with a retention of seconds) would make the commit reference a missing file and the
+      table unreadable, so the job fails with :class:`FilesMissing` naming them, unless the
+      table holds the epoch already (a restore after the commit landed).
 
 Thread model: every callback on the coordinator's mailbox; the committer, the sweep and the
 cleanup on the commit worker's thread (``sparkcoord-commit-<operator>``).
@@ -68,6 +72,7 @@ from typing import Any
 
 from sparkcoord.committer import CommitLedger, CommitWorker, LedgerState
 from sparkcoord.coordinator import CoordinatorContext, OperatorCoordinator, Withdrawn
+from sparkcoord.core.errors import SparkCoordError
 from sparkcoord.runtime.kills import kill_point
 from sparkcoord.sinks.changes import ChangeStreamError, reduce_changes
 from sparkcoord.sinks.cleanup import (
@@ -88,6 +93,13 @@ from sparkcoord.sinks.files import DataFile, parse_file_name, read_files
 from sparkcoord.sinks.target import SinkTarget, TableShapeError
 
 log = logging.getLogger("sparkcoord.sinks")
+
+
+class FilesMissing(SparkCoordError):
+    """Data files an epoch's tasks reported are gone before its commit (rule 10); permanent:
+    a restart meets the same directory."""
+
+    permanent = True
 
 
 class ValueOutOfRange(ValueError):
@@ -316,6 +328,7 @@ class SinkCoordinator(OperatorCoordinator):
         kill_point("lake-committing", epoch)  # tests only
         files = [i for i in items if isinstance(i, DataFile)]
         swaps = [i for i in items if isinstance(i, FilesCompacted) and i.outputs]
+        self._check_files_present(epoch, items)
         try:
             if self.target.mode == "merge":
                 def load() -> Any:
@@ -377,6 +390,34 @@ class SinkCoordinator(OperatorCoordinator):
                 delete_files(self.target.location, doomed,
                              storage_options=dict(self.target.storage_options) or None)
         self._last_commit_s = time.perf_counter() - started  # read by the done report
+
+    def _check_files_present(self, epoch: int, items: Sequence[Any]) -> None:
+        """Rule 10 (worker thread, before the epoch's commit): every file the epoch's tasks
+        reported is still in the table's directory (one listing of the epoch's prefix), or
+        the table holds the epoch already; otherwise :class:`FilesMissing` fails the job."""
+        reported = {path for item in items for path in _written_paths(item)}
+        if not reported:
+            return
+        present = set(list_data_files(self.target.location,
+                                      prefix=epoch_prefix(self.target.job_id, epoch),
+                                      storage_options=dict(self.target.storage_options)
+                                      or None))
+        missing = sorted(reported - present)
+        if not missing or self._committer.table_epoch() >= epoch:
+            return  # in the table already: its maintenance may delete what it replaced
+        error = FilesMissing(
+            f"sink {self.context.operator_id!r}: {len(missing)} of the {len(reported)} data "
+            f"file(s) the tasks wrote for epoch {epoch} are gone from table "
+            f"{self.target.name} before the epoch's commit ({', '.join(missing[:5])}"
+            f"{', ...' if len(missing) > 5 else ''}): something deleted files no commit "
+            f"referenced yet (a Delta VACUUM with a retention of less than the job's commit "
+            f"delay, an Iceberg orphan-file removal with a short older_than). The epoch was "
+            f"not committed and stays pending: restore the files (object versioning, a "
+            f"backup) and restart, or rebuild the table from its source. Keep maintenance "
+            f"retentions above a few minutes while a job writes (docs/sinks.md, "
+            f"'Maintenance while a job runs')")
+        self.context.fail_job(error)
+        raise error
 
     def _sweep(self, final_through: int, held: set[str],
                epochs: tuple[int, int] | None = None) -> None:

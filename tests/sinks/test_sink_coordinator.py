@@ -541,3 +541,50 @@ def test_a_commit_whose_value_is_out_of_range_fails_the_job_at_once_naming_table
     assert "date value out of range" in str(cause)
     assert coordinator.handle_client_request("status")["pending"] == [0]
     assert table.read().num_rows == 0
+
+
+def test_files_deleted_before_their_epochs_commit_fail_the_job_naming_them_and_commit_nothing(
+        table: Table) -> None:
+    import os
+
+    from sparkcoord.sinks.coordinator import FilesMissing
+
+    coordinator, context = table.start()
+    commit_epoch(table, coordinator, context, 0, rows(0, 10))
+    checkpoint(coordinator, 1)
+    files = table.write(1, rows(1, 30)) + table.write(1, rows(1, 30, start=100), subtask=1)
+    report(coordinator, files[:1])
+    report(coordinator, files[1:], subtask=1)
+    # a maintenance that deletes unreferenced files (VACUUM retaining 0 hours) runs now
+    location = table.target.location.removeprefix("file://")
+    os.remove(f"{location}/{files[0].path}")
+    coordinator.notify_checkpoint_complete(1)
+    wait_until(lambda: bool(context.failures))
+    cause = context.failures[0]
+    assert isinstance(cause, FilesMissing) and cause.permanent
+    assert files[0].path in str(cause) and "epoch 1" in str(cause)
+    assert f"1 of the {len(files)} data file(s)" in str(cause)
+    assert table.read().equals(rows(0, 10))  # the table does not reference a missing file
+    assert coordinator.handle_client_request("status")["pending"] == [1]
+
+
+def test_an_epoch_the_table_holds_is_not_refused_when_maintenance_removed_its_files_since(
+        table: Table) -> None:
+    import os
+
+    first, first_context = table.start()
+    commit_epoch(table, first, first_context, 0, rows(0, 10))
+    state = checkpoint(first, 1)
+    files = table.write(1, rows(1, 20))
+    report(first, files)
+    first.notify_checkpoint_complete(1)
+    first.run_ending().result(timeout=30)  # epoch 1 is in the table...
+    first.close()  # ...and the driver died before its done report ran on the mailbox
+    location = table.target.location.removeprefix("file://")
+    os.remove(f"{location}/{files[0].path}")  # replaced and vacuumed since, say
+    second, context = table.start(1, state, committed=True)
+    report(second, files)  # the restore replays the batch's logged events
+    second.notify_checkpoint_complete(1)
+    settle(second, context)
+    assert context.failures == []
+    assert checkpoint(second, 2).committed_through == 1
