@@ -1,4 +1,4 @@
-"""Two driver programs on one checkpoint location (issue 43 finding 9; docs/decisions.md 87c):
+"""Two driver programs on one checkpoint location (issue 43 finding 9; docs/decisions.md 89):
 the second is refused at start, naming the holder, before it writes anything; the first, then
 killed with SIGKILL, is restarted on the same checkpoint at once (its lease is taken over: its
 process is gone) and the sink ends exactly-once.
