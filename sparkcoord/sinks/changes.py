@@ -13,14 +13,17 @@ Rules:
      the epoch's last truncate are dropped, and the merge deletes every row of the table the
      remaining changes do not touch (:attr:`Reduced.truncated`).
   3. An update whose ``unchanged`` lists columns (large TOASTed values PostgreSQL did not
-     send, holding null in ``after``) sets only the columns it carries: an earlier change of
-     the key in the epoch gives the others (:func:`reduce_changes`), and what none gives is
-     the value the table holds (:func:`fill_unchanged`, by the committer, from the rows it
+     send, holding null in ``after``) sets only the columns it carries, and so does the
+     insert of a key change (a ``d`` of the old key and a ``c`` of the new at one position,
+     whose ``unchanged`` lists them too): the row it replaces gives the others, that is the
+     key's earlier change in the epoch (the old key's, for a key change), or else the row the
+     table holds for that key (:func:`fill_unchanged`, by the committer, from the rows it
      reads anyway). A key not in the table then is refused naming the PostgreSQL table, the
      key and the columns: its values are nowhere (``REPLICA IDENTITY FULL`` sends them).
   4. The result has the table's columns (the fields of ``after``), the key's columns taken
      from ``key`` (a delete has no ``after``), :data:`OP_COLUMN` and
-     :data:`UNCHANGED_COLUMN` (rule 3's columns still to take from the table; null: none).
+     :data:`UNCHANGED_COLUMN` (rule 3's columns still to take from the table; null: none)
+     with :data:`UNCHANGED_FROM` (the key whose row in the table gives them).
 
 Thread model: none (functions of Arrow tables).
 """
@@ -35,6 +38,9 @@ from typing import Any
 OP_COLUMN = "_sparkcoord_op"
 #: The reduced rows' columns to keep from the table's row of the key (rule 3)
 UNCHANGED_COLUMN = "_sparkcoord_unchanged"
+#: The key (a struct of the key's columns) whose row in the table gives those columns: the
+#: row's own key, or the old key of a key change (rule 3); null when none are to be taken
+UNCHANGED_FROM = "_sparkcoord_unchanged_from"
 
 
 class ChangeStreamError(ValueError):
@@ -116,62 +122,85 @@ def reduce_changes(staged: Any, table: str) -> Reduced:
                  else pa.nulls(ordered.num_rows, pa.list_(pa.string())))
     flat = pa.table({**arrays, OP_COLUMN: ordered.column("op"), UNCHANGED_COLUMN: unchanged,
                      "_rank": pa.array(range(ordered.num_rows), pa.int64())})
-    # rule 1: per key, the last change
-    last = flat.group_by(keys, use_threads=False).aggregate([("_rank", "max")])
-    wanted = pc.is_in(flat.column("_rank"), value_set=last.column("_rank_max"))
-    rows = _fill_from_epoch(flat, flat.filter(wanted), keys).drop_columns(["_rank"])
+    if _any_partial(flat):
+        rows = _reduce_partial(flat, keys, ordered.column("lsn"))  # rules 1 and 3
+    else:  # rule 1: per key, the last change
+        last = flat.group_by(keys, use_threads=False).aggregate([("_rank", "max")])
+        wanted = pc.is_in(flat.column("_rank"), value_set=last.column("_rank_max"))
+        rows = flat.filter(wanted).drop_columns(["_rank"]).append_column(
+            UNCHANGED_FROM, pa.nulls(int(pc.sum(wanted).as_py() or 0), _key_type(flat, keys)))
+        rows = rows.set_column(rows.schema.get_field_index(UNCHANGED_COLUMN), UNCHANGED_COLUMN,
+                               pa.nulls(rows.num_rows, pa.list_(pa.string())))
     sources = (pc.unique(staged.column("table")).to_pylist()
                if "table" in staged.schema.names else [])
     schema = pa.schema([*columns, pa.field(OP_COLUMN, pa.string()),
-                        pa.field(UNCHANGED_COLUMN, pa.list_(pa.string()))])
+                        pa.field(UNCHANGED_COLUMN, pa.list_(pa.string())),
+                        pa.field(UNCHANGED_FROM, _key_type(flat, keys))])
     return Reduced(rows.cast(schema), truncated, ", ".join(str(t) for t in sources) or table)
 
 
-def _partial(rows: Any) -> Any:
-    """The mask of ``rows`` that are updates leaving columns out (rule 3)."""
-    import pyarrow.compute as pc
-
-    lengths = pc.list_value_length(rows.column(UNCHANGED_COLUMN))
-    return pc.fill_null(pc.and_(pc.equal(rows.column(OP_COLUMN), "u"),
-                                pc.greater(lengths, 0)), False)
-
-
-def _fill_from_epoch(flat: Any, last: Any, keys: list[str]) -> Any:
-    """``last`` (each key's last change) with the columns a partial update left out taken
-    from the key's earlier changes in ``flat`` (rule 3); what none gives stays listed in
-    :data:`UNCHANGED_COLUMN`. Only the keys whose last change is partial are walked."""
+def _key_type(flat: Any, keys: list[str]) -> Any:
     import pyarrow as pa
+
+    return pa.struct([flat.schema.field(k) for k in keys])
+
+
+def _any_partial(flat: Any) -> bool:
+    """Whether an update or a key change's insert of the epoch left columns out (rule 3)."""
     import pyarrow.compute as pc
 
-    partial = _partial(last)
-    if not pc.any(partial).as_py():
-        return last.set_column(last.schema.get_field_index(UNCHANGED_COLUMN), UNCHANGED_COLUMN,
-                               pa.nulls(last.num_rows, pa.list_(pa.string())))
-    wanted = last.filter(partial).select(keys)
-    ranks = flat.select([*keys, "_rank"]).join(wanted, keys, join_type="left semi")
-    history = flat.filter(pc.is_in(flat.column("_rank"), value_set=ranks.column("_rank"))
-                          ).sort_by("_rank").to_pylist()
-    state: dict[tuple[Any, ...], dict[str, Any] | None] = {}
-    for row in history:
-        key = tuple(row[k] for k in keys)
-        if row[OP_COLUMN] == "d":
-            state[key] = None
+    lengths = pc.fill_null(pc.list_value_length(flat.column(UNCHANGED_COLUMN)), 0)
+    ops = flat.column(OP_COLUMN)
+    puts = pc.or_(pc.equal(ops, "u"), pc.equal(ops, "c"))
+    return bool(pc.any(pc.and_(puts, pc.greater(lengths, 0))).as_py())
+
+
+_UNSEEN = object()  # a key the epoch had not touched before: the table's row is its state
+
+
+def _reduce_partial(flat: Any, keys: list[str], lsns: Any) -> Any:
+    """Rules 1 and 3 over ``flat`` (in order) in Python, for an epoch where a change left
+    columns out: per key its last change, a left-out column taken from the row it replaces
+    in the epoch (the key's earlier change; for a key change's insert, the old key's row
+    before its delete at the same position), and what no change of the epoch gives listed
+    in :data:`UNCHANGED_COLUMN` with the key whose stored row gives it in
+    :data:`UNCHANGED_FROM`."""
+    import pyarrow as pa
+
+    state: dict[tuple[Any, ...], Any] = {}
+    before_delete: dict[tuple[Any, ...], Any] = {}
+    previous: tuple[tuple[Any, ...], str, Any] | None = None
+    for row, lsn in zip(flat.drop_columns(["_rank"]).to_pylist(), lsns.to_pylist(),
+                        strict=True):
+        key, op = tuple(row[k] for k in keys), row[OP_COLUMN]
+        row[UNCHANGED_FROM] = None
+        if op == "d":
+            before_delete[key] = state.get(key, _UNSEEN)
+            row[UNCHANGED_COLUMN] = None
+            state[key] = row
+            previous = (key, op, lsn)
             continue
         missing = ({c for c in row[UNCHANGED_COLUMN] or () if c not in keys}
-                   if row[OP_COLUMN] == "u" else set())
-        before = state.get(key)
-        if before is not None and missing:
+                   if op in ("u", "c") else set())
+        origin, base = key, state.get(key, _UNSEEN)
+        if op == "c":
+            base = None  # an insert replaces no row of its key
+            if missing and previous is not None and previous[1] == "d" and previous[2] == lsn:
+                # a key change: a delete of the old key and this insert, at one position
+                origin, base = previous[0], before_delete.get(previous[0], _UNSEEN)
+        if missing and isinstance(base, dict) and base[OP_COLUMN] != "d":
             for column in missing:
-                row[column] = before[column]
-            missing &= set(before[UNCHANGED_COLUMN] or ())
+                row[column] = base[column]
+            missing &= set(base[UNCHANGED_COLUMN] or ())
+            origin = (tuple(base[UNCHANGED_FROM][k] for k in keys)
+                      if base[UNCHANGED_FROM] is not None else origin)
         row[UNCHANGED_COLUMN] = sorted(missing) or None
+        row[UNCHANGED_FROM] = dict(zip(keys, origin, strict=True)) if missing else None
         state[key] = row
-    filled = pa.Table.from_pylist([r for r in state.values() if r is not None],
-                                  schema=last.schema)
-    full = last.filter(pc.invert(partial))
-    full = full.set_column(full.schema.get_field_index(UNCHANGED_COLUMN), UNCHANGED_COLUMN,
-                           pa.nulls(full.num_rows, pa.list_(pa.string())))
-    return pa.concat_tables([full, filled])
+        previous = (key, op, lsn)
+    schema = flat.drop_columns(["_rank"]).schema.append(
+        pa.field(UNCHANGED_FROM, _key_type(flat, keys)))
+    return pa.Table.from_pylist(list(state.values()), schema=schema)
 
 
 def fill_unchanged(puts: Any, stored: Any, keys: Sequence[str], source: str,
@@ -189,16 +218,18 @@ def fill_unchanged(puts: Any, stored: Any, keys: Sequence[str], source: str,
     lengths = pc.fill_null(pc.list_value_length(puts.column(UNCHANGED_COLUMN)), 0)
     partial = pc.greater(lengths, 0)
     if not pc.any(partial).as_py():
-        return puts.drop_columns([UNCHANGED_COLUMN])
-    full = puts.filter(pc.invert(partial)).drop_columns([UNCHANGED_COLUMN])
+        return puts.drop_columns([c for c in (UNCHANGED_COLUMN, UNCHANGED_FROM)
+                                  if c in puts.schema.names])
+    extra = [c for c in (UNCHANGED_COLUMN, UNCHANGED_FROM) if c in puts.schema.names]
+    full = puts.filter(pc.invert(partial)).drop_columns(extra)
     schema = full.schema
     wanted = puts.filter(partial)
-    found = stored.select(schema.names).cast(schema).join(
-        wanted.select(list(keys)), list(keys), join_type="left semi").to_pylist()
-    by_key = {tuple(_plain(r[k]) for k in keys): r for r in found}
+    by_key = {tuple(_plain(r[k]) for k in keys): r
+              for r in stored.select(schema.names).cast(schema).to_pylist()}
     rows, absent = [], []
     for row in wanted.to_pylist():
-        key = tuple(_plain(row[k]) for k in keys)
+        origin = row.pop(UNCHANGED_FROM, None) or row
+        key = tuple(_plain(origin[k]) for k in keys)
         old = by_key.get(key)
         columns = row.pop(UNCHANGED_COLUMN)
         if old is None:
@@ -227,3 +258,15 @@ def _plain(value: Any) -> Any:
         return value.astimezone(datetime.timezone.utc).replace(tzinfo=None)
     return value
 
+
+def origin_keys(puts: Any, keys: Sequence[str]) -> Any:
+    """The keys whose rows in the table :func:`fill_unchanged` needs for ``puts``: a table of
+    the key columns (commit worker thread, before the committer reads them)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    lengths = pc.fill_null(pc.list_value_length(puts.column(UNCHANGED_COLUMN)), 0)
+    wanted = puts.filter(pc.greater(lengths, 0))
+    origins = [row[UNCHANGED_FROM] or {k: row[k] for k in keys} for row in wanted.to_pylist()]
+    return pa.Table.from_pylist(origins, schema=pa.schema(
+        [puts.schema.field(k) for k in keys]))

@@ -60,7 +60,7 @@ from typing import Any
 
 from pyiceberg.table.locations import LocationProvider
 
-from sparkcoord.sinks.changes import OP_COLUMN, UNCHANGED_COLUMN, Reduced, fill_unchanged
+from sparkcoord.sinks.changes import OP_COLUMN, Reduced, fill_unchanged, origin_keys
 from sparkcoord.sinks.fencing import ALREADY_COMMITTED, COMMIT, NO_EPOCH, Decision, EpochFence
 from sparkcoord.sinks.files import DATA_DIR, DataFile, check_job_id
 from sparkcoord.sinks.mergefiles import merge_file_name
@@ -204,9 +204,7 @@ class IcebergCommitter:
         puts = changes.rows.filter(pc.not_equal(ops, "d")).drop_columns([OP_COLUMN])
         stored = None
         if changes.partial and not changes.truncated:
-            partial = pc.fill_null(pc.greater(pc.list_value_length(
-                puts.column(UNCHANGED_COLUMN)), 0), False)
-            stored = table.scan(row_filter=key_filter(puts.filter(partial), keys)).to_arrow()
+            stored = table.scan(row_filter=key_filter(origin_keys(puts, keys), keys)).to_arrow()
         # changes.py rule 3, from the snapshot the transaction below asserts as its base
         puts = fill_unchanged(puts, self.schema.empty_table() if stored is None else stored,
                               keys, changes.source,

@@ -50,7 +50,8 @@ def test_the_last_change_per_key_in_lsn_and_seq_order_wins_whatever_the_row_orde
     assert as_dict(reduced) == {1: ("u", "b"), 2: ("d", None), 3: ("u", "early"),
                                 4: ("c", "new")}
     assert not reduced.truncated
-    assert reduced.rows.schema.names == ["id", "name", "_sparkcoord_op", "_sparkcoord_unchanged"]
+    assert reduced.rows.schema.names == ["id", "name", "_sparkcoord_op", "_sparkcoord_unchanged",
+                                        "_sparkcoord_unchanged_from"]
 
 
 def test_a_truncate_drops_the_changes_before_it_and_asks_for_the_rest_to_be_deleted() -> None:
@@ -230,3 +231,23 @@ def test_a_merge_keeps_the_stored_value_of_a_toasted_column_an_update_did_not_se
     with pytest.raises(ChangeStreamError, match=r"table public\.t: 1 update\(s\) \(key id = 9\)"):
         c.merge(2, lambda: third, ["id"])
     assert target.rows() == [(1, "big-a"), (2, "big-b2")]
+
+
+@pytest.mark.parametrize("kind", ["delta", "iceberg"])
+def test_a_key_change_that_did_not_send_a_toasted_column_keeps_the_old_keys_value(
+        tmp_path: Any, kind: str) -> None:
+    # found by the issue 43 soak's review: UPDATE ... SET id = ... leaving a TOASTed column
+    # alone comes as a d of the old key and a c of the new one listing it unchanged
+    target = Target(kind, tmp_path)
+    c = target.committer("run-a")
+    first = reduce_changes(changes(("r", 10, None, 1, "big-a"), ("r", 10, None, 2, "big-b")),
+                           "public.t")
+    assert c.merge(0, lambda: first, ["id"]) == COMMIT
+    second = reduce_changes(changes(
+        ("d", 20, 0, 1, None), ("c", 20, 1, 5, None, ["name"]),      # 1 -> 5, from the table
+        ("c", 21, 0, 7, "big-c"),                                     # a key put this epoch
+        ("d", 22, 0, 7, None), ("c", 22, 1, 8, None, ["name"]),      # 7 -> 8, from the epoch
+        ("d", 23, 0, 5, None), ("c", 23, 1, 6, None, ["name"])),     # 5 -> 6, chained
+        "public.t")
+    assert c.merge(1, lambda: second, ["id"]) == COMMIT
+    assert target.rows() == [(2, "big-b"), (6, "big-a"), (8, "big-c")]
