@@ -17,20 +17,28 @@ Scenarios:
   files-kill   the same job killed with SIGKILL at a kill point and epoch chosen by the seed,
                a wave of files written while it is down, then restarted (~35 s per seed)
   cdc          the PostgreSQL source (tests/spark/cdc_job.py) on a PostgreSQL started for the
-               scenario, two writer processes going on; by seed a task failure, a fail_job, or
+               scenario, two writer processes going on; by seed a task failure, a fail_job,
                a driver SIGKILL in the snapshot, at the hand-over, in the stream or at a sink
-               commit, then a restart (about 1-2 minutes per seed)
+               commit, then a restart, or PostgreSQL crashed (pg_ctl -m immediate) and started
+               while the stream runs; a per-seed table gives the stream's lag behind the
+               writers at the end of the writes and the catch-up time (about 1-2 minutes
+               per seed)
   sink         the lake sink: a file stream into Delta or Iceberg killed with SIGKILL at a
                lake kill point (a task's files not reported, before or after the table commit,
                mid-cleanup) or mid-batch, maybe with a sink task failure, then run to the end;
-               judged against the files' ids and for orphan files (about 1 minute per seed)
+               judged against the files' ids and for orphan files; by seed also a second
+               driver on the same checkpoint (refused: LeaseHeld) or a job on a fresh
+               checkpoint with the same jobId (refused: CheckpointBehindTable, nothing
+               written) (about 1-1.5 minutes per seed)
   merge        the lake sink in mode merge: PostgreSQL's change stream of a table merged by
                key into Delta or Iceberg (tests/spark/cdc_lake_kill_job.py) on a PostgreSQL
                started for the scenario, cdc_job's writers going on; killed with SIGKILL at a
                lake kill point or mid-batch at an epoch chosen by the seed, bulk statements
                run while it is down (updates, deletes, key changes or a truncate, by seed),
-               restarted; judged row by row against the source table, for orphan files and
-               for staged files of committed epochs left (about 1-2 minutes per seed)
+               restarted; by seed the table also has a large TOASTed column most updates
+               leave alone and a timestamptz at both ends of the range; judged row by row
+               against the source table, for orphan files and for staged files of committed
+               epochs left (about 1-2 minutes per seed)
   aligned      watermark alignment: two directories at 1x and 20x in an aligned availableNow
                run into a windowed count, P readers, bounded or continuous, a task failure
                or a fail_job chosen by the seed (one local session; ~20 s per seed)
@@ -44,6 +52,8 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -357,11 +367,22 @@ def soak_aligned(seeds: list[int]) -> dict[str, Any]:
 #: Requests (issue 12): only the simulation has a requesting operator so far.
 ANSWER_COLUMNS = ("answers", "lost answers", "duplicated answers", "diverging answers")
 
+#: a failure text of a run that took PostgreSQL's crash recovery for a refusal (issue 43
+#: finding 5): the source must wait through it, not fail the job
+CRASH_REFUSED = ("ConnectionRefused", "not yet accepting connections", "is starting up",
+                 "in recovery mode")
+
+
 def soak_cdc(seeds: list[int]) -> dict[str, Any]:
     """The PostgreSQL source (tests/spark/cdc_job.py) on a PostgreSQL 15 of its own, two writer
-    processes going on, with, by seed: a task failure, a fail_job, or the driver killed with
-    SIGKILL in the snapshot, at the hand-over, in the stream or at a sink commit (then
-    restarted). Each run is judged by ``cdc_job.judge``."""
+    processes going on, with, by seed (``seed % 7``): a task failure, a fail_job, the driver
+    killed with SIGKILL in the snapshot, at the hand-over, in the stream or at a sink commit
+    (then restarted), or PostgreSQL stopped with ``pg_ctl -m immediate`` (a crash) and
+    started again while the stream runs (issue 43 finding 5: the job must ride through the
+    crash recovery's "not yet accepting connections": a crash seed fails if the job gave up
+    or any of its restarts was for a refused connection). Each run is judged by
+    ``cdc_job.judge``; every seed's line gives the stream's lag behind the writers at the end
+    of the writes and the catch-up time (``cdc_job.lag_figures``)."""
     import pathlib
     import random
 
@@ -369,9 +390,10 @@ def soak_cdc(seeds: list[int]) -> dict[str, Any]:
     from tests.spark import cdc_job
     from tests.spark.test_cdc_driver_kill import killed_and_restarted
 
-    kinds = ["task", "fail_job", "cdc-snapshot", "cdc-handover", "cdc-stream", "sink-committed"]
-    row = {"runs": 0, "passes": 0, "lost": 0, "duplicated": 0, "out of order": 0,
-           "failed seeds": []}
+    kinds = ["task", "fail_job", "cdc-snapshot", "cdc-handover", "cdc-stream", "sink-committed",
+             "pg-crash"]
+    row: dict[str, Any] = {"runs": 0, "passes": 0, "lost": 0, "duplicated": 0,
+                           "out of order": 0, "failed seeds": [], "per seed": []}
     server = PostgresServer()
     server.start()
     try:
@@ -380,11 +402,21 @@ def soak_cdc(seeds: list[int]) -> dict[str, Any]:
             kind = kinds[seed % len(kinds)]
             workdir = pathlib.Path(tempfile.mkdtemp(prefix=f"soak-cdc-{kind}-{seed}-"))
             error, verdict = None, None
+            t0 = time.monotonic()
             try:
                 if kind in ("task", "fail_job"):
                     verdict = killed_and_restarted(server, workdir, "", 0, seed, kind)
                     if not (workdir / "markers").is_dir() or not os.listdir(workdir / "markers"):
                         error = "no failure was injected"
+                elif kind == "pg-crash":
+                    verdict = killed_and_restarted(server, workdir, "", 0, seed, "none",
+                                                   crash=True)
+                    refused = [f for r in verdict["reports"] for f in r["failures"]
+                               if any(t in f for t in CRASH_REFUSED)]
+                    if not verdict["crashed"]:
+                        error = "PostgreSQL was not crashed (the stream carried too little)"
+                    elif refused:
+                        error = f"a restart for PostgreSQL's crash recovery: {refused[0]}"
                 else:
                     # the snapshot of cdc_job's tables is read in about four batches
                     epoch = {"cdc-snapshot": rng.randint(1, 3), "cdc-handover": 0,
@@ -403,6 +435,15 @@ def soak_cdc(seeds: list[int]) -> dict[str, Any]:
                                       + verdict["transactions_in_stream_and_snapshot"])
                 row["out of order"] += verdict["out_of_order"]
             clean = verdict is not None and all(verdict[k] == 0 for k in cdc_job.CLEAN)
+            lag = cdc_job.lag_figures(str(workdir))
+            restarts = sum(r["restarts"] for r in verdict["reports"]) if verdict else "-"
+            row["per seed"].append({
+                "seed": seed, "case": kind,
+                "result": "pass" if error is None and clean else "FAIL",
+                "lag at end of writes": _seconds(lag["lag_at_end_s"]),
+                "catch-up": _seconds(lag["catch_up_s"]), "restarts": str(restarts),
+                "time": f"{time.monotonic() - t0:.0f}s"})
+            print(f"cdc seed {seed}: {row['per seed'][-1]}", flush=True)
             if error is None and clean:
                 row["passes"] += 1
                 shutil.rmtree(workdir, ignore_errors=True)
@@ -414,6 +455,14 @@ def soak_cdc(seeds: list[int]) -> dict[str, Any]:
     return row
 
 
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}s"
+
+
+#: the sink scenario's cases after the kill, by ``seed % 3`` (soak_sink)
+SINK_CASES = ("restart", "second-driver", "same-job-id")
+
+
 def soak_sink(seeds: list[int]) -> dict[str, Any]:
     """The lake sink (tests/spark/lake_kill_job.py): an availableNow file stream into a Delta
     or an Iceberg table (by seed), killed with SIGKILL at a lake kill point or ``mid-batch``
@@ -423,7 +472,15 @@ def soak_sink(seeds: list[int]) -> dict[str, Any]:
     references (``lake_kill_job.table_check``). A kill point the run did not reach (a high
     epoch, a cleanup with nothing to delete) leaves a run that ended by itself: judged the
     same. Seeds whose ``seed // 10`` is odd run with the sink's compaction on (its point
-    ``lake-compacted`` among the points)."""
+    ``lake-compacted`` among the points). By ``seed % 3`` (:data:`SINK_CASES`), after the
+    kill: ``restart``, the run to the end alone; ``second-driver`` (issue 43 finding 9), a
+    second driver program started on the same checkpoint while that run holds its sink
+    tasks: it must be refused at start with LeaseHeld naming the running one's pid, and
+    afterwards every sealed inbound log and the newest record of each coordination directory
+    must read back verified (:func:`_checkpoint_restores`); ``same-job-id`` (finding 11),
+    once the table is complete a job on a fresh checkpoint with the same ``jobId`` on the
+    same table: it must give up at once (CheckpointBehindTable, "which a restart cannot
+    change", no "restarting in") and leave the table's location file for file as it was."""
     import pathlib
     import random
     import signal
@@ -441,8 +498,10 @@ def soak_sink(seeds: list[int]) -> dict[str, Any]:
         point = kinds_of_point[(seed // 2) % len(kinds_of_point)]
         epoch = rng.randint(0, 3)
         failure = "task" if point == "lake-cleaning" else rng.choice(["none", "task"])
+        case = SINK_CASES[seed % len(SINK_CASES)]
         workdir = pathlib.Path(tempfile.mkdtemp(prefix=f"soak-sink-{kind}-{seed}-"))
-        what = f"{kind} {point}@{epoch} {failure}" + (" compaction" if compaction else "")
+        what = (f"{kind} {point}@{epoch} {failure}" + (" compaction" if compaction else "")
+                + f", {case}")
         error, check = None, None
         try:
             write_files(str(workdir), 0, 8)
@@ -452,9 +511,14 @@ def soak_sink(seeds: list[int]) -> dict[str, Any]:
                 error = f"first run exited {first.returncode}: {first.stderr[-200:]}"
             else:
                 write_files(str(workdir), 8, rng.randint(1, 3))
-                second = run_lake_job(workdir, kind, None, compaction=compaction)
-                if second.returncode != 0:
-                    error = f"second run exited {second.returncode}: {second.stderr[-200:]}"
+                if case == "second-driver":
+                    error = _second_driver(workdir, kind, compaction)
+                else:
+                    second = run_lake_job(workdir, kind, None, compaction=compaction)
+                    if second.returncode != 0:
+                        error = f"second run exited {second.returncode}: {second.stderr[-200:]}"
+                if error is None and case == "same-job-id":
+                    error = _same_job_id(workdir, kind, compaction)
             check = table_check(str(workdir), kind)
         except Exception as exc:  # noqa: BLE001 - a failed seed, reported in the table
             error = f"{type(exc).__name__}: {exc}"
@@ -465,14 +529,105 @@ def soak_sink(seeds: list[int]) -> dict[str, Any]:
     return row
 
 
+def _second_driver(workdir: Any, kind: str, compaction: bool) -> str | None:
+    """Finding 9's case: the run to the end started with its sink tasks held, a second
+    driver program on the same checkpoint meanwhile, the first let go; what went wrong."""
+    from tests.spark.test_lake_sink_kill import run_lake_job, start_lake_job
+
+    hold, holding = workdir / "hold", workdir / "markers" / "holding"
+    running = start_lake_job(workdir, kind, hold, workdir / "held-run.log", compaction)
+    error = None
+    try:
+        deadline = time.monotonic() + 300
+        while not holding.exists() and running.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if not holding.exists():
+            return f"the held run never reached a sink task (exit {running.poll()})"
+        second = run_lake_job(workdir, kind, None, compaction=compaction)
+        tail = second.stderr[-300:].replace("\n", " ")
+        if second.returncode == 0:
+            error = f"a second driver on the same checkpoint ran to the end: {tail}"
+        elif "LeaseHeld" not in second.stderr or f"pid {running.pid} " not in second.stderr:
+            error = f"the second driver was not refused with LeaseHeld naming pid {running.pid}: {tail}"
+        elif running.poll() is not None:
+            error = f"the held run ended while the second driver started ({running.returncode})"
+    finally:
+        hold.touch()
+        try:
+            code = running.wait(timeout=400)
+        except subprocess.TimeoutExpired:
+            os.killpg(running.pid, signal.SIGKILL)
+            code = running.wait()
+    if error is None and code != 0:
+        log = (workdir / "held-run.log").read_text(errors="replace")[-200:]
+        error = f"the held run exited {code}: {log}"
+    return error or _checkpoint_restores(workdir / "ckpt")
+
+
+def _checkpoint_restores(checkpoint: Any) -> str | None:
+    """Every coordination directory's newest record and every sealed inbound log read back
+    verified (what a restore reads; finding 9 once left a log longer than its seal)."""
+    from sparkcoord.runtime import layout
+    from sparkcoord.runtime.storage import CheckpointStorage
+
+    for directory in sorted((checkpoint / "coordination").iterdir()):
+        storage = CheckpointStorage(str(directory))
+        try:
+            epochs = storage.record_epochs()
+            if epochs:
+                storage.read_record(max(epochs))
+            inbound = directory / layout.INBOUND
+            for name in sorted(os.listdir(inbound)) if inbound.is_dir() else []:
+                if name.endswith(layout.SEAL_SUFFIX):
+                    storage.read_inbound_log(int(name[:-len(layout.SEAL_SUFFIX)]))
+        except Exception as exc:  # noqa: BLE001 - the failed seed's reason
+            return f"{directory.name} does not restore: {type(exc).__name__}: {exc}"
+    return None
+
+
+def _same_job_id(workdir: Any, kind: str, compaction: bool) -> str | None:
+    """Finding 11's case: a job on a fresh checkpoint with the same jobId on the complete
+    table; what went wrong."""
+    from tests.spark.lake_kill_job import table_location
+    from tests.spark.test_lake_sink_kill import run_lake_job
+
+    def listing() -> set[str]:
+        location = table_location(str(workdir), kind)
+        return {os.path.relpath(os.path.join(d, n), location)
+                for d, _, names in os.walk(location) for n in names}
+
+    before = listing()
+    other = run_lake_job(workdir, kind, None, compaction=compaction,
+                         checkpoint=workdir / "ckpt-same-job-id")
+    tail = other.stderr[-300:].replace("\n", " ")
+    if other.returncode == 0:
+        return f"a fresh checkpoint with the same jobId ran to the end: {tail}"
+    if "CheckpointBehindTable" not in other.stderr:
+        return f"not refused with CheckpointBehindTable: {tail}"
+    if "which a restart cannot change" not in other.stderr or "restarting in" in other.stderr:
+        return f"the refusal was restarted: {tail}"
+    added = sorted(listing() - before)
+    if added:
+        return f"the refused job wrote {len(added)} file(s) into the table: {added[:3]}"
+    return None
+
+
 def soak_merge(seeds: list[int]) -> dict[str, Any]:
     """The lake sink in mode ``merge`` (tests/spark/cdc_lake_kill_job.py): ``public.orders``
     merged by key into a Delta or an Iceberg table, on a PostgreSQL 15 of its own, with 1-2
     of cdc_job's writer processes (transactions and pace by seed) going on, killed with
     SIGKILL at a lake kill point or ``mid-batch`` at an epoch chosen by the seed, a mix of
     bulk statements run while it is down (``cdc_lake_kill_job.DOWN_MIXES``, by seed), then
-    restarted until it caught up. A seed passes when the table equals the source table row by
-    row, no data file is left that the table does not reference and no staged file of an
+    restarted until it caught up. By ``seed % 4`` ``orders`` also has none, one or both of
+    cdc_job.add_order_extras's columns (:data:`MERGE_EXTRAS`): ``toast``, a large TOASTed
+    column that most updates leave alone, so that under the default replica identity they
+    arrive without it (issue 43 finding 3: the merge must keep the table's value, not fail
+    the job nor write null); ``edges``, a timestamptz at 9999-12-31 23:59:59.999999 UTC and
+    0001-01-01 UTC in the snapshot and the writers' changes (finding 1: a commit stuck
+    for good on the maximum's statistics); the table must hold them equal too (the `cdc`
+    scenario's sink is the batch-file sink of projected change rows, which neither finding
+    is about: they are the merge's). A seed passes when the table equals the source table
+    row by row, no data file is left that the table does not reference and no staged file of an
     epoch the table holds is left (``cdc_lake_kill_job.judge``). A kill point the run did not
     reach (a high epoch) leaves a run that ended by itself: judged the same."""
     import pathlib
@@ -496,15 +651,17 @@ def soak_merge(seeds: list[int]) -> dict[str, Any]:
             writers = [seed * 10 + i for i in range(rng.randint(1, 2))]
             transactions, pause_s = rng.randint(150, 400), round(rng.uniform(0.02, 0.08), 3)
             down = rng.choice(sorted(cdc_lake_kill_job.DOWN_MIXES))
+            extras = MERGE_EXTRAS[seed % len(MERGE_EXTRAS)]
             what = (f"{kind} {point}@{epoch}, {len(writers)}x{transactions} tx "
-                    f"pause {pause_s}, down {down}")
+                    f"pause {pause_s}, down {down}, extras {'+'.join(extras) or 'none'}")
             print(f"merge seed {seed}: {what}", flush=True)
             workdir = pathlib.Path(tempfile.mkdtemp(prefix=f"soak-merge-{kind}-{seed}-"))
             error, verdict = None, None
             try:
                 verdict = killed_and_restarted(server, workdir, kind, point, epoch,
                                                writers=writers, transactions=transactions,
-                                               pause_s=pause_s, down=down, must_kill=False)
+                                               pause_s=pause_s, down=down, must_kill=False,
+                                               extras=extras)
                 if not verdict["killed"]:
                     what += " (not reached)"
             except Exception as exc:  # noqa: BLE001 - a failed seed, reported in the table
@@ -518,6 +675,10 @@ def soak_merge(seeds: list[int]) -> dict[str, Any]:
     finally:
         server.stop()
     return row
+
+
+#: the merge scenario's extra columns of ``orders``, by ``seed % 4`` (cdc_job.add_order_extras)
+MERGE_EXTRAS: list[tuple[str, ...]] = [(), ("toast",), ("edges",), ("toast", "edges")]
 
 
 SCENARIOS = {"simulation": soak_simulation, "two-speeds": soak_two_speeds,
@@ -540,6 +701,7 @@ def main() -> int:
         table.add_column(col)
     names = list(SCENARIOS) if args.scenario == "all" else [args.scenario]
     ok = True
+    seed_tables: list[tuple[str, list[dict[str, Any]]]] = []  # a scenario's "per seed" lines
     for name in names:
         seeds = list(range(args.first_seed, args.first_seed + args.seeds))
         t0 = time.monotonic()
@@ -550,8 +712,17 @@ def main() -> int:
                       *(str(row.get(col, "-")) for col in ANSWER_COLUMNS),
                       ", ".join(map(str, row["failed seeds"])) or "-",
                       f"{time.monotonic() - t0:.0f}s")
+        if row.get("per seed"):
+            seed_tables.append((name, row["per seed"]))
         console.print(f"{name}: done")
     console.print(table)
+    for name, per_seed in seed_tables:
+        detail = Table(title=f"{name}: per seed")
+        for col in per_seed[0]:
+            detail.add_column(col)
+        for line in per_seed:
+            detail.add_row(*(str(v) for v in line.values()))
+        console.print(detail)
     return 0 if ok else 1
 
 

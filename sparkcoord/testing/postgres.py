@@ -204,10 +204,16 @@ class PostgresServer:
                 conn.execute(f'CREATE ROLE "{role.name}" LOGIN {role.attributes} '
                              f"PASSWORD '{password}'")
 
-    def restart(self, down_s: float = 0.0) -> None:
-        """Stop the server (fast: every session is ended), stay down ``down_s`` seconds, start
-        it again on the same port and data: a PostgreSQL restart in the middle of a test."""
-        self._run("pg_ctl", "-D", str(self.data), "-w", "-t", "60", "stop", "-m", "fast")
+    def restart(self, down_s: float = 0.0, mode: str = "fast") -> None:
+        """Stop the server, stay down ``down_s`` seconds, start it again on the same port and
+        data: a PostgreSQL restart in the middle of a test (the server's starting thread).
+        ``mode`` is ``pg_ctl stop``'s: ``fast`` ends every session and shuts down cleanly;
+        ``immediate`` stops every process at once, as a crash does, so the start replays the
+        WAL and answers "not yet accepting connections" meanwhile (nothing is lost: only the
+        server's processes die, not the machine's page cache)."""
+        if mode not in ("fast", "immediate"):
+            raise ValueError(f"restart mode must be 'fast' or 'immediate', got {mode!r}")
+        self._run("pg_ctl", "-D", str(self.data), "-w", "-t", "60", "stop", "-m", mode)
         time.sleep(down_s)
         self._run("pg_ctl", "-D", str(self.data), "-l", str(self.root / "server.log"),
                   "-w", "-t", "60", "start")

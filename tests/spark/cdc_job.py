@@ -12,8 +12,11 @@ PostgreSQL source (small chunks, two readers) into the idempotent batch-file sin
 plain columns (``lsn``, ``seq``, ``xid``, the key and the after-image's columns). A writer (a
 process of its own, started once the query runs) runs transactions of 1-4 inserts, updates,
 deletes and key changes across both tables and logs each committed transaction's xid, how many
-rows the stream must emit for it (a key change is a delete and an insert) and the WAL insert
-position just before and just after its commit (its end is between them). The job stops when
+rows the stream must emit for it (a key change is a delete and an insert), the WAL insert
+position just before and just after its commit (its end is between them) and the wall-clock
+time its commit returned (:func:`lag_figures`). Where ``orders`` has the merge soak's extra
+columns (:func:`add_order_extras`: a large TOASTed ``big``, a ``at`` timestamptz with values
+at both ends of the range), the writers change them too. The job stops when
 every writer is done, every logged transaction that committed after the last chunk's high
 watermark is in the sink, and the sink applied by key equals the tables. Before each
 look at the sink it records the slot's confirmed position, so the judge can check that the slot
@@ -36,13 +39,49 @@ import random
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from decimal import Decimal
 from typing import Any
 
 TABLES = "public.orders,public.customers"
 ORDERS, CUSTOMERS = 3000, 1000
 SOURCE = "postgres"
+
+
+#: the optional columns of ``orders`` (:func:`add_order_extras`)
+BIG, AT = "big", "at"
+#: a large value of ``big``: 3,200 characters, kept out of line uncompressed (STORAGE EXTERNAL)
+BIG_VALUE = "repeat(md5(%s), 100)"
+#: both ends of docs/cdc.md's timestamp range at microsecond precision (issue 43 finding 1)
+EDGE_TIMES = ("9999-12-31 23:59:59.999999+00", "0001-01-01 00:00:00+00")
+
+
+def add_order_extras(conn: Any, extras: list[str]) -> None:
+    """The merge soak's cases on ``orders``, after :func:`create_tables` and before the job
+    starts (a superuser's autocommit connection). ``toast`` (issue 43 finding 3): a column
+    ``big`` whose values are TOASTed (out of line), set on every other row; under the default
+    replica identity an update that leaves it alone does not send it. ``edges`` (finding 1): a
+    column ``at`` (timestamptz) at 9999-12-31 23:59:59.999999 UTC on a third of the rows and at
+    0001-01-01 UTC on another third."""
+    unknown = set(extras) - {"toast", "edges"}
+    if unknown:
+        raise ValueError(f"unknown orders extras {sorted(unknown)}: known are toast, edges")
+    if "toast" in extras:
+        conn.execute(f"ALTER TABLE orders ADD COLUMN {BIG} text")
+        conn.execute(f"ALTER TABLE orders ALTER COLUMN {BIG} SET STORAGE EXTERNAL")
+        conn.execute(f"UPDATE orders SET {BIG} = repeat(md5('first ' || id), 100) "
+                     "WHERE id % 2 = 0")
+    if "edges" in extras:
+        conn.execute(f"ALTER TABLE orders ADD COLUMN {AT} timestamptz")
+        conn.execute(f"UPDATE orders SET {AT} = CASE id %% 3 WHEN 0 THEN %s::timestamptz "
+                     "WHEN 1 THEN %s::timestamptz ELSE now() END", EDGE_TIMES)
+
+
+def order_extras(conn: Any) -> set[str]:
+    """Which of :func:`add_order_extras`'s columns ``orders`` has (``big``, ``at``)."""
+    rows = conn.execute("SELECT column_name FROM information_schema.columns "
+                        "WHERE table_schema = 'public' AND table_name = 'orders'").fetchall()
+    return {r[0] for r in rows} & {BIG, AT}
 
 
 def create_tables(conn: Any, orders: int = ORDERS, customers: int = CUSTOMERS) -> None:
@@ -74,23 +113,28 @@ def write(url: str, workdir: str, seed: int, transactions: int, pause_s: float =
     import psycopg
 
     rng = random.Random(seed)
+    # the extra columns' choices draw from their own generator: the transactions of a table
+    # without them stay what the seed made them before
+    extra_rng = random.Random(seed + 7919)
     os.makedirs(workdir, exist_ok=True)
     conn = _connect(url)
+    extras = order_extras(conn)
     with open(os.path.join(workdir, f"writer-{seed}.log"), "a") as log:
         for n in range(transactions + after_stream):
             if n == transactions and after_stream:
                 _wait_for(os.path.join(workdir, STREAMING))
-            xid, emitted, before = 0, 0, 0
+            xid, emitted, before, committed_at = 0, 0, 0, 0.0
             try:
                 with conn.transaction():
                     row = conn.execute("SELECT txid_current()").fetchone()
                     assert row is not None
                     xid = int(row[0])
                     for _ in range(rng.randint(1, 4)):
-                        emitted += _one_change(conn, rng, n)
+                        emitted += _one_change(conn, rng, n, extras, extra_rng, seed)
                     if rng.random() < 0.1:  # WAL of a table the source does not capture
                         conn.execute("INSERT INTO unrelated (pad) VALUES (repeat('x', 500))")
                     before = _insert_position(conn)
+                committed_at = time.time()
             except (psycopg.errors.DeadlockDetected, psycopg.errors.SerializationFailure):
                 continue
             except psycopg.OperationalError:
@@ -101,8 +145,10 @@ def write(url: str, workdir: str, seed: int, transactions: int, pause_s: float =
                 row = conn.execute("SELECT txid_status(%s)", (xid,)).fetchone()
                 if row is None or row[0] != "committed":
                     continue
+                committed_at = time.time()  # at the latest
             if emitted:
-                log.write(f"{xid % (1 << 32)} {emitted} {before} {_insert_position(conn)}\n")
+                log.write(f"{xid % (1 << 32)} {emitted} {before} {_insert_position(conn)} "
+                          f"{committed_at:.6f}\n")
                 log.flush()
             time.sleep(pause_s * rng.random() * 2)
         log.write("done\n")
@@ -125,6 +171,8 @@ def _connect(url: str, wait_s: float = 90.0) -> Any:
 
 #: the file run_job writes once its source's phase is "stream" (the writers' second phase)
 STREAMING = "streaming"
+#: the file ``run`` appends each finished run's restarts and failures to (JSON lines)
+REPORTS = "reports.jsonl"
 
 
 def _wait_for(path: str, timeout_s: float = 600.0) -> None:
@@ -171,17 +219,26 @@ def when_running(workdir: str, process: Any, timeout_s: float = 180.0) -> bool:
     raise TimeoutError(f"the job in {workdir} committed no batch within {timeout_s} s")
 
 
-def _one_change(conn: Any, rng: random.Random, n: int) -> int:
-    """One insert, update, delete or key change; the rows the stream emits for it."""
+def _one_change(conn: Any, rng: random.Random, n: int, extras: Collection[str] = (),
+                extra_rng: random.Random | None = None, seed: int = 0) -> int:
+    """One insert, update, delete or key change; the rows the stream emits for it. With
+    ``extras`` (``orders``' extra columns) an insert may set them, and an update sets ``big``
+    now and then (most leave it alone: PostgreSQL then does not send it) and ``at`` to an
+    edge of the range now and then; ``extra_rng`` draws those choices."""
     op = rng.random()
     if rng.random() < 0.7:
         target = rng.randint(1, int(ORDERS * 1.3))
+        sets, values = _extra_values(extras, extra_rng, f"{seed}-{n}")
         if op < 0.35:
-            conn.execute("INSERT INTO orders (v, note) VALUES (%s, %s)", (n, f"new {n}"))
+            columns = ", ".join(["v", "note", *sets])
+            marks = ", ".join(["%s", "%s", *(sets[c] for c in sets)])
+            conn.execute(f"INSERT INTO orders ({columns}) VALUES ({marks})",
+                         (n, f"new {n}", *values))
             return 1
         if op < 0.75:
-            return int(conn.execute("UPDATE orders SET v = v + 1, note = %s WHERE id = %s",
-                                    (f"u{n}", target)).rowcount)
+            assignments = "".join(f", {c} = {sets[c]}" for c in sets)
+            return int(conn.execute(f"UPDATE orders SET v = v + 1, note = %s{assignments} "
+                                    "WHERE id = %s", (f"u{n}", *values, target)).rowcount)
         if op < 0.9:
             return int(conn.execute("DELETE FROM orders WHERE id = %s", (target,)).rowcount)
         moved = conn.execute("UPDATE orders SET id = nextval('orders_id_seq') WHERE id = %s",
@@ -196,6 +253,23 @@ def _one_change(conn: Any, rng: random.Random, n: int) -> int:
         return int(conn.execute("UPDATE customers SET amount = amount + 0.25, seen = now() "
                                 "WHERE id = %s", (target,)).rowcount)
     return int(conn.execute("DELETE FROM customers WHERE id = %s", (target,)).rowcount)
+
+
+def _extra_values(extras: Collection[str], extra_rng: random.Random | None,
+                  tag: str) -> tuple[dict[str, str], list[Any]]:
+    """The extra columns one insert or update of ``orders`` sets (column -> SQL expression)
+    and their parameters: ``big`` a quarter of the time, ``at`` a third of the time."""
+    sets: dict[str, str] = {}
+    values: list[Any] = []
+    if not extras or extra_rng is None:
+        return sets, values
+    if BIG in extras and extra_rng.random() < 0.25:
+        sets[BIG] = BIG_VALUE
+        values.append(tag)
+    if AT in extras and extra_rng.random() < 0.33:
+        sets[AT] = "%s::timestamptz"
+        values.append(extra_rng.choice([*EDGE_TIMES, "2026-06-01 12:00:00.123456+00"]))
+    return sets, values
 
 
 def writer_logs(workdir: str) -> tuple[dict[int, tuple[int, int, int]], int, int]:
@@ -213,9 +287,59 @@ def writer_logs(workdir: str) -> tuple[dict[int, tuple[int, int, int]], int, int
                     if line.strip() == "done":
                         done += 1
                     elif line.strip():
-                        xid, rows, before, after = line.split()
+                        xid, rows, before, after = line.split()[:4]
                         logged[int(xid)] = (int(rows), int(before), int(after))
     return logged, seen, done
+
+
+def commit_times(workdir: str) -> dict[int, float]:
+    """Every writer's logged transactions: xid -> the wall-clock time its commit returned."""
+    times: dict[int, float] = {}
+    for name in os.listdir(workdir) if os.path.isdir(workdir) else []:
+        if name.startswith("writer-") and name.endswith(".log"):
+            with open(os.path.join(workdir, name)) as f:
+                for line in f:
+                    fields = line.split()
+                    if len(fields) == 5:
+                        times[int(fields[0])] = float(fields[4])
+    return times
+
+
+def lag_figures(workdir: str) -> dict[str, float | None]:
+    """The stream's lag behind the writers at the end of the writes and the catch-up time
+    (issue 43), from the writers' commit times (:func:`commit_times`) and the times the sink's
+    batch files were written (a batch's file is written when the sink commits it; a batch
+    run again after a kill is written again, later). Only the transactions the stream must
+    carry count (committed after the last chunk's high watermark, as :func:`judge` says).
+    ``end``: the writers' last commit. ``lag_at_end_s``: ``end`` minus the commit time of
+    the oldest of them the sink did not hold by ``end`` (0: it held all but the last).
+    ``catch_up_s``: from ``end`` until the sink held every one of them (None: it never did)."""
+    times = commit_times(workdir)
+    logged, _, _ = writer_logs(workdir)
+    sink = os.path.join(workdir, "sink")
+    held_at: dict[int, float] = {}
+    highs: list[int] = []
+    for name in os.listdir(sink) if os.path.isdir(sink) else []:
+        if not name.endswith(".json"):
+            continue
+        path = os.path.join(sink, name)
+        written = os.stat(path).st_mtime
+        with open(path) as f:
+            for row in json.load(f):
+                if row["op"] == "r":
+                    highs.append(row["lsn"])
+                else:
+                    held_at[row["xid"]] = min(held_at.get(row["xid"], written), written)
+    last_high = max(highs, default=0)
+    stream = {x: t for x, t in times.items() if x in logged and logged[x][1] >= last_high}
+    if not stream:
+        return {"lag_at_end_s": None, "catch_up_s": None}
+    end = max(times.values())
+    pending = [t for x, t in stream.items() if held_at.get(x, float("inf")) > end]
+    held = [held_at.get(x) for x in stream]
+    return {"lag_at_end_s": round(end - min(pending), 2) if pending else 0.0,
+            "catch_up_s": None if None in held
+            else round(max(0.0, max(h for h in held if h is not None) - end), 2)}
 
 
 # -- the sink, applied ---------------------------------------------------------------------
@@ -522,6 +646,9 @@ def main() -> None:
              .getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     report = run_job(spark, workdir, url, failure, seed)
+    with open(os.path.join(workdir, REPORTS), "a") as f:  # for the soak (one line a run)
+        f.write(json.dumps({"restarts": report.restarts,
+                            "failures": [str(x) for x in report.failures]}) + "\n")
     print("done", report.restarts, report.failures)
 
 

@@ -11,7 +11,9 @@ the PostgreSQL source (small chunks, two readers) and merges the change stream b
 (``LakeSink`` mode ``merge``, 2 writing tasks, small staged files) into a Delta table
 (``<workdir>/delta``) or an Iceberg table (``lake.events`` of pyiceberg's SQL catalog on
 sqlite in ``<workdir>``: lake_kill_job's table helpers read it). cdc_job's writer processes
-change both tables meanwhile (inserts, updates, deletes, key changes); :data:`DOWN_MIXES`
+change both tables meanwhile (inserts, updates, deletes, key changes; where ``orders`` has
+cdc_job.add_order_extras's columns, a TOASTed ``big`` most updates leave alone and an ``at``
+at the timestamp range's ends, they change those too and the judge compares them); :data:`DOWN_MIXES`
 are the bulk statements a test runs while the job is down. SPARKCOORD_TEST_KILL may kill it at
 a lake kill point or ``mid-batch`` (sparkcoord.runtime.kills). The job stops once every
 writer logged ``done``, the sink has no commit pending and the table equals the source table
@@ -45,6 +47,14 @@ from tests.spark.lake_kill_job import (
 SOURCE_TABLE = "public.orders"
 JOB_ID = "orders"
 COLUMNS = ("id", "v", "note")
+#: the optional columns cdc_job.add_order_extras adds, in their order in the table
+EXTRA_COLUMNS = (cdc_job.BIG, cdc_job.AT)
+
+
+def columns(conn: Any) -> tuple[str, ...]:
+    """The columns both sides are compared on: :data:`COLUMNS` and the extras ``orders`` has."""
+    extras = cdc_job.order_extras(conn)
+    return COLUMNS + tuple(c for c in EXTRA_COLUMNS if c in extras)
 
 #: what a test runs on the source while the job is down (one list of statements per mix)
 DOWN_MIXES: dict[str, list[str]] = {
@@ -74,17 +84,18 @@ def run_down_mix(conn: Any, mix: str) -> None:
 # -- reading both sides ----------------------------------------------------------------------
 
 
-def source_rows(conn: Any) -> list[tuple[Any, ...]]:
-    return [tuple(r) for r in conn.execute("SELECT id, v, note FROM orders ORDER BY id")]
+def source_rows(conn: Any, names: tuple[str, ...] = COLUMNS) -> list[tuple[Any, ...]]:
+    return [tuple(r) for r in conn.execute(f"SELECT {', '.join(names)} FROM orders ORDER BY id")]
 
 
-def lake_rows(workdir: str, kind: str) -> list[tuple[Any, ...]]:
+def lake_rows(workdir: str, kind: str, names: tuple[str, ...] = COLUMNS) -> list[tuple[Any, ...]]:
     """The lake table's rows sorted (empty while the table does not exist yet)."""
     try:
         data = table_data(workdir, kind)
     except Exception:  # noqa: BLE001 - not created yet (Delta: by the first merge)
         return []
-    return sorted(zip(*(data.column(c).to_pylist() for c in COLUMNS), strict=True))
+    return sorted(zip(*(data.column(c).to_pylist() for c in names), strict=True),
+                  key=lambda r: r[0])
 
 
 def table_epoch(workdir: str, kind: str) -> int:
@@ -126,8 +137,9 @@ def judge(workdir: str, kind: str, conn: Any) -> dict[str, int]:
     """The verdict of a finished run (module docstring): keys missing from the table, extra
     in it, held twice, held with other values; orphans, referenced files missing, staged files
     left of epochs the table holds (and of later ones: ``staged_later``, for information)."""
-    want = {r[0]: r[1:] for r in source_rows(conn)}
-    rows = lake_rows(workdir, kind)
+    names = columns(conn)
+    want = {r[0]: r[1:] for r in source_rows(conn, names)}
+    rows = lake_rows(workdir, kind, names)
     counts = Counter(r[0] for r in rows)
     got = {r[0]: r[1:] for r in rows}
     held, present = referenced(workdir, kind), table_files(workdir, kind)
@@ -202,7 +214,8 @@ def done(job: Any, workdir: str, kind: str, conn: Any) -> bool:
         return False
     if job.request("sink", "status", timeout_s=10)["pending"]:
         return False
-    return lake_rows(workdir, kind) == source_rows(conn)
+    names = columns(conn)
+    return lake_rows(workdir, kind, names) == source_rows(conn, names)
 
 
 def main() -> None:

@@ -8,6 +8,10 @@ data files (several per task). SPARKCOORD_TEST_KILL may kill it at a kill point
 (sparkcoord.runtime.kills: the lake points and ``mid-batch``); ``<failure>`` ``task`` fails
 one sink task once after it wrote and reported its files (at a batch chosen by ``<seed>``);
 ``compact`` turns the sink's compaction on (its small files are swapped for larger ones).
+With SPARKCOORD_TEST_HOLD (a path) each sink task waits, once the run is under way, until
+that file exists (it writes ``<workdir>/markers/holding`` first): the soak keeps this driver
+program running while a second one starts on the same checkpoint. LAKE_JOB_CHECKPOINT names
+another checkpoint location than ``<workdir>/ckpt`` (the sink's ``jobId`` stays ``events``).
 :func:`table_check` judges a work directory: the table against every file's ids, and the data
 files left beside the table.
 """
@@ -154,14 +158,37 @@ class FailingSinkSubtask(SinkSubtask):
         return None
 
 
+class HoldingSinkSubtask(SinkSubtask):
+    """Waits (up to 300 s) before it writes until the file ``hold`` exists, after writing
+    the marker ``holding`` into ``marker_dir``."""
+
+    def __init__(self, target: Any, marker_dir: str, hold: str) -> None:
+        super().__init__(target)
+        self.marker_dir, self.hold = marker_dir, hold
+
+    def process(self) -> Any:
+        import time
+
+        if not os.path.exists(self.hold):
+            os.makedirs(self.marker_dir, exist_ok=True)
+            with open(os.path.join(self.marker_dir, "holding"), "w") as f:
+                f.write(f"epoch {self._context.epoch if self._context else '?'}\n")
+            deadline = time.monotonic() + 300
+            while not os.path.exists(self.hold) and time.monotonic() < deadline:
+                time.sleep(0.2)
+        return super().process()
+
+
 def run_job(spark: Any, workdir: str, kind: str, failure: str = "none", seed: int = 0,
-            compaction: bool = False) -> Any:
-    """One availableNow run over what ``<workdir>/data`` holds (driver program thread)."""
+            compaction: bool = False, checkpoint: str | None = None,
+            hold: str | None = None) -> Any:
+    """One availableNow run over what ``<workdir>/data`` holds (driver program thread), on
+    ``checkpoint`` (default ``<workdir>/ckpt``), its sink tasks waiting for ``hold``."""
     from sparkcoord.sinks import LakeSink
     from sparkcoord.sources import FileStream
     from sparkcoord.spark import CoordinatedJob
 
-    job = CoordinatedJob(spark, os.path.join(workdir, "ckpt"))
+    job = CoordinatedJob(spark, checkpoint or os.path.join(workdir, "ckpt"))
     df = (FileStream(job).format("json").schema(SCHEMA)
           .options(maxFilesPerTrigger="2", parallelism="2").load(os.path.join(workdir, "data")))
     sink = LakeSink(job).format(kind).options(targetFileSize="8k", parallelism="2",
@@ -179,6 +206,9 @@ def run_job(spark: Any, workdir: str, kind: str, failure: str = "none", seed: in
             FailingSinkSubtask, spec.operator.args[0], os.path.join(workdir, "markers"), at))
     elif failure != "none":
         raise ValueError(f"unknown failure {failure!r}")
+    if hold is not None:
+        spec = dataclasses.replace(spec, operator=functools.partial(
+            HoldingSinkSubtask, spec.operator.args[0], os.path.join(workdir, "markers"), hold))
     writer = sink.writer_of(df, spec)
     return job.run(writer.trigger(availableNow=True), timeout_s=300)
 
@@ -191,7 +221,8 @@ def main() -> None:
     seed = int(sys.argv[4]) if len(sys.argv) > 4 else 0
     compaction = len(sys.argv) > 5 and sys.argv[5] == "compact"
     report = run_job(spark_session("sparkcoord-lake-kill-job"), workdir, kind, failure, seed,
-                     compaction)
+                     compaction, os.environ.get("LAKE_JOB_CHECKPOINT"),
+                     os.environ.get("SPARKCOORD_TEST_HOLD"))
     print("done", table_check(workdir, kind), report.restarts, report.failures)
 
 

@@ -11,12 +11,15 @@ scenario runs them with many seeds.
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import random
 import signal
 import subprocess
 import sys
+import threading
+import time
 from typing import Any
 
 import psycopg
@@ -53,34 +56,64 @@ def ended(process: subprocess.Popen[str], timeout_s: float = 420) -> tuple[int, 
 
 
 def killed_and_restarted(server: PostgresServer, workdir: pathlib.Path, point: str,
-                         min_epoch: int, seed: int, failure: str = "kill") -> dict[str, int]:
+                         min_epoch: int, seed: int, failure: str = "kill",
+                         crash: bool = False) -> dict[str, Any]:
     """Run the job until the kill (or, without a ``point``, with ``failure`` injected), then
-    to the end, with two writers started once its first batch committed; the verdict."""
+    to the end, with two writers started once its first batch committed; the verdict, with
+    the runs' ``reports`` (cdc_job.REPORTS). With ``crash`` PostgreSQL is stopped with
+    ``pg_ctl -m immediate`` and started again once the stream carried some transactions
+    (:func:`crash_in_the_stream`; ``crashed`` says whether it was)."""
     database = server.create_database(f"t_kill_{seed % 100_000}_{(point or failure).replace('-', '_')}")
     url = server.url(database, ADMIN_USER, ADMIN_PASSWORD)
     markers = workdir / "markers"
+    crashed = threading.Event()
     with psycopg.connect(url, autocommit=True) as conn:
         cdc_job.create_tables(conn)
-        writers: list[Any] = []
-        try:
-            first = start_cdc_job(workdir, url, f"{point}:{min_epoch}:{markers}" if point
-                                  else None, seed, failure)
-            if cdc_job.when_running(str(workdir), first):
-                writers = cdc_job.start_writers(url, str(workdir), [seed, seed + 1],
-                                                transactions=500, pause_s=0.06)
-            code, err = ended(first)
-            if point:
-                assert code == -signal.SIGKILL, err
-                assert (markers / f"killed-{point}").exists()
-                code, err = ended(start_cdc_job(workdir, url, None, seed))
-            assert code == 0, err
-        finally:
-            for w in writers:
-                w.wait(300)
-        verdict = cdc_job.judge(str(workdir), conn)
+    writers: list[Any] = []
+    try:
+        first = start_cdc_job(workdir, url, f"{point}:{min_epoch}:{markers}" if point
+                              else None, seed, failure)
+        if cdc_job.when_running(str(workdir), first):
+            writers = cdc_job.start_writers(url, str(workdir), [seed, seed + 1],
+                                            transactions=500, pause_s=0.06)
+            if crash:
+                threading.Thread(target=crash_in_the_stream, args=(server, workdir, crashed),
+                                 daemon=True).start()
+        code, err = ended(first)
+        if point:
+            assert code == -signal.SIGKILL, err
+            assert (markers / f"killed-{point}").exists()
+            code, err = ended(start_cdc_job(workdir, url, None, seed))
+        assert code == 0, err
+    finally:
+        for w in writers:
+            w.wait(300)
+    # a connection of its own: a crash ended the one that made the tables
+    with psycopg.connect(url, autocommit=True) as conn:
+        verdict: dict[str, Any] = cdc_job.judge(str(workdir), conn)
         conn.execute("SELECT pg_drop_replication_slot(%s)",
                      ((workdir / "slot").read_text(),))
+    verdict["crashed"] = int(crashed.is_set())
+    reports = workdir / cdc_job.REPORTS
+    verdict["reports"] = ([json.loads(line) for line in reports.read_text().splitlines()]
+                          if reports.exists() else [])
     return verdict
+
+
+def crash_in_the_stream(server: PostgresServer, workdir: pathlib.Path,
+                        crashed: threading.Event, timeout_s: float = 180) -> None:
+    """Once the sink holds 20 changes past the snapshot's last high watermark, stop PostgreSQL
+    with ``pg_ctl -m immediate`` (a crash: the start replays the WAL) and start it again after
+    a second; ``crashed`` set then (a thread of the test's process)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        rows = cdc_job.sink_rows(str(workdir))
+        highs = [r["lsn"] for r in rows if r["op"] == "r"]
+        if highs and sum(1 for r in rows if r["op"] != "r" and r["lsn"] > max(highs)) > 20:
+            server.restart(down_s=1.0, mode="immediate")
+            crashed.set()
+            return
+        time.sleep(0.3)
 
 
 @pytest.mark.parametrize("point,min_epoch", [

@@ -19,6 +19,7 @@ import pathlib
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
@@ -61,18 +62,20 @@ def ended(process: subprocess.Popen[bytes], workdir: pathlib.Path, run: int,
 def killed_and_restarted(server: PostgresServer, workdir: pathlib.Path, kind: str, point: str,
                          epoch: int, *, writers: list[int], transactions: int = 300,
                          pause_s: float = 0.05, down: str = "bulk",
-                         must_kill: bool = True) -> dict[str, Any]:
+                         must_kill: bool = True, extras: Sequence[str] = ()) -> dict[str, Any]:
     """Run the job until the kill at ``point``:``epoch`` with cdc_job's writers (seeds
     ``writers``) started once it staged its first file, run :data:`DOWN_MIXES` ``down`` while
     it is down, run it again until it caught up; the judge's verdict, with ``killed``. With
     ``must_kill`` false a first run that ended by itself (the point not reached) is judged
-    the same."""
+    the same. ``extras`` (cdc_job.add_order_extras: ``toast``, ``edges``) adds columns to
+    ``orders`` before the job starts; the writers and the judge take them in."""
     database = server.create_database(f"t_mk_{kind}_{point.replace('-', '_')}_{epoch}")
     url = server.url(database, ADMIN_USER, ADMIN_PASSWORD)
     markers = workdir / "markers"
     try:
         with psycopg.connect(url, autocommit=True) as conn:
             cdc_job.create_tables(conn)
+            cdc_job.add_order_extras(conn, list(extras))
             started: list[Any] = []
             try:
                 first = start_job(workdir, url, kind, f"{point}:{epoch}:{markers}", 1)

@@ -25,16 +25,44 @@ pytestmark = pytest.mark.spark
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
-def run_lake_job(workdir: pathlib.Path, kind: str, kill: str | None, failure: str = "none",
-                 seed: int = 0, compaction: bool = False) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k != "SPARKCOORD_TEST_KILL"}
+def lake_job_command(workdir: pathlib.Path, kind: str, failure: str = "none", seed: int = 0,
+                     compaction: bool = False) -> list[str]:
+    return [sys.executable, "-m", "tests.spark.lake_kill_job", str(workdir), kind, failure,
+            str(seed)] + (["compact"] if compaction else [])
+
+
+def lake_job_env(kill: str | None, hold: pathlib.Path | None = None,
+                 checkpoint: pathlib.Path | None = None) -> dict[str, str]:
+    """The job's environment: a kill point, a hold file, another checkpoint location
+    (lake_kill_job's docstring)."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("SPARKCOORD_TEST_KILL", "SPARKCOORD_TEST_HOLD", "LAKE_JOB_CHECKPOINT")}
     env["PYSPARK_PYTHON"] = sys.executable
     if kill is not None:
         env["SPARKCOORD_TEST_KILL"] = kill
-    return subprocess.run([sys.executable, "-m", "tests.spark.lake_kill_job", str(workdir),
-                           kind, failure, str(seed)] + (["compact"] if compaction else []),
-                          cwd=REPO, env=env,
+    if hold is not None:
+        env["SPARKCOORD_TEST_HOLD"] = str(hold)
+    if checkpoint is not None:
+        env["LAKE_JOB_CHECKPOINT"] = str(checkpoint)
+    return env
+
+
+def run_lake_job(workdir: pathlib.Path, kind: str, kill: str | None, failure: str = "none",
+                 seed: int = 0, compaction: bool = False,
+                 checkpoint: pathlib.Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(lake_job_command(workdir, kind, failure, seed, compaction),
+                          cwd=REPO, env=lake_job_env(kill, checkpoint=checkpoint),
                           start_new_session=True, timeout=400, capture_output=True, text=True)
+
+
+def start_lake_job(workdir: pathlib.Path, kind: str, hold: pathlib.Path, log: pathlib.Path,
+                   compaction: bool = False) -> subprocess.Popen[bytes]:
+    """The job as a process group of its own, its sink tasks waiting for ``hold``; its
+    output in ``log``."""
+    with open(log, "wb") as out:
+        return subprocess.Popen(lake_job_command(workdir, kind, compaction=compaction),
+                                cwd=REPO, env=lake_job_env(None, hold=hold),
+                                start_new_session=True, stdout=out, stderr=subprocess.STDOUT)
 
 
 def kill_then_finish(workdir: pathlib.Path, kind: str, point: str, epoch: int,
