@@ -28,8 +28,11 @@ Rules:
      creation if missing) maps their columns by name, as pyiceberg's own ``add_files`` does.
   5. Mode ``append`` adds the reported files; mode ``merge`` (a change stream, issue 28 item
      6) applies the epoch's reduced changes by key (``changes.py``) in the epoch's one
-     transaction: a delete by key filter (every row after a truncate), then pyiceberg's upsert
-     of the rows put; the same summary and properties fence it. The data files pyiceberg
+     transaction: by copy-on-write of the files that may hold a changed key, one overwrite
+     snapshot, small files folded in, the sink's old snapshots expired
+     (``icebergmerge.py``, issue 43 finding 4); on a snapshot with delete files, a delete by
+     key filter (every row after a truncate) and pyiceberg's upsert of the rows put; the same
+     summary and properties fence it. The data files pyiceberg
      writes for it are named ``sc-<job>.m<epoch>...`` by :class:`MergeLocationProvider`
      (``mergefiles.py`` rules 1-2), so a driver killed before the snapshot landed leaves
      files the sweep at the next start deletes (``cleanup.py`` rule 1). A merge whose commit
@@ -221,7 +224,7 @@ class IcebergCommitter:
             _forget_attempt(attempt)
         assert self._fence is not None
         self._fence.committed(epoch)
-        self._delete_expired(table.io, gone)
+        self._delete_expired(table, gone)
         return COMMIT
 
     def _copy_on_write(self, table: Any, changes: Reduced, keys: Sequence[str]
@@ -234,6 +237,7 @@ class IcebergCommitter:
 
         from sparkcoord.sinks import icebergmerge as im
         from sparkcoord.sinks.mergefiles import files_to_rewrite
+        from sparkcoord.sinks.mergefold import small_files
 
         live = im.live_files(table, keys, self._manifests)
         ops = changes.rows.column(OP_COLUMN)
@@ -262,10 +266,11 @@ class IcebergCommitter:
                 kept.append(rows.filter(pc.invert(drop)))
             removed.append(data_file)
         taken = {str(f.file_path) for f in removed}
-        folded = im.small_files(live, taken) if not changes.truncated else []
+        folded = [] if changes.truncated else small_files([f.range for f in live], taken)
         for small in folded:  # rule 3: small files rewritten with the epoch's output
-            kept.append(im.read_file(table, small.data_file, self.schema))
-            removed.append(small.data_file)
+            data_file = by_path[small.path].data_file
+            kept.append(im.read_file(table, data_file, self.schema))
+            removed.append(data_file)
         puts = fill_unchanged(
             changes.rows.filter(pc.not_equal(ops, "d")).drop_columns([OP_COLUMN]),
             pa.concat_tables(stored) if stored else self.schema.empty_table(), keys,
@@ -283,12 +288,15 @@ class IcebergCommitter:
         from pyiceberg.exceptions import CommitFailedException
         from pyiceberg.table.update.snapshot import ExpireSnapshots
 
+        from sparkcoord.sinks import icebergmerge as im
+
         try:
             with table.transaction() as tx:
                 self._mark(tx, epoch)
                 if removed or added:
                     update = tx.update_snapshot(snapshot_properties=self._summary(epoch))
-                    with (update.overwrite() if removed else update.fast_append()) as producer:
+                    with (im.overwrite(update) if removed else update.fast_append()
+                          ) as producer:
                         for data_file in removed:
                             producer.delete_data_file(data_file)
                         for data_file in added:
@@ -313,9 +321,10 @@ class IcebergCommitter:
         return im.snapshots_to_expire([*snapshots, (-1, now)], protected,
                                       dict(table.metadata.properties), now)
 
-    def _delete_expired(self, io: Any, gone: Sequence[Any]) -> None:
+    def _delete_expired(self, now: Any, gone: Sequence[Any]) -> None:
         """``icebergmerge.py`` rule 6: once the transaction expiring the snapshots ``gone``
-        landed, delete this job's merge files they referenced and no live snapshot does.
+        landed (``now``: the table its commit returned), delete this job's merge files they
+        referenced and no live snapshot does.
         Best effort: what is left is the sweep's at the next start (``cleanup.py`` rule 1)."""
         from sparkcoord.sinks import icebergmerge as im
         from sparkcoord.sinks.mergefiles import parse_merge_name
@@ -323,10 +332,9 @@ class IcebergCommitter:
         if not gone:
             return
         try:
-            was, _ = im.referenced_by(gone, io, self._manifests)
-            now = self.catalog.load_table(self.identifier)
-            live, manifests = im.referenced_by(now.snapshots(), now.io, self._manifests)
-            self._manifests.retain(manifests)
+            was, _, _ = im.referenced_by(gone, now.io, self._manifests)
+            live, manifests, lists = im.referenced_by(now.snapshots(), now.io, self._manifests)
+            self._manifests.retain(manifests, lists)
             for path in sorted(was - live):
                 name = parse_merge_name(path.rsplit("/", 1)[-1])
                 if name is not None and name.job_id == self.job_id:

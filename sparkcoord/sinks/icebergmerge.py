@@ -20,16 +20,17 @@ Rules:
      rows taken out give the stored values of ``changes.py`` rule 3 (:func:`fill_unchanged`);
      a candidate none of whose rows holds a changed key stays as it is. After a truncate no
      candidate is read: all are removed.
-  3. Small files are folded in: the table's live data files smaller than :data:`SMALL_BYTES`
-     (another epoch's merge output, a task's small append) that are not candidates are read
-     whole and rewritten with the epoch's output once there are :data:`FOLD_AT` of them, at
-     most :data:`FOLD_BUDGET` bytes per epoch, so the number of small files stays bounded
-     (every epoch writes at least one new file). Their rows are kept exactly.
+  3. Small files are folded in (``mergefold.py``): read whole (rule 2's reader) and written
+     with the epoch's output, removed in the same snapshot; their rows are kept exactly.
   4. The output (kept rows, folded rows, rows put) is sorted by key (narrow bounds: later
      epochs read fewer candidates) and written by pyiceberg's writer under merge names
      (``mergefiles.py`` rule 2: :func:`iceberg.with_merge_names`), then committed as one
      overwrite snapshot (a fast append when nothing is removed) with the epoch's summary and
-     properties (``iceberg.py`` rule 1): the fence is as before.
+     properties (``iceberg.py`` rule 1): the fence is as before. The overwrite
+     (:func:`overwrite`) lists the manifest of the entries it deletes, as Iceberg's do, but
+     leaves out the parent's manifests that hold no live file (an earlier overwrite's
+     deleted entries; pyiceberg's own overwrite carries them on for good: one more manifest
+     for every later epoch to read, measured growing by one per epoch).
   5. Not on a snapshot with live delete files (another writer's merge-on-read): a rewrite of
      the raw data files would bring the deleted rows back; such an epoch takes pyiceberg's
      delete + upsert, which applies them (:func:`has_delete_files`).
@@ -59,13 +60,8 @@ from sparkcoord.sinks.mergefiles import KeyRange
 #: A string bound at least this long may be a truncated prefix (rule 1): Iceberg's default
 #: metrics mode is ``truncate(16)``.
 TRUNCATED_CHARS = 16
-#: Rule 3: a live data file under this size is small; folded in once there are FOLD_AT of
-#: them, at most FOLD_BUDGET bytes of them per epoch.
-SMALL_BYTES = 8 << 20
-FOLD_AT = 4
-FOLD_BUDGET = 64 << 20
 #: Rule 6: snapshots kept when the table sets neither expiry property.
-KEEP_SNAPSHOTS = 20
+KEEP_SNAPSHOTS = 10
 MAX_AGE_PROPERTY = "history.expire.max-snapshot-age-ms"
 MIN_KEEP_PROPERTY = "history.expire.min-snapshots-to-keep"
 
@@ -85,6 +81,15 @@ class ManifestCache:
 
     def __init__(self) -> None:
         self._entries: dict[str, list[Any]] = {}
+        self._lists: dict[str, list[Any]] = {}
+
+    def manifests(self, snapshot: Any, io: Any) -> list[Any]:
+        """``snapshot``'s manifests (its manifest list never changes either)."""
+        path = str(snapshot.manifest_list)
+        got = self._lists.get(path)
+        if got is None:
+            got = self._lists[path] = list(snapshot.manifests(io=io))
+        return got
 
     def entries(self, manifest: Any, io: Any) -> list[Any]:
         """Every entry of ``manifest`` (deleted ones too; callers filter by status)."""
@@ -95,10 +100,13 @@ class ManifestCache:
                                                                        discard_deleted=False)
         return got
 
-    def retain(self, paths: Iterable[str]) -> None:
-        keep = set(paths)
+    def retain(self, paths: Iterable[str], lists: Iterable[str]) -> None:
+        """Forget every manifest not in ``paths`` and manifest list not in ``lists``."""
+        keep, kept_lists = set(paths), set(lists)
         for path in [p for p in self._entries if p not in keep]:
             del self._entries[path]
+        for path in [p for p in self._lists if p not in kept_lists]:
+            del self._lists[path]
 
 
 def has_delete_files(snapshot: Any, io: Any, cache: ManifestCache) -> bool:
@@ -106,7 +114,7 @@ def has_delete_files(snapshot: Any, io: Any, cache: ManifestCache) -> bool:
     from pyiceberg.manifest import ManifestContent, ManifestEntryStatus
 
     return any(e.status != ManifestEntryStatus.DELETED
-               for m in snapshot.manifests(io=io) if m.content == ManifestContent.DELETES
+               for m in cache.manifests(snapshot, io) if m.content == ManifestContent.DELETES
                for e in cache.entries(m, io))
 
 
@@ -120,7 +128,7 @@ def live_files(table: Any, keys: Sequence[str], cache: ManifestCache) -> list[Li
     schema = table.schema()
     fields = [schema.find_field(k) for k in keys]
     out = []
-    for manifest in snapshot.manifests(io=table.io):
+    for manifest in cache.manifests(snapshot, table.io):
         if manifest.content != ManifestContent.DATA:
             continue
         for entry in cache.entries(manifest, table.io):
@@ -171,22 +179,6 @@ def key_value(value: Any) -> Any:
     return _iceberg_value(value)
 
 
-def small_files(files: Sequence[LiveFile], taken: set[str]) -> list[LiveFile]:
-    """Rule 3: the small files to fold into this epoch's output (none below :data:`FOLD_AT`),
-    the smallest first, within :data:`FOLD_BUDGET`."""
-    small = sorted((f for f in files if f.range.path not in taken
-                    and f.range.size < SMALL_BYTES), key=lambda f: f.range.size)
-    if len(small) < FOLD_AT:
-        return []
-    out, budget = [], FOLD_BUDGET
-    for f in small:
-        if f.range.size > budget:
-            break
-        out.append(f)
-        budget -= f.range.size
-    return out if len(out) >= 2 else []
-
-
 def read_file(table: Any, data_file: Any, schema: Any) -> Any:
     """A data file's rows in the sink's ``schema`` (pyiceberg's reader: field ids, the name
     mapping)."""
@@ -225,17 +217,35 @@ def snapshots_to_expire(snapshots: Sequence[tuple[int, int]], protected: set[int
 
 
 def referenced_by(snapshots: Iterable[Any], io: Any, cache: ManifestCache
-                  ) -> tuple[set[str], set[str]]:
-    """The data file paths the ``snapshots`` reference (their live entries), and the paths
-    of their manifests."""
+                  ) -> tuple[set[str], set[str], set[str]]:
+    """The data file paths the ``snapshots`` reference (their live entries), the paths of
+    their manifests and of their manifest lists."""
     from pyiceberg.manifest import ManifestEntryStatus
 
     paths: set[str] = set()
     manifests: set[str] = set()
+    lists: set[str] = set()
     for snapshot in snapshots:
-        for manifest in snapshot.manifests(io=io):
+        lists.add(str(snapshot.manifest_list))
+        for manifest in cache.manifests(snapshot, io):
             manifests.add(str(manifest.manifest_path))
             for entry in cache.entries(manifest, io):
                 if entry.status != ManifestEntryStatus.DELETED:
                     paths.add(str(entry.data_file.file_path))
-    return paths, manifests
+    return paths, manifests, lists
+
+
+def overwrite(update: Any) -> Any:
+    """Rule 4: the overwrite snapshot producer of ``update`` (a pyiceberg ``UpdateSnapshot``
+    of the epoch's transaction), without the parent's manifests that hold no live file."""
+    from pyiceberg.table.snapshots import Operation
+    from pyiceberg.table.update.snapshot import _OverwriteFiles
+
+    class Overwrite(_OverwriteFiles):
+        def _process_manifests(self, manifests: list[Any]) -> list[Any]:
+            return [m for m in manifests if m.added_snapshot_id == self._snapshot_id
+                    or m.has_added_files() or m.has_existing_files()]
+
+    return Overwrite(operation=Operation.OVERWRITE, transaction=update._transaction,
+                     io=update._io, branch=update._branch,
+                     snapshot_properties=update._snapshot_properties)
