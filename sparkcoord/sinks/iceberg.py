@@ -315,7 +315,8 @@ class IcebergCommitter:
         from sparkcoord.sinks import icebergmerge as im
 
         protected = {ref.snapshot_id for ref in table.metadata.refs.values()}
-        snapshots = [(s.snapshot_id, s.timestamp_ms) for s in table.metadata.snapshots]
+        snapshots = [(s.snapshot_id, s.timestamp_ms) for s in table.metadata.snapshots
+                     if s.summary is not None and s.summary.get(JOB_KEY) == self.job_id]
         now = int(time.time() * 1000)
         # the epoch's own snapshot is the newest once it lands: one fewer of these is kept
         return im.snapshots_to_expire([*snapshots, (-1, now)], protected,

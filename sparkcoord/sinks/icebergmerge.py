@@ -34,8 +34,9 @@ Rules:
   5. Not on a snapshot with live delete files (another writer's merge-on-read): a rewrite of
      the raw data files would bring the deleted rows back; such an epoch takes pyiceberg's
      delete + upsert, which applies them (:func:`has_delete_files`).
-  6. Snapshot expiry (:func:`snapshots_to_expire`), in the epoch's own transaction: the
-     snapshots older than the table's ``history.expire.max-snapshot-age-ms`` beyond the
+  6. Snapshot expiry (:func:`snapshots_to_expire`), in the epoch's own transaction: of the
+     snapshots the job made (its id in their summary; another writer's are its own), those
+     older than the table's ``history.expire.max-snapshot-age-ms`` beyond the
      newest ``history.expire.min-snapshots-to-keep`` (Iceberg's own property names; the
      sink's defaults, when the table sets neither: :data:`KEEP_SNAPSHOTS` snapshots and no
      age), never a branch's or tag's head. The fence does not need them: the epoch and run

@@ -86,9 +86,16 @@ def test_snapshot_expiry_keeps_the_fence_and_only_deletes_files_no_live_snapshot
     last = icebergmerge.KEEP_SNAPSHOTS + 10
     for epoch in range(last + 1):  # every epoch rewrites the one file of keys 0-9
         assert c.merge(epoch, puts(range(10), f"e{epoch}", lsn=epoch * 100), ["id"]) == COMMIT
+        if epoch == 0:  # another writer's snapshot: not the sink's to expire
+            import pyarrow as pa
+
+            target.catalog.load_table("lake.t").append(pa.table(
+                {"id": pa.array([500], pa.int64()), "name": ["outside"]}))
+            outside = target.catalog.load_table("lake.t").current_snapshot().snapshot_id
     table = target.catalog.load_table("lake.t")
-    assert len(table.snapshots()) == icebergmerge.KEEP_SNAPSHOTS
-    assert dict(target.rows()) == {k: f"e{last}" for k in range(10)}
+    assert len(table.snapshots()) == icebergmerge.KEEP_SNAPSHOTS + 1
+    assert table.snapshot_by_id(outside) is not None
+    assert dict(target.rows()) == {**{k: f"e{last}" for k in range(10)}, 500: "outside"}
     # the files of expired snapshots are gone; every file a live snapshot holds is there
     data = f"{table.location().removeprefix('file://')}/data"
     on_disk = {f"file://{data}/{n}" for n in os.listdir(data)}
@@ -115,3 +122,22 @@ def test_expiry_keeps_the_newest_snapshots_and_honours_the_tables_own_properties
     assert icebergmerge.snapshots_to_expire(snapshots, set(), props, 59_000) == []
     assert icebergmerge.snapshots_to_expire(snapshots, set(), props, 5_000 + 60_000) == [
         0, 1, 2, 3, 4]
+
+
+def test_key_bounds_are_trusted_only_where_iceberg_keeps_them_exact() -> None:
+    from pyiceberg.conversions import to_bytes
+    from pyiceberg.types import DoubleType, LongType, NestedField, StringType
+
+    def bounds(field: Any, lo: Any, hi: Any) -> Any:
+        return icebergmerge.trusted_range(
+            [field], {field.field_id: to_bytes(field.field_type, lo)},
+            {field.field_id: to_bytes(field.field_type, hi)})
+
+    long_key = NestedField(1, "id", LongType(), required=False)
+    text_key = NestedField(2, "code", StringType(), required=False)
+    assert bounds(long_key, 3, 9) == ((3,), (9,))
+    assert bounds(text_key, "a", "b" * 15) == (("a",), ("b" * 15,))
+    # 16 characters may be a truncated prefix (Iceberg's default truncate(16)): read the file
+    assert bounds(text_key, "a", "b" * 16) == (None, None)
+    assert bounds(NestedField(3, "x", DoubleType(), required=False), 1.0, 2.0) == (None, None)
+    assert icebergmerge.trusted_range([long_key], {}, {}) == (None, None)
