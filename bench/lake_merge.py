@@ -220,8 +220,9 @@ def run(preset: str, spark: Any = None) -> dict[str, Any]:
                               ol["catch_up_s"], "s", bl["catch_up_s"],
                               "<= 2 batch intervals (2 s)", ol["catch_up_s"] <= 2.0))
         at = {e: (_at(ours, e), _at(base, e)) for e in (10, 100, 1_000)}
-        notes.append(f"- {kind}: commit per epoch at epoch 10/100/1000 "
-                     + ", ".join(f"{e}: {_ms(o)} (baseline {_ms(b)})" for e, (o, b) in at.items())
+        notes.append(f"- {kind}: commit per epoch at epoch "
+                     + ", ".join(f"{e:,}: {_ms(o)} (baseline {_ms(b)})"
+                                 for e, (o, b) in at.items())
                      + f"; lag median {ol['median']:.2f} s p99 {ol['p99']:.2f} s, catch-up "
                      f"{ol['catch_up_s']:.2f} s over {count} epochs; baseline ({base_name}) "
                      f"lag p99 {bl['p99']:.1f} s, catch-up {bl['catch_up_s']:.1f} s after "
