@@ -21,7 +21,9 @@ Rules:
      (``mergefiles.py`` rule 3): the current files holding a changed key (pruned by their
      add actions' key statistics, then read) are removed and rewritten without those rows,
      the rows put are added as new files, in the epoch's one transaction with the same
-     application transactions, so it is fenced and idempotent per epoch alike. Not
+     application transactions, so it is fenced and idempotent per epoch alike; small current
+     files are folded into the epoch's output (``mergefold.py``; their rows are in the same
+     new files as the changed ones, so their removes are data changes like the others). Not
      delta-rs's merge: it names the files it writes its own way, and a driver killed before
      its commit would leave them where no sweep may tell them from another writer's; ours
      are named ``sc-<job>.m<epoch>...`` and the sweep at the next start deletes them
@@ -70,6 +72,7 @@ from sparkcoord.sinks.changes import OP_COLUMN, ChangeStreamError, Reduced, fill
 from sparkcoord.sinks.fencing import ALREADY_COMMITTED, COMMIT, NO_EPOCH, Decision, EpochFence
 from sparkcoord.sinks.files import DataFile, check_job_id
 from sparkcoord.sinks.mergefiles import KeyRange, MergeFileWriter, files_to_rewrite
+from sparkcoord.sinks.mergefold import small_files
 from sparkcoord.sinks.target import check_table_schema
 
 #: Keys of the commit info (rule 1).
@@ -308,8 +311,9 @@ class DeltaCommitter:
                                  storage_options=self._fsspec_options())
         ops = changes.rows.column(OP_COLUMN)
         changed = changes.rows.select(list(keys))
+        ranges = _key_ranges(table, keys)
         candidates = files_to_rewrite(
-            _key_ranges(table, keys),
+            ranges,
             [tuple(_comparable(v) for v in key)
              for key in zip(*(changed.column(k).to_pylist() for k in keys), strict=True)],
             truncated=changes.truncated)
@@ -333,6 +337,13 @@ class DeltaCommitter:
                     kept = rows.filter(pc.invert(drop))
                     if kept.num_rows:
                         writer.write(kept)
+                removes.append(RemoveAction(f.path, True, now, f.size))
+            taken = {r.path for r in removes}
+            for f in [] if changes.truncated else small_files(ranges, taken):
+                # mergefold.py: a small file's rows written again as they are
+                with fs.open(f"{root}/{f.path}", "rb") as handle:
+                    writer.write(pq.read_table(handle).select(self.schema.names).cast(
+                        self.schema))
                 removes.append(RemoveAction(f.path, True, now, f.size))
             puts = fill_unchanged(
                 changes.rows.filter(pc.not_equal(ops, "d")).drop_columns([OP_COLUMN]),

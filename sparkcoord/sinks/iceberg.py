@@ -28,8 +28,11 @@ Rules:
      creation if missing) maps their columns by name, as pyiceberg's own ``add_files`` does.
   5. Mode ``append`` adds the reported files; mode ``merge`` (a change stream, issue 28 item
      6) applies the epoch's reduced changes by key (``changes.py``) in the epoch's one
-     transaction: a delete by key filter (every row after a truncate), then pyiceberg's upsert
-     of the rows put; the same summary and properties fence it. The data files pyiceberg
+     transaction: by copy-on-write of the files that may hold a changed key, one overwrite
+     snapshot, small files folded in, the sink's old snapshots expired
+     (``icebergmerge.py``, issue 43 finding 4); on a snapshot with delete files, a delete by
+     key filter (every row after a truncate) and pyiceberg's upsert of the rows put; the same
+     summary and properties fence it. The data files pyiceberg
      writes for it are named ``sc-<job>.m<epoch>...`` by :class:`MergeLocationProvider`
      (``mergefiles.py`` rules 1-2), so a driver killed before the snapshot landed leaves
      files the sweep at the next start deletes (``cleanup.py`` rule 1). A merge whose commit
@@ -97,6 +100,10 @@ class IcebergCommitter:
         self.location = location
         self._fence: EpochFence | None = None
         self._table: Any = None
+        from sparkcoord.sinks.icebergmerge import ManifestCache
+
+        #: manifest entries read by merges (``icebergmerge.py`` rule 1)
+        self._manifests = ManifestCache()
         #: the swaps the last :meth:`commit` left out (rule 6)
         self.left_out: list[Any] = []
 
@@ -189,17 +196,162 @@ class IcebergCommitter:
     def merge(self, epoch: int, load: Callable[[], Reduced], keys: Sequence[str]
               ) -> Decision:
         """Apply ``epoch``'s reduced changes (``load()``, called only when the epoch is to be
-        committed) by ``keys`` in one table transaction (rule 5:
-        mode ``merge``; ``changes.py``) unless the table holds the epoch: the deleted keys
-        removed (every row after a truncate), then the rows put with pyiceberg's upsert
-        (commit worker thread; idempotent per epoch, fenced as :meth:`commit`)."""
-        import pyarrow.compute as pc
-        from pyiceberg.expressions import AlwaysTrue
+        committed) by ``keys`` in one table transaction (rule 5: mode ``merge``;
+        ``changes.py``) unless the table holds the epoch: by copy-on-write of the files that
+        may hold a changed key, small files folded in, one overwrite snapshot, the sink's old
+        snapshots expired (``icebergmerge.py``); on a snapshot with delete files, pyiceberg's
+        delete + upsert (``icebergmerge.py`` rule 5). Commit worker thread; idempotent per
+        epoch, fenced as :meth:`commit`."""
+        from sparkcoord.sinks import icebergmerge as im
 
         decision, table = self._decide(epoch)
         if decision == ALREADY_COMMITTED:
             return decision  # ``load`` not called: the staged files may be gone already
         changes = load()
+        base = table.current_snapshot()
+        if base is not None and im.has_delete_files(base, table.io, self._manifests):
+            return self._merge_by_pyiceberg(epoch, table, changes, keys)
+        attempt = uuid.uuid4().hex
+        table = with_merge_names(table, self.job_id, epoch, attempt)
+        with _WRITTEN_LOCK:
+            _WRITTEN[attempt] = []
+        try:
+            removed, added = self._copy_on_write(table, changes, keys)
+            expired = self._expiring(table)
+            gone = [s for s in (table.snapshot_by_id(i) for i in expired) if s is not None]
+            self._commit_merge(table, epoch, removed, added, expired, base, attempt)
+        finally:
+            _forget_attempt(attempt)
+        assert self._fence is not None
+        self._fence.committed(epoch)
+        self._delete_expired(table, gone)
+        return COMMIT
+
+    def _copy_on_write(self, table: Any, changes: Reduced, keys: Sequence[str]
+                       ) -> tuple[list[Any], list[Any]]:
+        """``icebergmerge.py`` rules 1-4: the live data files the epoch removes and the data
+        files it writes (the candidates' kept rows, the small files folded in, the rows
+        put), all written already."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        from sparkcoord.sinks import icebergmerge as im
+        from sparkcoord.sinks.mergefiles import files_to_rewrite
+        from sparkcoord.sinks.mergefold import small_files
+
+        live = im.live_files(table, keys, self._manifests)
+        ops = changes.rows.column(OP_COLUMN)
+        changed = changes.rows.select(list(keys))
+        by_path = {f.range.path: f for f in live}
+        candidates = files_to_rewrite(
+            [f.range for f in live],
+            [tuple(im.key_value(v) for v in key)
+             for key in zip(*(changed.column(k).to_pylist() for k in keys), strict=True)],
+            truncated=changes.truncated)
+        removed: list[Any] = []
+        kept: list[Any] = []
+        stored: list[Any] = []  # the changed keys' current rows, for changes.py rule 3
+        for candidate in candidates:
+            data_file = by_path[candidate.path].data_file
+            if not changes.truncated:
+                rows = im.read_file(table, data_file, self.schema)
+                marked = rows.select(list(keys)).append_column(
+                    "__row", pa.array(range(rows.num_rows), pa.int64()))
+                hit = marked.join(changed.cast(marked.select(list(keys)).schema), list(keys),
+                                  join_type="left semi")
+                if hit.num_rows == 0:
+                    continue  # its bounds overlap the changed keys, its rows do not
+                drop = pc.is_in(marked.column("__row"), value_set=hit.column("__row"))
+                stored.append(rows.filter(drop))
+                kept.append(rows.filter(pc.invert(drop)))
+            removed.append(data_file)
+        taken = {str(f.file_path) for f in removed}
+        folded = [] if changes.truncated else small_files([f.range for f in live], taken)
+        for small in folded:  # rule 3: small files rewritten with the epoch's output
+            data_file = by_path[small.path].data_file
+            kept.append(im.read_file(table, data_file, self.schema))
+            removed.append(data_file)
+        puts = fill_unchanged(
+            changes.rows.filter(pc.not_equal(ops, "d")).drop_columns([OP_COLUMN]),
+            pa.concat_tables(stored) if stored else self.schema.empty_table(), keys,
+            changes.source, self.name)
+        out = pa.concat_tables([*kept, puts.select(self.schema.names).cast(self.schema)])
+        if out.num_rows:
+            out = out.sort_by([(k, "ascending") for k in keys])
+        return removed, im.write_files(table, out)
+
+    def _commit_merge(self, table: Any, epoch: int, removed: Sequence[Any],
+                      added: Sequence[Any], expired: Sequence[int], base: Any,
+                      attempt: str) -> None:
+        """``icebergmerge.py`` rules 4 and 6: the epoch's one transaction; a commit the
+        catalog refused deletes the attempt's files on proof it did not land (rule 5)."""
+        from pyiceberg.exceptions import CommitFailedException
+        from pyiceberg.table.update.snapshot import ExpireSnapshots
+
+        from sparkcoord.sinks import icebergmerge as im
+
+        try:
+            with table.transaction() as tx:
+                self._mark(tx, epoch)
+                if removed or added:
+                    update = tx.update_snapshot(snapshot_properties=self._summary(epoch))
+                    with (im.overwrite(update) if removed else update.fast_append()
+                          ) as producer:
+                        for data_file in removed:
+                            producer.delete_data_file(data_file)
+                        for data_file in added:
+                            producer.append_data_file(data_file)
+                if expired:
+                    ExpireSnapshots(tx).by_ids(list(expired)).commit()
+        except CommitFailedException:
+            self._discard_lost_merge(table, epoch, None if base is None else base.snapshot_id,
+                                     _written_by(attempt))
+            raise
+
+    def _expiring(self, table: Any) -> list[int]:
+        """``icebergmerge.py`` rule 6: the snapshots the epoch's transaction expires."""
+        import time
+
+        from sparkcoord.sinks import icebergmerge as im
+
+        protected = {ref.snapshot_id for ref in table.metadata.refs.values()}
+        snapshots = [(s.snapshot_id, s.timestamp_ms) for s in table.metadata.snapshots
+                     if s.summary is not None and s.summary.get(JOB_KEY) == self.job_id]
+        now = int(time.time() * 1000)
+        # the epoch's own snapshot is the newest once it lands: one fewer of these is kept
+        return im.snapshots_to_expire([*snapshots, (-1, now)], protected,
+                                      dict(table.metadata.properties), now)
+
+    def _delete_expired(self, now: Any, gone: Sequence[Any]) -> None:
+        """``icebergmerge.py`` rule 6: once the transaction expiring the snapshots ``gone``
+        landed (``now``: the table its commit returned), delete this job's merge files they
+        referenced and no live snapshot does.
+        Best effort: what is left is the sweep's at the next start (``cleanup.py`` rule 1)."""
+        from sparkcoord.sinks import icebergmerge as im
+        from sparkcoord.sinks.mergefiles import parse_merge_name
+
+        if not gone:
+            return
+        try:
+            was, _, _ = im.referenced_by(gone, now.io, self._manifests)
+            live, manifests, lists = im.referenced_by(now.snapshots(), now.io, self._manifests)
+            self._manifests.retain(manifests, lists)
+            for path in sorted(was - live):
+                name = parse_merge_name(path.rsplit("/", 1)[-1])
+                if name is not None and name.job_id == self.job_id:
+                    now.io.delete(path)
+        except Exception:  # noqa: BLE001 - the epoch is committed; the sweep deletes the rest
+            log.warning("Iceberg table %s: the merge files of expired snapshots stay for the "
+                        "next start's sweep", self.identifier, exc_info=True)
+
+    def _merge_by_pyiceberg(self, epoch: int, table: Any, changes: Reduced,
+                            keys: Sequence[str]) -> Decision:
+        """``icebergmerge.py`` rule 5: the epoch by pyiceberg's delete (every row after a
+        truncate) and upsert, which apply the snapshot's delete files (commit worker
+        thread)."""
+        import pyarrow.compute as pc
+        from pyiceberg.expressions import AlwaysTrue
+
         ops = changes.rows.column(OP_COLUMN)
         puts = changes.rows.filter(pc.not_equal(ops, "d")).drop_columns([OP_COLUMN])
         stored = None
@@ -207,9 +359,7 @@ class IcebergCommitter:
             stored = table.scan(row_filter=key_filter(origin_keys(puts, keys), keys)).to_arrow()
         # changes.py rule 3, from the snapshot the transaction below asserts as its base
         puts = fill_unchanged(puts, self.schema.empty_table() if stored is None else stored,
-                              keys, changes.source,
-                              ".".join(self.identifier) if isinstance(self.identifier, tuple)
-                              else self.identifier)
+                              keys, changes.source, self.name)
         deleted = changes.rows.filter(pc.equal(ops, "d"))
         from pyiceberg.exceptions import CommitFailedException
 
