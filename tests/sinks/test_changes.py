@@ -212,14 +212,20 @@ def test_an_iceberg_merge_deletes_thousands_of_composite_keys_in_one_epoch(tmp_p
     assert left == sorted((r, i) for r, i in keys if i % 3 == 1)
 
 
-@pytest.mark.parametrize("kind", ["delta", "iceberg"])
-def test_a_merge_keeps_the_stored_value_of_a_toasted_column_an_update_did_not_send(
-        tmp_path: Any, kind: str) -> None:
+def _two_big_rows(kind: str, tmp_path: Any) -> tuple[Target, Any]:
+    """A table holding keys 1 and 2 with large names, merged as epoch 0, and its committer."""
     target = Target(kind, tmp_path)
     c = target.committer("run-a")
     first = reduce_changes(changes(("r", 10, None, 1, "big-a"), ("r", 10, None, 2, "big-b")),
                            "public.t")
     assert c.merge(0, lambda: first, ["id"]) == COMMIT
+    return target, c
+
+
+@pytest.mark.parametrize("kind", ["delta", "iceberg"])
+def test_a_merge_keeps_the_stored_value_of_a_toasted_column_an_update_did_not_send(
+        tmp_path: Any, kind: str) -> None:
+    target, c = _two_big_rows(kind, tmp_path)
     # key 1 updated without its TOASTed name; key 2 updated with it, then without it
     second = reduce_changes(changes(("u", 20, 0, 1, None, ["name"]),
                                     ("u", 21, 0, 2, "big-b2"), ("u", 22, 0, 2, None, ["name"])),
@@ -238,11 +244,7 @@ def test_a_key_change_that_did_not_send_a_toasted_column_keeps_the_old_keys_valu
         tmp_path: Any, kind: str) -> None:
     # found by the issue 43 soak's review: UPDATE ... SET id = ... leaving a TOASTed column
     # alone comes as a d of the old key and a c of the new one listing it unchanged
-    target = Target(kind, tmp_path)
-    c = target.committer("run-a")
-    first = reduce_changes(changes(("r", 10, None, 1, "big-a"), ("r", 10, None, 2, "big-b")),
-                           "public.t")
-    assert c.merge(0, lambda: first, ["id"]) == COMMIT
+    target, c = _two_big_rows(kind, tmp_path)
     second = reduce_changes(changes(
         ("d", 20, 0, 1, None), ("c", 20, 1, 5, None, ["name"]),      # 1 -> 5, from the table
         ("c", 21, 0, 7, "big-c"),                                     # a key put this epoch
