@@ -487,3 +487,71 @@ def test_plain_value_keeps_json_types_and_names_what_it_cannot_convert() -> None
     assert plain_value({1, "a"}) == sorted([1, "a"], key=repr)  # items that do not compare
     assert plain_value(cyclic) == [1, "[1, [...]]"]
     assert plain_value(Lane) == repr(Lane)  # a class, not an instance
+
+
+def test_inspect_names_the_lease_holder_and_says_whether_a_new_run_would_be_refused(
+        tmp_path: Path) -> None:
+    import socket
+    import subprocess
+    import time
+
+    from sparkcoord.core.lease import Identity
+    from sparkcoord.runtime.lease import (
+        CoordinationLease,
+        boot_id,
+        process_started,
+    )
+
+    url = str(tmp_path / "source")
+    build(url)
+    assert inspect_checkpoint(url)["sources"][0]["lease"] is None
+    assert "lease          none" in render_text(inspect_checkpoint(url))
+
+    # a driver program on this machine whose process runs: held, named by pid and run
+    driver = subprocess.Popen(["sleep", "60"])
+    try:
+        started = ""
+        for _ in range(100):  # /proc/<pid>/stat exists once the child is forked
+            started = process_started(driver.pid) or ""
+            if started:
+                break
+            time.sleep(0.01)
+        me = Identity(socket.gethostname(), boot_id(), driver.pid, started)
+        lease = CoordinationLease(url, me=me)
+        lease.acquire()
+        shown = inspect_checkpoint(url)["sources"][0]["lease"]
+        assert shown["held"] is True and shown["pid"] == driver.pid
+        assert shown["run"] == lease.run and shown["generation"] == 0
+        assert f"pid {driver.pid}" in shown["holder"] and "is running" in shown["reason"]
+        assert f"lease          held: pid {driver.pid}" in render_text(inspect_checkpoint(url))
+    finally:
+        driver.kill()
+        driver.wait()
+    shown = inspect_checkpoint(url)["sources"][0]["lease"]
+    assert shown["held"] is False and "is gone" in shown["reason"]
+
+    # on another machine: held while renewed within its ttl (its clock runs 31 s ahead, so
+    # the killed holder above has lapsed for it), free once released or lapsed
+    remote = CoordinationLease(url, me=Identity("elsewhere", "boot-x", 4242, "1"), ttl_s=30,
+                               wall=lambda: time.time() + 31)
+    remote.acquire()
+    shown = inspect_checkpoint(url)["sources"][0]["lease"]
+    assert (shown["held"], shown["host"], shown["generation"]) == (True, "elsewhere", 1)
+    remote.release()
+    shown = inspect_checkpoint(url)["sources"][0]["lease"]
+    assert shown["held"] is False and shown["released"] is True
+    assert "released" in shown["reason"]
+    lapsed = CoordinationLease(url, me=Identity("elsewhere", "boot-x", 4243, "1"), ttl_s=0.5,
+                               wall=lambda: time.time() - 10)
+    lapsed.acquire()
+    shown = inspect_checkpoint(url)["sources"][0]["lease"]
+    assert (shown["held"], shown["generation"]) == (False, 2)
+    assert "more than its 0.5 s" in shown["reason"]
+
+    # a damaged lease file is a named problem; the rest is still reported
+    (tmp_path / "source" / "lease" / "2.json").write_text("{not json")
+    report = inspect_checkpoint(url)
+    assert report["sources"][0]["lease"] is None
+    assert any(p["file"].endswith("lease/2.json") and "not a lease file" in p["message"]
+               for p in report["problems"])
+    assert report["sources"][0]["records"]

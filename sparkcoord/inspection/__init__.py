@@ -16,6 +16,8 @@ source the report holds:
 * every subtask's state files, its lineage marker and (with ``decode``) its newest state;
 * the run in ``channel.json`` (never the channel secret) and the cause in
   ``last-failure.json``;
+* the lease (``lease/``): which driver program holds it (host, pid, run, since, last
+  renewal) and whether a run started now would be refused or take it over;
 * ``problems``: every file that fails to decode or to verify, named, with the reason; the
   inspection goes on with the other files.
 

@@ -1,5 +1,6 @@
 """One coordinated source's directory, read for the inspection: records and their state parts,
-inbound logs and their seals, subtask states, the channel and failure reports.
+inbound logs and their seals, subtask states, the channel and failure reports, and the
+driver program's lease (``core/lease.py``).
 
 Thread model: none.
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import json
 import posixpath
+import time
 import zlib
 from typing import Any
 
@@ -25,6 +27,7 @@ from sparkcoord.core.entries import (
 from sparkcoord.core.errors import CorruptRecord
 from sparkcoord.core.ids import TaskAttempt
 from sparkcoord.core.inbound import kept_at_rerun, operators_with_requests
+from sparkcoord.core.lease import LeaseHolder, may_take_over
 from sparkcoord.core.records import (
     decode_checkpoint,
     decode_log,
@@ -45,6 +48,7 @@ from sparkcoord.inspection.spark_log import _rerun_action, _restore_point, _Spar
 from sparkcoord.runtime import layout
 from sparkcoord.runtime.files import Files
 from sparkcoord.runtime.layout import epoch_in
+from sparkcoord.runtime.lease import generations, lease_path, process_alive, this_process
 
 
 def _inspect_source(files: Files, name: str, root: str, spark: _SparkLog | None, decode: bool,
@@ -53,6 +57,7 @@ def _inspect_source(files: Files, name: str, root: str, spark: _SparkLog | None,
         problems.append(_problem(name, file, message))
 
     channel = _channel(files, root, problem)
+    lease = _lease(files, root, problem)
     failure = _failure(files, root, problem)
     if failure is not None and channel is not None:
         failure["of_latest_run"] = failure.get("run") == channel.get("run")
@@ -83,6 +88,7 @@ def _inspect_source(files: Files, name: str, root: str, spark: _SparkLog | None,
         "name": name,
         "path": root,
         "channel": channel,
+        "lease": lease,
         "last_failure": failure,
         "restore_point": restore,
         "batches": batches,
@@ -117,6 +123,33 @@ def _channel(files: Files, root: str, problem: _Report) -> dict[str, Any] | None
                            if isinstance(info.get(k), (str, int))}
     out["secret_present"] = "secret" in info
     return out
+
+
+def _lease(files: Files, root: str, problem: _Report) -> dict[str, Any] | None:
+    """The holder of the lease's highest generation (lease rule 1), and whether a run
+    started now would take it over (lease rule 2, judged from this process: on the holder's
+    machine by its process, elsewhere by its last renewal); None if no run took a lease."""
+    present = generations(files, root)
+    if not present:
+        return None
+    path = lease_path(root, present[-1])
+    data = _read(files, path, problem)
+    if data is None:
+        return None
+    try:
+        holder = LeaseHolder.decode(data, path)
+    except CorruptRecord as exc:
+        problem(path, str(exc))
+        return None
+    me = this_process()
+    now = time.time()
+    alive = process_alive(holder.identity) if holder.identity.same_machine(me) else None
+    verdict = may_take_over(holder, me, now, alive, held_here=False)
+    return {"generation": holder.generation, "host": holder.host, "pid": holder.pid,
+            "run": holder.run, "since": holder.since, "renewed": holder.renewed,
+            "ttl_s": holder.ttl_s, "released": holder.released,
+            "held": not verdict.take, "reason": verdict.reason,
+            "holder": holder.describe(now)}
 
 
 def _failure(files: Files, root: str, problem: _Report) -> dict[str, Any] | None:

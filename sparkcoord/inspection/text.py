@@ -49,6 +49,12 @@ def _render_source(source: dict[str, Any], add: Callable[[str], None]) -> None:
                  else "?")
         add(f"  run            {channel.get('run', '?')}  (channel {where}, pid "
             f"{channel.get('pid', '?')})")
+    lease = source.get("lease")
+    if lease is None:
+        add("  lease          none (no driver program took it)")
+    else:
+        state = "held" if lease["held"] else "free"
+        add(f"  lease          {state}: {lease['holder']}; {lease['reason']}")
     failure = source["last_failure"]
     if failure is None:
         add("  last failure   none recorded")
