@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from sparkcoord.core.encoding import encoded
 from sparkcoord.core.errors import CheckpointIdRegression
 
 
@@ -40,6 +41,7 @@ class Commit:
     items: tuple[Any, ...]
 
 
+@encoded("committer.LedgerState")
 @dataclass
 class LedgerState:
     """The checkpointed part of a ledger: commits not yet reported done, by epoch."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 import pickle
 from typing import Any
 
+from sparkcoord.core.encoding import loads
 from sparkcoord.core.errors import EventEncodingError, EventTooLarge
 
 DEFAULT_MAX_EVENT_BYTES = 1 << 20
@@ -52,4 +53,4 @@ class EventCodec:
 
     def decode(self, data: bytes) -> Any:
         """Unpickle an event. Only ever called on bytes from an authenticated or local source."""
-        return pickle.loads(data)
+        return loads(data)

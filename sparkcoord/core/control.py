@@ -5,7 +5,10 @@ Thread model: none (plain values).
 
 from __future__ import annotations
 
+from sparkcoord.core.encoding import encoded
 
+
+@encoded("core.BatchRequested")
 class BatchRequested:
     """A subtask asks for another batch (``SubtaskContext.request_batch``): it has work
     pending. Sent and logged like an event; the runtime takes it off before the coordinator's
@@ -13,6 +16,12 @@ class BatchRequested:
     if nothing else is to carry."""
 
     __slots__ = ()
+
+    def __getstate__(self) -> dict[str, object]:
+        return {}
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        pass
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, BatchRequested)

@@ -14,10 +14,12 @@ Rules (DESIGN.md section 2, rules 6 and 7, and docs/decisions.md 36):
      attempt number than the live one (or any attempt of a later run, after a restart) is a
      task retry: the subtask's attempt failed.
   4. Each subtask has one *history* per epoch: the items, numbered by sequence, of the attempts
-     that survive. A re-sent item (seq below the history's length) must equal the logged one
-     byte for byte: a duplicate event is acknowledged again, a repeated request is answered
-     with the logged response; anything else is divergence (a nondeterministic subtask), which
-     the runtime turns into a global failover.
+     that survive. A re-sent item (seq below the history's length) must equal the logged one:
+     byte for byte, or, where the bytes differ, as the values they decode to (an upgrade of
+     sparkcoord between the two runs may change an encoding, not a value:
+     ``core/encoding.py`` rule 6). A duplicate event is acknowledged again, a repeated request
+     is answered with the logged response; anything else is divergence (a nondeterministic
+     subtask), which the runtime turns into a global failover.
   5. A task retry in an epoch whose log holds no request of the operator *resets*: the failed
      attempt's history is dropped (the runtime resets the coordinator and replays the other
      subtasks' events, rule 7). Once the operator has answered a request in the epoch, a retry
@@ -70,6 +72,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from sparkcoord.core.encoding import same_value
 from sparkcoord.core.entries import (
     Answer,
     Asker,
@@ -720,7 +723,8 @@ class InboundGate:
     def _differs(self, history: _History, attempt: TaskAttempt, seq: int, payload: bytes,
                  is_request: bool) -> str:
         logged, logged_is_request, logged_by = history.item(seq)
-        if logged == payload and logged_is_request == is_request:
+        if logged_is_request == is_request and (logged == payload
+                                                 or same_value(logged, payload)):
             return ""
         what = "request" if is_request else "event"
         was = "a request" if logged_is_request else "an event"

@@ -36,6 +36,7 @@ import struct
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
+from sparkcoord.core.encoding import loads
 from sparkcoord.core.errors import CorruptRecord
 
 T = TypeVar("T")
@@ -77,7 +78,7 @@ class StoredOnce(Generic[T]):
             raise CorruptRecord(f"state part {digest}: its bytes hash to {actual}")
         token = _loading.set(None)  # a part's own value is a plain pickle (rule 5)
         try:
-            part = cls(pickle.loads(data))
+            part = cls(loads(data))
         finally:
             _loading.reset(token)
         part._data, part._digest = data, digest
@@ -159,7 +160,7 @@ def load_snapshot(snapshot: bytes, read_part: Callable[[str], StoredOnce[Any]] |
     mailbox thread) and by ``inspect --decode``."""
     names = snapshot_parts(snapshot, what)
     if not names:
-        return pickle.loads(snapshot)
+        return loads(snapshot)
     if read_part is None:
         raise CorruptRecord(f"{what} refers to {len(names)} state part(s) and nothing was "
                             f"given to read them")
@@ -178,6 +179,6 @@ def load_snapshot(snapshot: bytes, read_part: Callable[[str], StoredOnce[Any]] |
 
     token = _loading.set(load)
     try:
-        return pickle.loads(body)
+        return loads(body)
     finally:
         _loading.reset(token)

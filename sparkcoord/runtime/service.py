@@ -45,6 +45,7 @@ from typing import Any
 from sparkcoord.coordinator import Cancellable, CoordinatorProvider
 from sparkcoord.core.checkpoints import CheckpointAbort, CheckpointTracker
 from sparkcoord.core.codec import EventCodec
+from sparkcoord.core.encoding import loads
 from sparkcoord.core.errors import (
     CorruptRecord,
     IllegalTransition,
@@ -222,7 +223,7 @@ class CoordinationService:
             replay: dict[str, list[ReplayedEvent]] = {name: [] for name in names}
             clients = record.snapshots.get(CLIENTS_KEY) if record is not None else None
             if clients is not None:  # re-sent client requests are answered once (decision 38)
-                gate.client_memory_restored(pickle.loads(clients), epoch)
+                gate.client_memory_restored(loads(clients), epoch)
             self.inbox.opened(gate, record)
             if point.replays_inbound_log:
                 items = InboundGate.replayed(logged).surviving_items()

@@ -56,6 +56,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from sparkcoord.core.encoding import encoded
 from sparkcoord.core.errors import CheckpointIdRegression
 from sparkcoord.sinks.files import DataFile, TaskFileWriter
 
@@ -71,6 +72,7 @@ DEFAULT_MAX_FILES = 100
 Bin = tuple[DataFile, ...]
 
 
+@encoded("sinks.CompactionAssigned")
 @dataclass(frozen=True)
 class CompactionAssigned:
     """Event, coordinator to subtask: rewrite the files at ``inputs`` (paths relative to the
@@ -80,6 +82,7 @@ class CompactionAssigned:
     inputs: tuple[str, ...]
 
 
+@encoded("sinks.FilesCompacted")
 @dataclass(frozen=True)
 class FilesCompacted:
     """Event, subtask to coordinator: the files at ``inputs`` rewritten into ``outputs``
@@ -89,6 +92,7 @@ class FilesCompacted:
     outputs: tuple[DataFile, ...]
 
 
+@encoded("sinks.CompactionState")
 @dataclass
 class CompactionState:
     """The planner's checkpointed part (rule 2)."""

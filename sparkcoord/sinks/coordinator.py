@@ -72,6 +72,7 @@ from typing import Any
 
 from sparkcoord.committer import CommitLedger, CommitWorker, LedgerState
 from sparkcoord.coordinator import CoordinatorContext, OperatorCoordinator, Withdrawn
+from sparkcoord.core.encoding import encoded
 from sparkcoord.core.errors import SparkCoordError
 from sparkcoord.runtime.kills import kill_point
 from sparkcoord.sinks.changes import ChangeStreamError, reduce_changes
@@ -107,6 +108,7 @@ class ValueOutOfRange(ValueError):
     (rule 6)."""
 
 
+@encoded("sinks.FileWritten")
 @dataclass(frozen=True)
 class FileWritten:
     """Event, task to coordinator: this task attempt wrote and closed ``file`` (rule 1)."""
@@ -114,6 +116,7 @@ class FileWritten:
     file: DataFile
 
 
+@encoded("sinks.SinkState")
 @dataclass
 class SinkState:
     """The coordinator's checkpointed state (rule 4)."""

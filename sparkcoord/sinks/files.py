@@ -40,6 +40,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from sparkcoord.core.encoding import encoded
+
 #: Bounds of string columns longer than this are left out (rule 3): Delta's readers compare
 #: prefixes of 32 characters, Iceberg's of 16; we keep exact values of modest length.
 MAX_BOUND_CHARS = 64
@@ -56,6 +58,7 @@ _NAME = re.compile(r"sc-(?P<job>[A-Za-z0-9_-]{1,100})\.e(?P<epoch>\d+)\.s(?P<sub
 DATA_DIR = "data"
 
 
+@encoded("sinks.ColumnStats")
 @dataclass(frozen=True, slots=True)
 class ColumnStats:
     """One column's statistics over a whole file; ``None`` where unknown (rule 3)."""
@@ -67,6 +70,7 @@ class ColumnStats:
     size: int = 0
 
 
+@encoded("sinks.DataFile")
 @dataclass(frozen=True, slots=True)
 class DataFile:
     """What a task reports for one data file it wrote and closed (rule 2)."""

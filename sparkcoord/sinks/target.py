@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from sparkcoord.core.encoding import encoded
 from sparkcoord.sinks.compaction import DEFAULT_MAX_FILES
 from sparkcoord.sinks.files import check_job_id
 
@@ -145,6 +146,7 @@ def _setting(settings: dict[Any, tuple[str, Any]], names: Any, key: str, value: 
     settings[names] = (key, value)
 
 
+@encoded("sinks.SinkTarget")
 @dataclass(frozen=True)
 class SinkTarget:
     """One table and how the sink writes it."""

@@ -56,6 +56,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from sparkcoord.core.encoding import encoded
+
 #: the PySpark-style option names of alignment (lower case: Spark's options ignore case) and
 #: the spelling the docs and errors use
 OPTION_NAMES: dict[str, str] = {
@@ -153,6 +155,7 @@ def _milliseconds(name: str, value: str, *, positive: bool = False) -> int:
 
 
 # ------------------------------------------------------------------ what flows between the sides
+@encoded("sources.WatermarkReport")
 @dataclass(frozen=True)
 class WatermarkReport:
     """A reader's report on its splits since its last report. Built by
@@ -173,6 +176,7 @@ class WatermarkReport:
         return bool(self.read or self.empty or self.finished)
 
 
+@encoded("sources.AlignmentDecision")
 @dataclass(frozen=True)
 class AlignmentDecision:
     """What a batch's readers may read. Made by :meth:`WatermarkAlignment.decide` on the
@@ -308,6 +312,7 @@ class SplitAlignmentState:
     empty_since_decision: bool = False
 
 
+@encoded("sources.AlignmentState")
 @dataclass
 class AlignmentState:
     """The enumerator's alignment state: picklable and small (an entry per split not finished);

@@ -35,6 +35,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sparkcoord.core.encoding import encoded
 from sparkcoord.core.stored import StoredOnce
 from sparkcoord.sources.splits import Split
 
@@ -69,6 +70,7 @@ def _splits_of(chunk: Chunk) -> tuple[Split, ...]:
     return chunk.value if isinstance(chunk, StoredOnce) else chunk
 
 
+@encoded("sources.BacklogState")
 @dataclass(frozen=True)
 class BacklogState:
     """A backlog as the enumerator's snapshot holds it: per chunk, the chunk (a part's name

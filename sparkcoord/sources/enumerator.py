@@ -67,6 +67,7 @@ from typing import Any
 
 from sparkcoord.committer import CommitFunction, CommitLedger, CommitWorker, LedgerState
 from sparkcoord.coordinator import Cancellable, CoordinatorContext, OperatorCoordinator, Withdrawn
+from sparkcoord.core.encoding import encoded
 from sparkcoord.sources.alignment import (
     AlignmentOptions,
     AlignmentState,
@@ -100,6 +101,7 @@ class SplitDiscovery(abc.ABC):
         return 0
 
 
+@encoded("sources.EnumeratorState")
 @dataclass
 class EnumeratorState:
     """The enumerator's checkpointed state."""

@@ -31,6 +31,7 @@ from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from sparkcoord.core.encoding import encoded
 from sparkcoord.operator import SubtaskContext, SubtaskOperator
 from sparkcoord.sources.alignment import (
     NO_DECISION,
@@ -44,6 +45,7 @@ from sparkcoord.sources.splits import NextSplit, NoSplitNow, Split
 _FINISHED, _KEPT, _STOPPED = "finished", "kept", "stopped"
 
 
+@encoded("sources.ReaderState")
 @dataclass
 class ReaderState:
     """A reader's checkpointed state: splits it has not finished, with their positions, and

@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from sparkcoord.core.encoding import encoded
 from sparkcoord.core.stored import StoredOnce
 
 #: entries per chunk (rule 1)
@@ -42,6 +43,7 @@ MERGED_CHUNKS = 8
 Entry = tuple[int, float]  # size, modification time
 
 
+@encoded("sources.SeenFiles")
 class SeenFiles:
     """Paths seen by discovery, with their size and modification time (module rules)."""
 

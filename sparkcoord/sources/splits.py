@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from sparkcoord.core.encoding import encoded
+
 
 class PicklesLikeBefore:
     """Fields a class gained after sparkcoord first logged it are left out of its pickle while
@@ -31,6 +33,7 @@ class PicklesLikeBefore:
         return state
 
 
+@encoded("sources.Split")
 @dataclass(frozen=True)
 class Split(PicklesLikeBefore):
     """Base class of a split. Subclasses add what the reader needs (a path, a range).
@@ -63,6 +66,7 @@ class Split(PicklesLikeBefore):
         return self.split_id
 
 
+@encoded("sources.NextSplit")
 @dataclass(frozen=True)
 class NextSplit(PicklesLikeBefore):
     """A reader's request: the splits it finished since it last asked, and "give me another".
@@ -81,6 +85,7 @@ class NextSplit(PicklesLikeBefore):
     added_fields: ClassVar[tuple[str, ...]] = ("watermarks",)
 
 
+@encoded("sources.NoSplitNow")
 @dataclass(frozen=True)
 class NoSplitNow:
     """The enumerator's answer when it has nothing more for this batch: ``done`` is true when

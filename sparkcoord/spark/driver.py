@@ -35,6 +35,7 @@ from typing import Any
 from sparkcoord.channel.faults import fault_plan
 from sparkcoord.channel.frames import Delivery
 from sparkcoord.channel.server import ChannelServer
+from sparkcoord.core.encoding import loads
 from sparkcoord.core.ids import NO_EPOCH, SubtaskId
 from sparkcoord.core.records import CheckpointRecord
 from sparkcoord.runtime import layout
@@ -58,13 +59,12 @@ def with_attached(spec: SourceSpec, storage: CheckpointStorage) -> SourceSpec:
     DataFrame was made (``attached.pkl``, written by the driver program before the query
     started; runner process, at a run's start)."""
     import dataclasses
-    import pickle
 
     try:
         data = storage.files.read(f"{storage.root}/{layout.ATTACHED}")
     except FileNotFoundError:
         return spec
-    attached = pickle.loads(data)  # our own checkpoint directory, written by the job (0600)
+    attached = loads(data)  # our own checkpoint directory, written by the job (0600)
     taken = {op.name for op in list(spec.operators) + list(spec.recipients)}
     more = [op for op in attached if op.name not in taken]
     return dataclasses.replace(spec, recipients=[*spec.recipients, *more]) if more else spec

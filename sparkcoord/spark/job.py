@@ -50,6 +50,7 @@ from typing import TYPE_CHECKING, Any
 
 from sparkcoord.coordinator import CoordinatorProvider
 from sparkcoord.core.codec import EventCodec
+from sparkcoord.core.encoding import loads
 from sparkcoord.core.errors import SparkCoordError
 from sparkcoord.core.lease import DEFAULT_TTL_S, LeaseLost
 from sparkcoord.core.text import plural
@@ -484,7 +485,6 @@ class CoordinatedJob:
         took the request within ``timeout_s``, and
         :class:`~sparkcoord.core.errors.RequestFailed` when a run took it but no answer came.
         """
-        import pickle
 
         from sparkcoord.channel.client import ChannelUnavailable, JobClient
         from sparkcoord.channel.frames import ResponseStatus
@@ -561,7 +561,7 @@ class CoordinatedJob:
                     continue
                 reason = response.payload.decode(errors="replace")
                 if response.status is ResponseStatus.ANSWER:
-                    return pickle.loads(response.payload)
+                    return loads(response.payload)
                 if response.status is ResponseStatus.REFUSED:
                     raise RequestRefused(f"coordinator {operator!r} refused request "
                                          f"{request!r}: {reason}")

@@ -25,6 +25,7 @@ from typing import Any
 
 from sparkcoord.channel.client import ChannelClient
 from sparkcoord.core.codec import EventCodec
+from sparkcoord.core.encoding import loads
 from sparkcoord.core.errors import SparkCoordError
 from sparkcoord.core.ids import SubtaskId, TaskAttempt
 from sparkcoord.operator import RecipientOperator, SubtaskContext, SubtaskOperator
@@ -119,7 +120,7 @@ class RecipientFunction:
         # without this operator's tasks (an empty relation optimized away), so batch - 1 need
         # not have left a state.
         restored = store.read_before(sid, batch)
-        state = pickle.loads(restored[1]) if restored is not None else None
+        state = loads(restored[1]) if restored is not None else None
         ask = request_function(client, codec, sid, epoch) if client is not None else None
 
         def request(value: Any, timeout_s: float) -> Any:
@@ -138,7 +139,7 @@ class RecipientFunction:
             with user_code(sid, epoch, "open()"):
                 operator.open(context, state)
             for payload in events:
-                event = pickle.loads(payload)
+                event = loads(payload)
                 with user_code(sid, epoch, "handle_operator_event()"):
                     rows = operator.handle_operator_event(event)
                 with user_code(sid, epoch, "handle_operator_event()"):

@@ -18,11 +18,13 @@ from typing import Any
 from pyspark import cloudpickle
 from pyspark.sql.datasource import InputPartition
 
+from sparkcoord.core.encoding import encoded
 from sparkcoord.runtime.config import ServiceConfig
 
 FORMAT = "sparkcoord"
 
 
+@encoded("spark.OperatorSpec")
 @dataclass(frozen=True)
 class OperatorSpec:
     """One coordinated operator of a source: its coordinator, its subtask operator, its width."""

@@ -22,6 +22,7 @@ from typing import Any
 from sparkcoord.channel.client import ChannelClient, ChannelRejected
 from sparkcoord.channel.frames import ResponseStatus
 from sparkcoord.core.codec import EventCodec
+from sparkcoord.core.encoding import loads
 from sparkcoord.core.errors import (
     OperatorCodeFailed,
     RequestFailed,
@@ -71,7 +72,7 @@ def request_function(client: ChannelClient, codec: EventCodec, sid: SubtaskId, e
         if response.status is ResponseStatus.ANSWER:
             if KILLS_PLANNED:  # test-only (runtime/kills.py); a constant False otherwise
                 kill_point("answered", epoch)
-            return pickle.loads(response.payload)
+            return loads(response.payload)
         reason = response.payload.decode(errors="replace")
         if response.status is ResponseStatus.REFUSED:
             raise RequestRefused(f"coordinator {sid.operator!r} refused request {request!r} of "
@@ -194,7 +195,7 @@ def _subtask_rows(spec: SourceSpec, p: CoordinatedPartition) -> Iterator[tuple[A
         client.register_with_first_event()
     store = state_store(spec)
     restored = store.read_before(sid, p.epoch, p.previous_epoch)
-    state = pickle.loads(restored[1]) if restored is not None else None
+    state = loads(restored[1]) if restored is not None else None
     codec = EventCodec(spec.config.max_event_bytes)
 
     def send(event: Any) -> None:
@@ -209,7 +210,7 @@ def _subtask_rows(spec: SourceSpec, p: CoordinatedPartition) -> Iterator[tuple[A
         with user_code(sid, p.epoch, "open()"):
             operator.open(context, state)
         for payload in p.events:
-            event = pickle.loads(payload)
+            event = loads(payload)
             with user_code(sid, p.epoch, "handle_operator_event()"):
                 rows = operator.handle_operator_event(event)
             if rows is not None:

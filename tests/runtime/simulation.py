@@ -30,6 +30,11 @@ record's, between the parts and the record, after the record, and inside pruning
 checks hold parts to storage rule 3 and restores to the state that was sealed
 (:meth:`Simulation.check_storage`, :meth:`Simulation.check_restored`).
 
+Upgrades (core/encoding.py rule 6): a driver restart may run another sparkcoord, which
+encodes the same events and requests as other bytes (here: pickle protocol 4 or 5, picked by
+a generator of its own so that a seed's other steps stay as they were); a rerun's tasks then
+re-send their histories in the new encoding, which must count as the same items.
+
 Steps are picked by a seeded ``random.Random``; every failure the contract covers can be
 injected between any two steps. ``check_invariants`` asserts the exactly-once outcome.
 """
@@ -526,9 +531,15 @@ class Simulation:
 
     def __init__(self, seed: int, *, parallelism: int = 2, numbers_per_subtask: int = 4,
                  defer_probability: float = 0.3, tolerable_failures: int = 1,
-                 per_subtask_operator: bool = True, asking_operator: bool = True) -> None:
+                 per_subtask_operator: bool = True, asking_operator: bool = True,
+                 upgrades: bool = True) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
+        #: upgrades (core/encoding.py rule 6): a restart may run a sparkcoord that encodes
+        #: the same items as other bytes; its own generator, so a seed's other steps stay
+        self.upgrades = upgrades
+        self._upgrade_rng = random.Random(seed * 7919 + 1)
+        self.protocol = pickle.HIGHEST_PROTOCOL
         self.parallelism = parallelism
         self.numbers_per_subtask = numbers_per_subtask
         self.defer_probability = defer_probability
@@ -552,8 +563,18 @@ class Simulation:
         self._new_run()
 
     # --------------------------------------------------------------------------- runs
+    def encode_item(self, item: Any) -> bytes:
+        """A task's (or the client's) event or request as this run's sparkcoord encodes it."""
+        return pickle.dumps(item, self.protocol)
+
     def _new_run(self) -> None:
         self.runs += 1
+        if self.upgrades and self.runs > 1:
+            protocol = self._upgrade_rng.choice((4, 5))
+            if protocol != self.protocol:
+                self.stats["upgrades"] += 1
+                self.log(f"upgrade: this run encodes items with pickle protocol {protocol}")
+            self.protocol = protocol
         self.mailboxes = ManualMailboxes()
         self.clock = ManualClock()
         self.storage = SimStorage(self.world.url, self)
@@ -879,7 +900,7 @@ class Simulation:
         if task.pending is None:
             self._register(task)
             task.pending = self.service.inbox.request_received(
-                task.attempt, task.seq, pickle.dumps(task.sends[task.seq]))
+                task.attempt, task.seq, self.encode_item(task.sends[task.seq]))
         if not task.pending.done():
             return
         fut, task.pending = task.pending, None
@@ -916,7 +937,7 @@ class Simulation:
 
     def _send_run(self, task: Task, first: int, count: int) -> RunDecision:
         self._register(task)
-        payloads = tuple(pickle.dumps(task.sends[i]) for i in range(first, first + count))
+        payloads = tuple(self.encode_item(task.sends[i]) for i in range(first, first + count))
         decision = self.service.inbox.event_runs_received([(task.attempt, first, payloads)])[0]
         if decision.rejected:
             raise TaskFailed(decision.reason)
@@ -979,7 +1000,7 @@ class Simulation:
         if w.client_waiting is None or w.client_waiting.done() and (
                 w.client_waiting.exception() is not None or lost):
             w.client_waiting = self.service.inbox.request_received(
-                DriverClient("ask", "driver"), seq, pickle.dumps(("add", seq)))
+                DriverClient("ask", "driver"), seq, self.encode_item(("add", seq)))
             self.stats["client-requests"] += 1
         fut = w.client_waiting
         if fut.done() and fut.exception() is None and not lost:
@@ -1047,7 +1068,7 @@ class Simulation:
             # the answer was lost on the way: the task asks again, and must get the same one
             self.stats["lost-response"] += 1
             again = self.service.inbox.request_received(task.attempt, task.seq - 1,
-                                                  pickle.dumps(task.sends[task.seq - 1]))
+                                                  self.encode_item(task.sends[task.seq - 1]))
             if again.done() and again.exception() is None:
                 self._observe(task, task.seq - 1, pickle.loads(again.result().payload))
             return
@@ -1109,7 +1130,7 @@ class Simulation:
                                          .verdict is not Verdict.REJECT)
                 superseded = self.service.inbox.live_attempt(zombie.sid) != zombie.attempt
                 decision = self.service.inbox.event_received(zombie.attempt, zombie.seq,
-                                                       pickle.dumps(zombie.sends[zombie.seq]))
+                                                       self.encode_item(zombie.sends[zombie.seq]))
                 if superseded:
                     assert decision.verdict is Verdict.REJECT, decision
                     self.stats["zombie-refused"] += 1

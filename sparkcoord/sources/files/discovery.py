@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from sparkcoord.core.encoding import encoded
 from sparkcoord.sources.enumerator import SplitDiscovery
 from sparkcoord.sources.files.listing import FileEntry, Lister, filesystem
 from sparkcoord.sources.files.options import DISCOVERY_MODES, FileSourceOptions
@@ -36,6 +37,7 @@ from sparkcoord.sources.splits import Split
 log = logging.getLogger("sparkcoord.sources")
 
 
+@encoded("files.FileDiscoveryState")
 @dataclass
 class FileDiscoveryState:
     """Checkpointed by the enumerator: see rule 2."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+from sparkcoord.core.encoding import encoded
 from sparkcoord.sources.splits import Split
 
 #: where a pickle names the file source's checkpointed classes: the module they were defined in
@@ -25,6 +26,7 @@ PICKLED_MODULE = "sparkcoord.sources.files"
 Member = tuple[str, int, float]
 
 
+@encoded("files.FileSplit")
 @dataclass(frozen=True)
 class FileSplit(Split):
     """A parquet row group (``row_group``) or a byte range ``[start, end)`` of a text file.

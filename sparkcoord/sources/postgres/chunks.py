@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sparkcoord.core.encoding import encoded
 from sparkcoord.sources.postgres import values
 from sparkcoord.sources.postgres.errors import ChunkKeyError
 from sparkcoord.sources.postgres.names import TableName, quote_ident
@@ -83,6 +84,7 @@ class BoundaryQuery:
     offset: int
 
 
+@encoded("postgres.PlannerState")
 @dataclass(frozen=True, slots=True)
 class PlannerState:
     """What a checkpoint keeps of a planner (rule 1)."""

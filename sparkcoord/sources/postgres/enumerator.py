@@ -110,6 +110,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sparkcoord.coordinator import CoordinatorContext, OperatorCoordinator, Withdrawn
+from sparkcoord.core.encoding import encoded
 from sparkcoord.sources.postgres.chunks import Chunk, PlannerState
 from sparkcoord.sources.postgres.names import TableName
 from sparkcoord.sources.postgres.splits import (
@@ -171,6 +172,7 @@ class EnumeratorIO(abc.ABC):
         """Release connections (any thread)."""
 
 
+@encoded("postgres.CdcEnumeratorState")
 @dataclass
 class CdcEnumeratorState:
     """The enumerator's checkpointed state."""

@@ -18,6 +18,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from sparkcoord.core.encoding import encoded
+
 _SIMPLE = re.compile(r"^[a-z0-9_]{1,63}$")
 
 
@@ -28,6 +30,7 @@ def quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+@encoded("postgres.TableName")
 @dataclass(frozen=True, slots=True, order=True)
 class TableName:
     schema: str

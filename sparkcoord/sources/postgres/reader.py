@@ -65,6 +65,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
+from sparkcoord.core.encoding import encoded
 from sparkcoord.operator import SubtaskContext, SubtaskOperator
 from sparkcoord.sources.postgres import values
 from sparkcoord.sources.postgres.catalog import composed
@@ -658,6 +659,7 @@ def read_stream(conn: Any, config: ReaderConfig, position: StreamPosition, upto:
 # -- the operator (rules 1 and 2) --------------------------------------------------------------
 
 
+@encoded("postgres.PostgresReaderState")
 @dataclass
 class PostgresReaderState:
     #: chunks read by the previous batch, to be reported: (split id, high watermark)

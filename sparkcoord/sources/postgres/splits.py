@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sparkcoord.core.encoding import encoded
 from sparkcoord.sources.postgres import chunks
 from sparkcoord.sources.postgres.catalog import TableInfo
 from sparkcoord.sources.postgres.chunks import Key, choose_chunk_key
@@ -46,6 +47,7 @@ from sparkcoord.sources.splits import Split
 STREAM_SPLIT_ID = "stream"
 
 
+@encoded("postgres.SnapshotChunk")
 @dataclass(frozen=True, kw_only=True)
 class SnapshotChunk(Split):
     """Rows of ``table`` whose ``key_column`` is in ``[start, end)`` (rule 1)."""
@@ -66,6 +68,7 @@ class SnapshotChunk(Split):
         return chunks.Chunk(self.table, self.key_column, self.index, self.start, self.end)
 
 
+@encoded("postgres.StreamSplit")
 @dataclass(frozen=True, kw_only=True)
 class StreamSplit(Split):
     """The replication stream (rule 2): ``start`` is the position to read after (0: the
@@ -76,6 +79,7 @@ class StreamSplit(Split):
     filter: StreamFilter | None = None
 
 
+@encoded("postgres.NextChunk")
 @dataclass(frozen=True)
 class NextChunk:
     """A reader's request (rule 3): ``(split id, high watermark)`` of each chunk it finished in
@@ -84,6 +88,7 @@ class NextChunk:
     finished: tuple[tuple[str, int], ...] = ()
 
 
+@encoded("postgres.NextStreamRead")
 @dataclass(frozen=True)
 class NextStreamRead:
     """The stream reader's request at the start of each of its batches (rules 3 and 5):
@@ -97,6 +102,7 @@ class NextStreamRead:
     stopped: str | None = None
 
 
+@encoded("postgres.StreamBound")
 @dataclass(frozen=True)
 class StreamBound:
     """The enumerator's answer to :class:`NextStreamRead` (rule 5): read the transactions

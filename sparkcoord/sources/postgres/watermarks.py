@@ -76,6 +76,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from sparkcoord.core.encoding import encoded
 from sparkcoord.core.stored import StoredOnce
 from sparkcoord.sources.postgres.errors import PostgresSourceError
 from sparkcoord.sources.postgres.names import TableName
@@ -299,6 +300,7 @@ def snapshot_rows(table: TableName, rows: Mapping[Key, RowValues], high: int) ->
 # -- rules 4 to 6: the high-watermark map ---------------------------------------------------
 
 
+@encoded("postgres.ChunkMap")
 @dataclass(frozen=True)
 class ChunkMap:
     """One table's chunks (rule 6): ``boundaries[i]`` is chunk ``i``'s end and chunk
@@ -328,6 +330,7 @@ class ChunkMap:
         return max(self.hws)
 
 
+@encoded("postgres.StreamFilter")
 @dataclass(frozen=True)
 class StreamFilter:
     """Every captured table's :class:`ChunkMap` (rule 4), each possibly a stored-once part."""
@@ -441,6 +444,7 @@ def _after_image(change: RowChange) -> tuple[RowValues, tuple[str, ...]]:
     return after, missing
 
 
+@encoded("postgres.StreamPosition")
 @dataclass(frozen=True)
 class StreamPosition:
     """Where the stream reader is: every transaction ending at or before ``after`` was read
@@ -477,6 +481,7 @@ def _values(segment: Any) -> Sequence[Any]:
     return values
 
 
+@encoded("postgres.ChunkProgress")
 @dataclass
 class ChunkProgress:
     """One table's chunks while the snapshot runs (rule 6): the boundaries planned so far

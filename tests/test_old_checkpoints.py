@@ -1,0 +1,135 @@
+"""Checkpoints written by released versions of sparkcoord (tests/fixtures/checkpoints) read
+with the code as it is now: every record, part, log item, subtask state and spec decodes to the
+library's classes, and what the code writes now names no class by its module path
+(core/encoding.py rules 1 and 4). The runs that continue them on Spark are in
+tests/spark/test_old_checkpoints_spark.py."""
+
+from __future__ import annotations
+
+import functools
+import glob
+import os
+import pickletools
+from typing import Any
+
+import pytest
+
+from sparkcoord.core.encoding import loads
+from sparkcoord.core.records import decode_checkpoint, decode_log, decode_subtask_state
+from sparkcoord.core.stored import StoredOnce, load_snapshot
+from sparkcoord.inspection import inspect_checkpoint
+from tests.fixtures.checkpoints import TAGS, unpacked
+
+#: library paths a pickle may still name: the encoded constructor, and the stored-once parts
+#: (core/stored.py: their pickle is a reference, not a value)
+STABLE = {"sparkcoord.core.encoding:_decoded", "sparkcoord.core.stored:_stored_part",
+          "sparkcoord.core.stored:StoredOnce"}
+
+
+def library_globals(data: bytes) -> set[str]:
+    found, strings = set(), []
+    for op, arg, _ in pickletools.genops(data):
+        if op.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE"):
+            strings.append(arg)
+        elif op.name == "STACK_GLOBAL":
+            found.add(f"{strings[-2]}:{strings[-1]}")
+        elif op.name == "GLOBAL":
+            found.add(arg.replace(" ", ":"))
+    return {g for g in found if g.startswith("sparkcoord.")}
+
+
+def decoded_values(root: str) -> dict[str, list[Any]]:
+    """Every pickle of a job's checkpoint directory, decoded: kind -> values."""
+    out: dict[str, list[Any]] = {"snapshot": [], "event": [], "log": [], "state": [],
+                                 "attached": []}
+    for source in glob.glob(os.path.join(root, "ckpt", "coordination", "*")):
+        parts = os.path.join(source, "parts")
+
+        def read_part(digest: str, parts: str = parts) -> StoredOnce[Any]:
+            with open(os.path.join(parts, digest), "rb") as f:
+                return StoredOnce.read_back(digest, f.read())
+        for path in sorted(glob.glob(os.path.join(source, "records", "*.ckpt"))):
+            record = decode_checkpoint(open(path, "rb").read(), path)
+            for name, snapshot in record.snapshots.items():
+                if not name.startswith("\x00"):
+                    out["snapshot"].append(load_snapshot(bytes(snapshot), read_part, path))
+            for events in record.events.values():
+                out["event"] += [loads(e) for e in events]
+        for path in sorted(glob.glob(os.path.join(source, "inbound", "*.log"))):
+            entries = decode_log(open(path, "rb").read(), path, allow_torn_tail=True)[0]
+            for entry in entries:
+                for payload in ([entry.payload] if hasattr(entry, "payload")
+                                else list(getattr(entry, "payloads", ()))):
+                    out["log"].append(loads(payload))
+        for path in sorted(glob.glob(os.path.join(source, "state", "**", "*.state"),
+                                     recursive=True)):
+            out["state"].append(loads(decode_subtask_state(open(path, "rb").read(), path)[1]))
+        attached = os.path.join(source, "attached.pkl")
+        if os.path.exists(attached):
+            out["attached"].append(loads(open(attached, "rb").read()))
+    return out
+
+
+def classes_in(value: Any, seen: set[int] | None = None) -> set[str]:
+    """The qualified names of the sparkcoord classes ``value`` holds, at any depth."""
+    seen = set() if seen is None else seen
+    if id(value) in seen:
+        return set()
+    seen.add(id(value))
+    names = set()
+    kind = type(value)
+    if kind.__module__.startswith("sparkcoord."):
+        names.add(kind.__name__)
+    if isinstance(value, dict):
+        children = [*value.keys(), *value.values()]
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        children = list(value)
+    elif isinstance(value, StoredOnce):
+        children = [value.value]
+    elif isinstance(value, functools.partial):
+        children = [value.func, *value.args, *value.keywords.values()]
+    elif hasattr(value, "__dataclass_fields__"):
+        children = [getattr(value, f) for f in value.__dataclass_fields__]
+    elif hasattr(value, "__getstate__") and kind.__module__.startswith("sparkcoord."):
+        state = value.__getstate__()
+        children = [state] if state is not None else []
+    else:
+        children = []
+    for child in children:
+        names |= classes_in(child, seen)
+    return names
+
+
+EXPECTED = {
+    "files_lake": {"EnumeratorState", "BacklogState", "SeenFiles", "FileDiscoveryState",
+                   "FileSplit", "SinkState", "LedgerState", "CompactionState", "DataFile",
+                   "ColumnStats", "NextSplit", "NoSplitNow", "FileWritten", "OperatorSpec",
+                   "SinkTarget"},
+    "numbers": {"Number"},
+    "postgres_merge": {"CdcEnumeratorState", "TableName", "NextChunk", "NextStreamRead",
+                       "StreamBound", "NoSplitNow", "PostgresReaderState", "ChunkMap",
+                       "StreamFilter", "StreamPosition", "SinkState", "LedgerState",
+                       "DataFile", "OperatorSpec", "SinkTarget"},
+}
+
+
+@pytest.mark.parametrize("tag", TAGS)
+@pytest.mark.parametrize("case", sorted(EXPECTED))
+def test_a_released_checkpoint_decodes_to_the_librarys_classes_and_reencodes_by_name(
+        tag: str, case: str) -> None:
+    import pickle
+
+    with unpacked(tag, case) as root:
+        values = decoded_values(root)
+        found = set().union(*(classes_in(v) for kind in values.values() for v in kind))
+        assert EXPECTED[case] <= found, f"{case}: not found {EXPECTED[case] - found}"
+        # what the code writes of those values now names no library class by path
+        for kind, items in values.items():
+            for value in items:
+                named = library_globals(pickle.dumps(value, pickle.HIGHEST_PROTOCOL))
+                loose = {g for g in named if g not in STABLE
+                         # classes (not values) a spec refers to: a provider, an operator
+                         and not g.endswith(("Coordinator", "Subtask"))}
+                assert not loose, f"{case} {kind}: {type(value).__name__} pickles {loose}"
+        report = inspect_checkpoint(os.path.join(root, "ckpt"), decode=True)
+        assert report["problems"] == []
