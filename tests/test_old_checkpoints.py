@@ -9,12 +9,11 @@ from __future__ import annotations
 import functools
 import glob
 import os
-import pickletools
 from typing import Any
 
 import pytest
 
-from sparkcoord.core.encoding import loads
+from sparkcoord.core.encoding import loads, named_globals
 from sparkcoord.core.records import decode_checkpoint, decode_log, decode_subtask_state
 from sparkcoord.core.stored import StoredOnce, load_snapshot
 from sparkcoord.inspection import inspect_checkpoint
@@ -27,15 +26,7 @@ STABLE = {"sparkcoord.core.encoding:_decoded", "sparkcoord.core.stored:_stored_p
 
 
 def library_globals(data: bytes) -> set[str]:
-    found, strings = set(), []
-    for op, arg, _ in pickletools.genops(data):
-        if op.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE"):
-            strings.append(arg)
-        elif op.name == "STACK_GLOBAL":
-            found.add(f"{strings[-2]}:{strings[-1]}")
-        elif op.name == "GLOBAL":
-            found.add(arg.replace(" ", ":"))
-    return {g for g in found if g.startswith("sparkcoord.")}
+    return {g for g in named_globals(data) if g.startswith("sparkcoord.")}
 
 
 def decoded_values(root: str) -> dict[str, list[Any]]:

@@ -46,6 +46,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import pickle
+import pickletools
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -216,3 +217,18 @@ def same_value(logged: bytes, given: bytes) -> bool:
         return bool(loads(logged) == loads(given))
     except Exception:  # noqa: BLE001 - what does not decode is not the same value
         return False
+
+
+def named_globals(data: bytes) -> set[str]:
+    """The ``module:name`` of every class or function a pickle names, read without
+    unpickling (``pickletools``). Tests and tools call it to check rule 1: what the library
+    writes names ``_decoded``, not its classes' paths."""
+    found, strings = set(), []
+    for op, arg, _ in pickletools.genops(data):
+        if op.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE"):
+            strings.append(arg)
+        elif op.name == "STACK_GLOBAL" and len(strings) >= 2:
+            found.add(f"{strings[-2]}:{strings[-1]}")
+        elif op.name == "GLOBAL":
+            found.add(str(arg).replace(" ", ":"))
+    return found

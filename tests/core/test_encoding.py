@@ -4,27 +4,20 @@ version, and what an older sparkcoord pickled still reads; a newer checkpoint is
 from __future__ import annotations
 
 import pickle
-import pickletools
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
 from sparkcoord.core import encoding
-from sparkcoord.core.encoding import REGISTRY, EncodingTooNew, encoded, loads, same_value
-
-
-def globals_named(data: bytes) -> set[str]:
-    """The ``module:name`` of every global a pickle names."""
-    found, strings = set(), []
-    for op, arg, _ in pickletools.genops(data):
-        if op.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE"):
-            strings.append(arg)
-        elif op.name == "STACK_GLOBAL":
-            found.add(f"{strings[-2]}:{strings[-1]}")
-        elif op.name == "GLOBAL":
-            found.add(arg.replace(" ", ":"))
-    return found
+from sparkcoord.core.encoding import (
+    REGISTRY,
+    EncodingTooNew,
+    encoded,
+    loads,
+    named_globals,
+    same_value,
+)
 
 
 @pytest.fixture
@@ -60,7 +53,7 @@ def test_an_encoded_value_names_its_stable_name_and_not_its_module_path(registry
         y: int = 0
 
     data = pickle.dumps(Point(1, 2), 5)
-    assert globals_named(data) == {"sparkcoord.core.encoding:_decoded"}
+    assert named_globals(data) == {"sparkcoord.core.encoding:_decoded"}
     assert b"test.Point" in data and b"test_encoding" not in data
     assert loads(data) == Point(1, 2)
 
@@ -73,7 +66,7 @@ def test_a_pickle_of_the_class_before_it_was_encoded_reads_as_version_1(registry
     try:
         assert loads(old) == Plain(7)
         assert loads(old_slots) == PlainSlots(8, "x")
-        assert globals_named(pickle.dumps(Plain(7), 5)) == {"sparkcoord.core.encoding:_decoded"}
+        assert named_globals(pickle.dumps(Plain(7), 5)) == {"sparkcoord.core.encoding:_decoded"}
     finally:
         del Plain.__reduce_ex__, Plain.__setstate__
         del PlainSlots.__reduce_ex__, PlainSlots.__setstate__
@@ -101,7 +94,7 @@ def test_a_new_version_upgrades_the_fields_of_the_one_before(registry) -> None:
 
 def test_a_class_moved_after_a_release_is_found_by_its_old_path(registry) -> None:
     old = pickle.dumps(Plain(3), 5)
-    assert "tests.core.test_encoding:Plain" in globals_named(old)
+    assert "tests.core.test_encoding:Plain" in named_globals(old)
     moved = old.replace(b"tests.core.test_encoding", b"tests.core.gone_encoding")
     with pytest.raises(ModuleNotFoundError):
         pickle.loads(moved)
@@ -149,7 +142,7 @@ def test_a_subclass_of_an_encoded_class_keeps_its_own_fields(registry) -> None:
     Mine.__qualname__ = "Mine"
     try:
         data = pickle.dumps(Mine(1, "x"), 5)
-        assert "sparkcoord.core.encoding:_decoded" not in globals_named(data)
+        assert "sparkcoord.core.encoding:_decoded" not in named_globals(data)
         assert loads(data) == Mine(1, "x")
     finally:
         del globals()["Mine"]
