@@ -35,7 +35,7 @@ Rules:
   6. A log item (an event, a request, an answer) that a retry or a replay sends again is the
      same item when its bytes equal the logged ones or, where they differ, when the two
      decode to equal values (:func:`same_value`): an upgrade between the two runs may change
-     an encoding, never a value (``core/inbound.py`` rule 3, ``runtime/inbox.py``).
+     an encoding, never a value (``core/inbound.py`` rule 4, ``runtime/inbox.py``).
 
 Thread model: the registry is filled at import time (class decorators); encoding and decoding
 run on any thread.
@@ -44,7 +44,6 @@ run on any thread.
 from __future__ import annotations
 
 import dataclasses
-import io
 import pickle
 import pickletools
 from collections.abc import Callable, Mapping
@@ -190,6 +189,30 @@ def _decoded(name: str, version: int, fields: dict[str, Any]) -> Any:
     return obj
 
 
+class _Bytes:
+    """The file-like view of a pickle's bytes that ``pickle.Unpickler`` reads (``read``,
+    ``readline``, ``readinto``): the core imports no ``io``."""
+
+    def __init__(self, data: bytes | bytearray | memoryview) -> None:
+        self._data = bytes(data)
+        self._at = 0
+
+    def read(self, size: int = -1) -> bytes:
+        end = len(self._data) if size < 0 else min(len(self._data), self._at + size)
+        out = self._data[self._at:end]
+        self._at = end
+        return out
+
+    def readline(self) -> bytes:
+        cut = self._data.find(b"\n", self._at)
+        return self.read(-1 if cut < 0 else cut + 1 - self._at)
+
+    def readinto(self, buffer: Any) -> int:
+        chunk = self.read(len(buffer))
+        buffer[:len(chunk)] = chunk
+        return len(chunk)
+
+
 class _Unpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         moved = MOVED.get(f"{module}:{name}")
@@ -204,7 +227,7 @@ def loads(data: bytes | bytearray | memoryview) -> Any:
     bytes of the job's own checkpoint or of an authenticated peer: unpickling runs code."""
     if not MOVED:
         return pickle.loads(data)
-    return _Unpickler(io.BytesIO(data)).load()
+    return _Unpickler(_Bytes(data)).load()
 
 
 def same_value(logged: bytes, given: bytes) -> bool:

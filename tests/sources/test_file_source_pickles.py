@@ -1,13 +1,16 @@
-"""The file source's checkpointed classes pickle to the bytes sparkcoord wrote before the file
-source became a package (issue 26 item 2): a pickle names a class by its module, and these
+"""The file source's checkpointed classes read the bytes sparkcoord wrote before the file
+source became a package (issue 26 item 2), when a pickle named a class by its module: these
 bytes are in checkpoints (reader and enumerator state, backlog chunks named by their hash) and
-in the request log, which a replay compares byte for byte (decision 36). The hex below was
-written by ``sparkcoord/sources/files.py`` (the single module), with pickle protocol 5."""
+in the request log, whose re-sent items count as the same when they decode to the same value
+(core/encoding.py rules 4 and 6). The hex below was written by ``sparkcoord/sources/files.py``
+(the single module), with pickle protocol 5; what the code writes now names the classes by
+their encoding (rule 1)."""
 
 from __future__ import annotations
 
 import pickle
 
+from sparkcoord.core.encoding import loads, named_globals, same_value
 from sparkcoord.sources.files.discovery import FileDiscoveryState
 from sparkcoord.sources.files.split import PICKLED_MODULE, FileSplit
 
@@ -33,19 +36,22 @@ STATE = bytes.fromhex(
     "4b008c0d6368616e6765645f7061746873945d9475622e")
 
 
-def test_file_splits_pickle_to_the_bytes_of_the_single_module_and_load_from_them() -> None:
+def test_file_splits_load_from_the_bytes_of_the_single_module_as_the_same_items() -> None:
     split = FileSplit("/d/a.json#0", 10, "/d/a.json", 10, 1.5, start=0, end=10)
     packed = FileSplit("/d/a.json#pack", 30, "/d/a.json", 10, 1.5, lane="/d",
                        files=(("/d/a.json", 10, 1.5), ("/d/b.json", 20, 2.5)))
-    assert pickle.dumps(split, protocol=5) == SPLIT
-    assert pickle.dumps(packed, protocol=5) == PACKED
-    assert pickle.loads(SPLIT) == split and pickle.loads(PACKED) == packed
+    assert loads(SPLIT) == split and loads(PACKED) == packed
+    for old, value in ((SPLIT, split), (PACKED, packed)):
+        now = pickle.dumps(value, protocol=5)
+        assert now != old and same_value(old, now)
+        assert named_globals(now) == {"sparkcoord.core.encoding:_decoded"}
 
 
-def test_the_discovery_state_pickles_to_the_bytes_of_the_single_module_and_loads_from_them() -> None:
+def test_the_discovery_state_loads_from_the_bytes_of_the_single_module() -> None:
     state = FileDiscoveryState(marker="/d/b.json", newest=2.5, backfill_at=3.0)
-    assert pickle.dumps(state, protocol=5) == STATE
-    loaded = pickle.loads(STATE)
+    assert "sparkcoord.sources.files:FileDiscoveryState" not in named_globals(
+        pickle.dumps(state, protocol=5))
+    loaded = loads(STATE)
     assert isinstance(loaded, FileDiscoveryState)
     assert (loaded.marker, loaded.newest, loaded.backfill_at, len(loaded.recent)) == (
         "/d/b.json", 2.5, 3.0, 0)
