@@ -1,4 +1,4 @@
-"""scripts/channel_load.py, the request path's profiling tool (README), runs and reports."""
+"""scripts/channel_load.py, the request path's profiling tool (docs/testing.md), runs and reports."""
 
 from __future__ import annotations
 
