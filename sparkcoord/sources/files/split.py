@@ -28,7 +28,8 @@ Member = tuple[str, int, float]
 @dataclass(frozen=True)
 class FileSplit(Split):
     """A parquet row group (``row_group``) or a byte range ``[start, end)`` of a text file.
-    ``lane``: the file's directory, the key of watermark alignment (decision 43).
+    ``lane``: the file's directory, the key of watermark alignment
+    (docs/decisions/043-watermark-alignment.md).
 
     A *packed* split (rule 8) reads several small text files whole, in order: ``files`` holds
     them (path, size, modification time, as discovered; two or more), ``size`` is their bytes,
