@@ -92,7 +92,8 @@ def _worker_footprint(tmp: str) -> dict[str, dict[str, float]]:
                                                                   SteadyOperator, 8)], SCHEMA,
                       checkpoint_interval_s=0)
     # A real driver side in this process, with a sealed epoch: every task connects once at
-    # its end to say it finished (docs/decisions.md 76), so it needs a service to talk to.
+    # its end to say it finished (docs/protocol.md [every-attempt-finishes]), so it needs a
+    # service to talk to.
     # Each fresh worker runs the same partition (attempt 0 again: a duplicate registration and
     # finish, answered as such).
     driver = CoordinatedStreamReader(spec)

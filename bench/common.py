@@ -45,9 +45,10 @@ def compile_package() -> str:
     task workers, the planners) imports sparkcoord's modules. An editable install (the
     README's) writes their bytecode at the first import, unless ``PYTHONDONTWRITEBYTECODE`` is
     set, as it is on the machine these benchmarks run on; then every such process compiled
-    them from source again (~60 ms of a source runner's start, docs/decisions.md 85) and the
-    figures measured a cost a user who installed the package does not pay. A package that
-    cannot be compiled (read-only) is measured as it is, and the report says so."""
+    them from source again (~60 ms of a source runner's start,
+    docs/decisions/085-compiled-bench-local-files.md) and the figures measured a cost a user who
+    installed the package does not pay. A package that cannot be compiled (read-only) is
+    measured as it is, and the report says so."""
     import compileall
 
     import sparkcoord

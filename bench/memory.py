@@ -3,10 +3,10 @@
 The runner's code (CoordinatedStreamReader: coordination service, mailboxes, channel server,
 checkpoint storage) is driven in this process by a loop that makes Spark's calls in Spark's
 order (``latestOffset`` -> ``partitions`` -> every partition's ``read`` -> next
-``latestOffset``, see SPARK_NOTES), with the subtasks running in the same process over the
-real loopback channel; each subtask reports every event back, so the inbound path (log,
-gate, futures, connections) is exercised every epoch. Without the JVM, 10k epochs take
-minutes instead of hours, and the RSS is this code's alone.
+``latestOffset``, docs/protocol.md [spark-call-order-per-trigger]), with the subtasks running
+in the same process over the real loopback channel; each subtask reports every event back, so
+the inbound path (log, gate, futures, connections) is exercised every epoch. Without the JVM,
+10k epochs take minutes instead of hours, and the RSS is this code's alone.
 
 The baseline is the same loop over the plain source (sparkcoord.examples.plain). Figures: RSS
 growth from 10% to 100% of the run, per 1k epochs, and the peak.

@@ -10,7 +10,8 @@ The user-facing API:
 
 The names load on first use, as :mod:`sparkcoord.spark`'s do: every process that imports a
 submodule runs this file first (Spark's task workers; ``sparkcoord-python``, which starts
-Spark's Python processes and then replaces itself, decision 82) and needs none of them.
+Spark's Python processes and then replaces itself, docs/decisions/082-compiled-python-start.md)
+and needs none of them.
 """
 
 from __future__ import annotations

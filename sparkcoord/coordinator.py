@@ -69,7 +69,8 @@ class SubtaskGateway(abc.ABC):
 class Withdrawn:
     """An item of a subtask's history in an epoch that its surviving attempt did not send
     again: a task retry (or the rerun of a batch after a restart) adopted the failed
-    attempt's history, sent a shorter one, and finished (docs/decisions.md 47).
+    attempt's history, sent a shorter one, and finished (docs/protocol.md
+    [every-answer-consumed-or-returned]).
 
     ``item`` is the event or request as the subtask sent it; ``is_request`` tells which.
     ``answered``: the request got an answer, ``answer``, which the failed attempt was handed
@@ -96,9 +97,10 @@ class CoordinatorContext(abc.ABC):
     available_now: bool = False
     #: True for a coordinator restored from checkpoint N whose batch had committed in Spark:
     #: the logged inputs of batch N are handed to it again after ``start``, then
-    #: ``notify_checkpoint_complete(N)`` (DESIGN rule 8). False for a fresh start and for a
-    #: restore whose batch N runs again. A committer uses it to tell epoch N's side effect,
-    #: which its predecessor may have made, from one this run is about to produce.
+    #: ``notify_checkpoint_complete(N)`` (docs/protocol.md [restore-order]
+    #: [completion-is-repeatable]). False for a fresh start and for a restore whose batch N runs
+    #: again. A committer uses it to tell epoch N's side effect, which its predecessor may have
+    #: made, from one this run is about to produce.
     restored_committed: bool = False
 
     @abc.abstractmethod
@@ -172,7 +174,7 @@ class OperatorCoordinator:
         is done holds them. A future not done within the service's ``run_end_wait_s`` fails
         the run naming this coordinator (what is pending stays in the checkpoint and is done
         after the restart). Spark's source ``stop`` comes after the query ended, too late to
-        hold it (docs/decisions.md 71)."""
+        hold it (docs/protocol.md [run-ends-after-side-effects])."""
         return None
 
     def handle_event_from_operator(self, subtask: int, attempt: int, event: Any) -> None:
@@ -201,7 +203,7 @@ class OperatorCoordinator:
         inputs the runtime hands you (events, requests): state that a timer or another thread
         changed since the last checkpoint is not replayed. Once a request was answered in a
         batch, a task retry no longer resets the coordinator: the retry continues the failed
-        attempt's history (docs/decisions.md 36).
+        attempt's history (docs/protocol.md [retry-adopts-history-once-answered]).
 
         The default refuses every request.
         """
@@ -233,11 +235,12 @@ class OperatorCoordinator:
         order (a restore replays it at the same place).
 
         Happens only after a task retry that adopted a history (once the operator answered a
-        request in the epoch, docs/decisions.md 36) and sent fewer items than the attempt it
-        replaced, e.g. a worker whose time budget ran out sooner. ``withdrawn`` lists those
-        items in the order they were sent: for each request put back what its answer handed
-        out (an item of a queue, a split: Flink's ``addSplitsBack``) and undo what it
-        reported; for each event undo its effect. The retry's own output holds none of them.
+        request in the epoch, docs/protocol.md [retry-adopts-history-once-answered]) and sent
+        fewer items than the attempt it replaced, e.g. a worker whose time budget ran out
+        sooner. ``withdrawn`` lists those items in the order they were sent: for each request
+        put back what its answer handed out (an item of a queue, a split: Flink's
+        ``addSplitsBack``) and undo what it reported; for each event undo its effect. The
+        retry's own output holds none of them.
 
         The default fails the job, naming the operator, the subtask and the items: without
         this method, what was handed out would be lost silently.

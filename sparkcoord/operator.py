@@ -68,7 +68,7 @@ class SubtaskContext:
         The coordinator's ``handle_request(subtask, attempt, request)`` answers on its
         mailbox (or later, through a future). Exactly once: the request is logged before the
         coordinator sees it and the answer before this call returns it, so a retried task or a
-        replayed batch that asks its k-th item again gets the logged answer, byte for byte,
+        replayed batch that asks its k-th item again gets the logged answer, as it was logged,
         without asking the coordinator again. Requests and events of a task share one order:
         a retry must send and ask the same things in the same order (a different request
         fails the job as nondeterministic).

@@ -35,7 +35,7 @@ def test_a_subtask_task_runs_without_importing_fsspec_or_the_drivers_modules(tmp
                       [OperatorSpec("steady", SteadyCoordinator, SteadyOperator, 2)], SCHEMA,
                       checkpoint_interval_s=0)
     # A real driver side in this process with a sealed epoch: the task talks to it once, at
-    # its end, to say it finished (docs/decisions.md 76)
+    # its end, to say it finished (docs/protocol.md [every-attempt-finishes])
     driver = CoordinatedStreamReader(spec)
     try:
         start = driver.initialOffset()

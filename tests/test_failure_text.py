@@ -1,5 +1,5 @@
 """sparkcoord's own exception raised in a Spark task leads the job's failure text (issue 24
-item 6; docs/decisions.md 52): found in Spark's error text, without Spark."""
+item 6; docs/decisions/052-own-error-leads.md): found in Spark's error text, without Spark."""
 
 from __future__ import annotations
 

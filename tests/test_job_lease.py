@@ -1,8 +1,8 @@
-"""The job runner and the lease (spark/job.py rule 6; docs/decisions.md 89), without Spark:
-stand-ins for the session and the query, a real checkpoint directory, and a real second process
-holding the lease. A second driver program is refused at start naming the holder; a run whose
-lease was taken over ends with ``LeaseLost`` whatever its last failure looked like; a permanent
-refusal is not restarted."""
+"""The job runner and the lease (spark/job.py rule 6; docs/protocol.md
+[one-driver-per-checkpoint]), without Spark: stand-ins for the session and the query, a real
+checkpoint directory, and a real second process holding the lease. A second driver program is
+refused at start naming the holder; a run whose lease was taken over ends with ``LeaseLost``
+whatever its last failure looked like; a permanent refusal is not restarted."""
 
 from __future__ import annotations
 

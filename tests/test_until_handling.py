@@ -1,5 +1,6 @@
 """What the job runner does when ``until`` asks a job that is failing over or starting (issue 24
-item 4; docs/decisions.md 51), without Spark: a stand-in for the query and the failure report."""
+item 4; docs/decisions/051-client-request-across-failover.md), without Spark: a stand-in for
+the query and the failure report."""
 
 from __future__ import annotations
 

@@ -11,8 +11,9 @@ Rules:
      or the rerun of a batch after a restore, adopts the logged history once requests were
      answered). Every attempt says at its end how many items it sent (:meth:`finish`), also
      one that sent nothing: the service logs it, withdraws the rest of a longer history
-     (docs/decisions.md 47), and holds a batch that runs again after a restart to it (a sink
-     may hold the finished attempt's output: decision 76).
+     (docs/protocol.md [every-answer-consumed-or-returned]), and holds a batch that runs again
+     after a restart to it (a sink may hold the finished attempt's output: docs/protocol.md
+     [logged-finish-binds-the-rerun]).
   4. Up to ``window`` events may be unacknowledged; :meth:`flush` waits for every
      acknowledgement. The task must not finish its batch before ``flush`` returns.
   5. Coalescing (like Nagle's algorithm): an event sent while none is in flight goes out at
@@ -29,9 +30,10 @@ Rules:
      task did nothing wrong). A REJECT or FAILED response because the job failed carries a
      hold: the task waits that long before it fails, so that the job runner, which stops the
      query on a job failure, cancels it first (Spark logs a cancelled task as one line, and
-     does not retry it; decision 44). It waits on the refusing connection, which the service
-     closes when that stop closes the run (server rule 8): the task then ends at once, and
-     its Python worker is free for the restarted query (decision 81). A lost connection or a reply that does
+     does not retry it; docs/decisions/044-quiet-failover.md). It waits on the refusing
+     connection, which the service closes when that stop closes the run (server rule 8): the
+     task then ends at once, and its Python worker is free for the restarted query
+     (docs/decisions/081-release-refused-tasks.md). A lost connection or a reply that does
      not come within ``ack_timeout_s`` is retried: reconnect, register again (a duplicate
      registration is acknowledged), re-send every unacknowledged event with its number; after
      ``max_retries`` the task fails, but not before ``retry_window_s`` (15 s) has passed
@@ -46,7 +48,8 @@ Rules:
      in it ends with a TCP reset, which the server cannot tell from a task whose process went
      away (server rule 3; replies can trail the answer a task last read: an answer given on
      the server's I/O loop goes out before the acknowledgements of the same read). A
-     connection that broke, or that the service refused, is closed at once (decision 59).
+     connection that broke, or that the service refused, is closed at once
+     (docs/decisions/059-healthy-log.md).
 
 Thread model: one client per task, used from the task's thread only.
 """

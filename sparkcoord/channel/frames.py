@@ -55,7 +55,7 @@ class FrameType(enum.IntEnum):
     RESPONSE = 9  # the logged answer to a request, or why there is none
     CLIENT_REQUEST = 10  # a request of a client of the job (the user's driver program)
     FINISHED = 11  # an attempt that adopted a history finished after ``seq`` items (the rest
-    # is withdrawn: docs/decisions.md 47)
+    # is withdrawn: docs/protocol.md [every-answer-consumed-or-returned])
 
 
 class ResponseStatus(enum.IntEnum):
@@ -102,7 +102,7 @@ class Reply:
     reason: str
     count: int = 1
     #: A REJECT because the job failed: how long (ms) the task should wait for the job runner
-    #: to cancel it before failing by itself (decision 44); 0 otherwise.
+    #: to cancel it before failing by itself (docs/decisions/044-quiet-failover.md); 0 otherwise.
     hold_ms: int = 0
 
 

@@ -15,7 +15,7 @@ Rules:
      and the service logs a failed task's retry at INFO. A connection that authenticated and
      ends in the middle of a frame (its task stopped while writing) is an INFO line; an
      unauthenticated one that does is dropped with a WARNING, as any frame that is not ours
-     (decision 59).
+     (docs/decisions/059-healthy-log.md).
   4. A connection must complete its first authenticated frame within ``first_frame_timeout_s``
      of being accepted (a total deadline, not per read: a client trickling bytes is dropped
      too); after that it may stay idle for as long as it likes (a task between events).
@@ -38,7 +38,7 @@ Rules:
      ``failover_hold`` is positive) closes every connection at once: a task refused for the
      failure waits on its connection for its cancellation (client rule 7), and this close
      is that cancellation's sign, so its Python worker is free for the restarted query at
-     once instead of after Spark's kill timeout (decision 81).
+     once instead of after Spark's kill timeout (docs/decisions/081-release-refused-tasks.md).
 
 Theory of operation: a client pipelines up to its window of events, in bursts (EVENTS frames).
 The I/O loop reads a readable socket in large chunks (:class:`FrameReader`), authenticates
@@ -180,9 +180,10 @@ class ChannelServer:
         #: return "drop-before" (close without handling it) or "drop-after" (handle it, then
         #: close without replying: a lost acknowledgement), or "delay:<seconds>".
         self.fault: Callable[[object], str | None] | None = None
-        #: How long (ms) a task refused now should wait to be cancelled (decision 44): set by
-        #: the owner to a function that is positive only while the job has failed and the run
-        #: is not closed; any thread may call it.
+        #: How long (ms) a task refused now should wait to be cancelled
+        #: (docs/decisions/044-quiet-failover.md): set by the owner to a function that is
+        #: positive only while the job has failed and the run is not closed; any thread may
+        #: call it.
         self.failover_hold: Callable[[], int] = _no_hold
         self.dropped_connections = 0
         self.refused_connections = 0
@@ -346,7 +347,8 @@ class ChannelServer:
     def _io_loop(self) -> None:
         # The one thread that reads every connection (rule 2). Why one: with a thread per
         # connection, P tasks asking at once cost P threads handing the GIL to each other per
-        # request, about two thirds of the server's CPU per request (decision 45).
+        # request, about two thirds of the server's CPU per request
+        # (docs/decisions/045-one-io-thread.md).
         try:
             while True:
                 timeout = None
@@ -603,7 +605,8 @@ class ChannelServer:
         seq = message.seq
         if isinstance(message, Request):
             asker: Asker = message.attempt
-            hold = self.failover_hold  # a task's answer: a failed job's tasks wait (decision 44)
+            # a task's answer: a failed job's tasks wait (docs/decisions/044-quiet-failover.md)
+            hold = self.failover_hold
         else:
             asker, hold = DriverClient(message.operator, message.client), _no_hold
         answer = self.handler.request_received(asker, seq, message.payload)

@@ -105,7 +105,8 @@ class RunUnavailable(RequestFailed):
     restarting or failing over for the whole of the request's timeout (or, called from
     ``until`` on the job's own thread, a restart was due: that thread performs it, so the
     request does not wait for it). The job runner takes it from ``until`` as "not done yet"
-    while a restart is due or the query has not run a batch yet (docs/decisions.md 51)."""
+    while a restart is due or the query has not run a batch yet (docs/protocol.md
+    [client-requests-take-effect-once])."""
 
 
 class MalformedRecord(SparkCoordError):

@@ -1,6 +1,7 @@
 """The inbound gate: which subtask-to-coordinator events and requests take effect.
 
-Rules (DESIGN.md section 2, rules 6 and 7, and docs/decisions.md 36):
+Rules (docs/protocol.md [inbound-critical-section] [inbound-admission]
+[resent-item-equals-logged] [retry-resets-the-coordinator] [retry-adopts-history-once-answered]):
   1. Each event or request carries (run, subtask, epoch, Spark attempt number, sequence). It is
      dropped if its task attempt is not the live attempt of its subtask, or if its epoch is not
      the running (sealed, uncommitted) one. Events and requests of an attempt share one
@@ -32,17 +33,18 @@ Rules (DESIGN.md section 2, rules 6 and 7, and docs/decisions.md 36):
      the items from that number on are *withdrawn*: cut from the history (a later retry that
      sends them again asks anew) and handed to the coordinator's ``handle_items_withdrawn``
      with their logged answers, in log order, so what those answers handed out goes back
-     instead of vanishing (DESIGN 2c, docs/decisions.md 47). A replay meets the entry at the
-     same place and withdraws the same. Only within a run: a failed attempt's output never
-     reaches the sink, but when the batch runs again after a restart and an attempt of an
-     earlier run had finished, a sink may hold that attempt's output (Spark's file sink keeps
-     a batch it committed when only the commit log was lost), so only a *logged* finish binds
-     the rerun (a task finishes before its rows can reach a sink, so an attempt whose finish
-     is not logged left nothing there; docs/decisions.md 76): where the operator's log is
-     kept (rule 5: it answered a request), a shorter history than the finish is divergence
-     (rule 4), not a withdrawal, and so is an item beyond it; where it is not kept (no
-     request), the finishes alone are kept, and a request of that subtask in the rerun is
-     divergence (the finished attempt asked none, and its output holds no answer).
+     instead of vanishing (docs/protocol.md [every-answer-consumed-or-returned]). A replay
+     meets the entry at the same place and withdraws the same. Only within a run: a failed
+     attempt's output never reaches the sink, but when the batch runs again after a restart and
+     an attempt of an earlier run had finished, a sink may hold that attempt's output (Spark's
+     file sink keeps a batch it committed when only the commit log was lost), so only a *logged*
+     finish binds the rerun (a task finishes before its rows can reach a sink, so an attempt
+     whose finish is not logged left nothing there; docs/protocol.md
+     [logged-finish-binds-the-rerun]): where the operator's log is kept (rule 5: it answered a
+     request), a shorter history than the finish is divergence (rule 4), not a withdrawal, and
+     so is an item beyond it; where it is not kept (no request), the finishes alone are kept,
+     and a request of that subtask in the rerun is divergence (the finished attempt asked none,
+     and its output holds no answer).
   7. A client of the job (the user's driver program: core/entries.py's ``DriverClient``) asks
      requests too, with its own sequence per (operator, client). A client's request is in no
      subtask's history: it always survives, a task retry replays it to the reset coordinator
@@ -52,8 +54,9 @@ Rules (DESIGN.md section 2, rules 6 and 7, and docs/decisions.md 36):
      batches only its last entry is kept in memory: nothing replays it before a restore reads
      the durable log). Its answer goes to the log current when it comes. The newest
      ``CLIENT_MEMORY`` client requests are remembered across epochs and restores (with each
-     record, decision 38), so a client's re-send is answered from the log and never applied
-     twice; one whose answer died with an earlier run is told so (``LOST_ANSWER``).
+     record, docs/protocol.md [client-requests-take-effect-once]), so a client's re-send is
+     answered from the log and never applied twice; one whose answer died with an earlier run is
+     told so (``LOST_ANSWER``).
 
 Theory of operation: the gate keeps only the running epoch: the live attempt and history of
 each subtask, the logged responses, and every log entry in order (the in-memory mirror of the
@@ -567,7 +570,8 @@ class InboundGate:
     def client_memory(self) -> list[tuple[str, str, int, bytes | None, bool]]:
         """The remembered client requests as ``(operator, client, seq, answer, failed)``
         (answer None: not answered yet), oldest first: stored with each checkpoint record, so
-        that a restore to that record still answers a client's re-send once (decision 38)."""
+        that a restore to that record still answers a client's re-send once
+        (docs/protocol.md [client-requests-take-effect-once])."""
         return [(op, client, seq, None if a is None else a.payload, False if a is None else a.failed)
                 for (op, client, seq), a in self._client.items()]
 
@@ -797,7 +801,8 @@ def operators_with_requests(entries: Iterable[LogEntry]) -> set[str]:
 
 
 def kept_at_rerun(entries: Iterable[LogEntry]) -> list[LogEntry]:
-    """What a restore to an uncommitted epoch keeps of its log (docs/decisions.md 36, 38, 76):
+    """What a restore to an uncommitted epoch keeps of its log (docs/protocol.md
+    [rerun-keeps-answered-histories]):
     every entry of the operators that answered a subtask's request, every client request and
     answer (a client was answered: the effect must survive), and every other operator's
     finishes (a sink may hold a finished attempt's output: its subtask may not ask in the

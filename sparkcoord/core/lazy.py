@@ -2,7 +2,8 @@
 
 Spark's Python workers and ``sparkcoord-python`` import submodules of sparkcoord, which runs
 each parent package's ``__init__`` first; a package that re-exports its API through this
-imports nothing until a name is asked for (docs/decisions.md 32 and 82).
+imports nothing until a name is asked for (docs/decisions/032-worker-imports.md,
+docs/decisions/082-compiled-python-start.md).
 """
 
 from __future__ import annotations

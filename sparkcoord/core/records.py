@@ -12,14 +12,16 @@ Rules:
      that were accepted together (2; acknowledged together, so they are durable together), a
      request (3) or the coordinator's response to one (4; logged before the task sees it), a
      request of a client of the job (5) or its response (6), or a withdrawal (7: an attempt
-     that adopted a history finished without its items from ``seq`` on, docs/decisions.md 47).
+     that adopted a history finished without its items from ``seq`` on, docs/protocol.md
+     [every-answer-consumed-or-returned]).
   4. A frame whose checksum fails is damage wherever it is, the last frame included: an append
      that a crash cut short leaves a *short* frame, never a full-length one with other bytes in
      it. A short last frame is a torn write; only a reader that may see the log of a batch that
      never committed may drop it (``allow_torn_tail``); the restore reads only logs of
      committed batches, in which every frame was acknowledged, and there it is an error
-     (docs/decisions.md 33); a restore to an uncommitted batch whose log holds requests keeps
-     that log (decision 36) and may drop a torn tail.
+     (docs/protocol.md [restore-reads-only-verified-files]); a restore to an uncommitted batch
+     whose log holds requests keeps that log (docs/protocol.md [rerun-keeps-answered-histories])
+     and may drop a torn tail.
   5. A *log seal* (written when the batch commits) records the log's length and CRC-32, so that
      a log cut at a frame boundary or missing whole frames is detected too.
 

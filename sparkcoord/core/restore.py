@@ -1,6 +1,7 @@
 """Where a run starts from: the restore point, learned from Spark's first driver call.
 
-Rules (DESIGN.md section 2, rule 8):
+Rules (docs/protocol.md [restore-point-from-first-driver-call] [restore-order]
+[committed-restore-replays-the-log] [rerun-keeps-answered-histories]):
   1. The restore point is the newest epoch Spark has logged, and only Spark's first
      ``latestOffset`` or ``partitions`` call of a run tells it:
      ``latestOffset(start=end(N))`` means the batch of epoch N committed;

@@ -319,7 +319,8 @@ def _inbound_log(files: Files, directory: str, names: set[str], epoch: int,
         else:
             seal.update(epoch=found.epoch, length=found.length, crc32=f"{found.crc32:#010x}")
             if missing is None and frames_ok:
-                # the seal covers a prefix: client requests may follow it (decision 38)
+                # the seal covers a prefix: client requests may follow it (docs/protocol.md
+                # [log-seal])
                 whole = b"".join(data for _, data in parts)
                 head = whole[:found.length]
                 seal["matches"] = (found.epoch, found.length, found.crc32) == (
@@ -348,7 +349,8 @@ def _summarise(entries: list[LogEntry]) -> dict[str, Any]:
     for entry in entries:
         a = entry.attempt
         if isinstance(entry, FinishedEntry):
-            # a task attempt ended its batch having sent this many items (decision 47)
+            # a task attempt ended its batch having sent this many items (docs/protocol.md
+            # [every-attempt-finishes])
             finishes.append({"subtask": str(a.subtask), "attempt": a.number, "run": a.run,
                              "items": entry.seq})
             continue

@@ -77,7 +77,7 @@ class _SparkLog:
 
 def _rerun_action(restore: dict[str, Any]) -> str:
     """What a restore to the uncommitted epoch of ``restore`` does with its inbound log, as
-    the restore does it (``kept_at_rerun``; docs/decisions.md 36 and 38)."""
+    the restore does it (``kept_at_rerun``; docs/protocol.md [rerun-keeps-answered-histories])."""
     epoch, batch, kept = restore["epoch"], restore["batch"], restore["kept_at_rerun"]
     rerun = f"Spark reruns batch {batch}"
     if kept is None:

@@ -33,5 +33,6 @@ class ServiceConfig:
     cancel_wait_s: float = 10.0
     #: An ``availableNow`` run ends only once every coordinator's side effects of the
     #: committed batches are done (``OperatorCoordinator.run_ending``); one not done within
-    #: this time fails the run, naming the coordinator (docs/decisions.md 71).
+    #: this time fails the run, naming the coordinator (docs/protocol.md
+    #: [run-ends-after-side-effects]).
     run_end_wait_s: float = 300.0

@@ -5,9 +5,9 @@ sparkcoord that run in Spark's Python workers (a subtask reading and writing its
 downstream operator reading Spark's offset log), and importing fsspec brings asyncio, ssl,
 email and importlib.metadata: about 5,600 objects the garbage collector tracks. PySpark's
 worker daemon runs a full ``gc.collect()`` after every task, so every task of a worker that
-imported fsspec paid ~6 ms walking them (measured: docs/decisions.md 32). A path or a
-``file://`` URL is served with ``os`` calls; any other URL goes through fsspec, imported only
-then.
+imported fsspec paid ~6 ms walking them (measured: docs/decisions/032-worker-imports.md). A path
+or a ``file://`` URL is served with ``os`` calls; any other URL goes through fsspec, imported
+only then.
 
 Thread model: no state of its own beyond the fsspec filesystem (thread-safe for our use); any
 thread.

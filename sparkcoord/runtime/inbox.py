@@ -9,20 +9,21 @@ the answer is logged.
 
 Rules:
   1. Admission, durable append, hand-off to the mailbox and the answer to the sender happen
-     under the service's lock, in one total order (DESIGN rule 6, finding A). The lock is
-     the coordination service's own: the service takes it for restores, seals and commits,
-     so no input slips between a checkpoint's boundary and its record.
+     under the service's lock, in one total order (docs/protocol.md
+     [inbound-critical-section]). The lock is the coordination service's own: the service takes
+     it for restores, seals and commits, so no input slips between a checkpoint's boundary and
+     its record.
   2. One waiter map for every asker: a request's future is filed under
      :func:`~sparkcoord.core.entries.answer_key` until its answer is logged. A task's key is
      its subtask and sequence (a retry that adopted the history waits for the same answer); a
      client's is its operator, id and sequence.
-  3. A request is unpickled before it is logged (decision 6): one the driver cannot unpickle
-     is refused and never logged. A client's request is refused while a checkpoint is pending
-     (it would be in neither the snapshot nor a log that a restore to that checkpoint
-     replays); a task's is not (it belongs to the running epoch's log).
+  3. A request is unpickled before it is logged (docs/protocol.md [unpickle-before-logging]):
+     one the driver cannot unpickle is refused and never logged. A client's request is refused
+     while a checkpoint is pending (it would be in neither the snapshot nor a log that a restore
+     to that checkpoint replays); a task's is not (it belongs to the running epoch's log).
   4. A task retry resets the subtask's coordinator (its holder) before the new attempt is
-     acknowledged (DESIGN rule 7), replaying the other subtasks' and the clients' items of
-     the running epoch in log order.
+     acknowledged (docs/protocol.md [retry-resets-the-coordinator]), replaying the other
+     subtasks' and the clients' items of the running epoch in log order.
   5. A failure of the inbox's own (a log append that fails, a diverging task) goes to the
      ``fail`` callback, always outside the lock; once the service fails or closes it tells
      the inbox (:meth:`Inbox.refuse`), which from then on refuses everything and fails every
@@ -131,8 +132,9 @@ class Inbox:
 
         Operators that answered requests in it keep their history: tasks of the previous run
         may have acted on those answers (and a sink may have kept that output), so the batch's
-        new tasks adopt it (decision 36). For every other operator the log is truncated, as
-        DESIGN rule 8 says. The kept entries replace the log durably before anything else."""
+        new tasks adopt it. For every other operator the log is truncated. The kept entries
+        replace the log durably before anything else (docs/protocol.md
+        [rerun-keeps-answered-histories])."""
         assert self.gate is not None
         kept = kept_at_rerun(logged)
         self._storage.start_inbound_log(epoch, b"".join(encode_log_entry(e) for e in kept))
@@ -205,9 +207,10 @@ class Inbox:
         holds, the rest is withdrawn: in the same inbound critical section it is put on the
         coordinator's mailbox (``handle_items_withdrawn``), like an event, and the decision
         comes once the coordinator took the items back, so a coordinator that raises there
-        fails the job before the batch can commit (DESIGN 2c); a task still waiting for an
-        answer to a withdrawn request hears that none will come. A shorter history than an
-        earlier run's finished attempt sent fails the job (divergence)."""
+        fails the job before the batch can commit (docs/protocol.md
+        [every-answer-consumed-or-returned]); a task still waiting for an answer to a withdrawn
+        request hears that none will come. A shorter history than an earlier run's finished
+        attempt sent fails the job (divergence)."""
         done: Future[InboundDecision] = SendFuture()
         sid = attempt.subtask
         with self._lock:
@@ -334,9 +337,10 @@ class Inbox:
         inbound critical section (rule 1): a task's to ``handle_request`` in the running
         epoch's log, a client's to ``handle_client_request`` in the current epoch's log (the
         running batch's, or after a committed batch's entries until the next epoch starts:
-        decision 38), so that its effect survives a reset and a restore. A repeated request
-        (a re-send, or a retry that adopted the history: DESIGN 2b) gets the logged answer
-        without reaching the coordinator again. A task's repeated request whose bytes differ
+        docs/protocol.md [client-requests-logged-in-current-epoch]), so that its effect
+        survives a reset and a restore. A repeated request (a re-send, or a retry that adopted
+        the history: docs/protocol.md [answers-never-change]) gets the logged answer
+        without reaching the coordinator again. A task's repeated request of another value
         fails the job.
         """
         answer: Future[Answer] = SendFuture()  # no condition unless someone waits
@@ -411,7 +415,7 @@ class Inbox:
                 return
             if item.client:
                 # a client's answer reflects the state when it was asked; only its effect
-                # must survive (decision 38): not compared
+                # must survive (docs/protocol.md [answers-never-change]): not compared
                 return
             if (logged.payload, logged.failed) == (payload, failed) or (
                     not failed and not logged.failed and self._same_value(logged.payload, payload)):

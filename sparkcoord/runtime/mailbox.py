@@ -15,7 +15,8 @@ Rules:
      mailbox hands out no claim for ``claim_pause_s`` (its own thread runs the actions
      meanwhile), and so a slow coordinator holds up only itself. CPU time, not wall time, for
      the tight budget: on a loaded machine a claimed run is often preempted for longer than
-     the whole run costs, which says nothing about the coordinator (decision 46).
+     the whole run costs, which says nothing about the coordinator
+     (docs/decisions/046-claim-cpu-budget.md).
 
 Thread model: ``execute`` may be called from any thread; actions run on the mailbox's own thread
 (or a claiming thread, rule 2) in submission order. An action that raises does not stop the

@@ -10,14 +10,15 @@ kinds of callers:
     from tasks and clients arrives: a failure it meets comes here.
 
 Rules:
-  1. Restore (DESIGN rule 8) happens once, at the first ``latest_offset_called`` or
-     ``partitions_called`` of the run, before any coordinator starts; the inbox admits
-     nothing before it.
+  1. Restore (docs/protocol.md [restore-point-from-first-driver-call] [restore-order]) happens
+     once, at the first ``latest_offset_called`` or ``partitions_called`` of the run, before any
+     coordinator starts; the inbox admits nothing before it.
   2. A checkpoint is sealed only when all coordinators completed it; the record is durable
      before ``checkpoint`` returns, and the epoch's inbound log is created empty (a garbage
      log of an unlogged epoch is discarded).
   3. The inbox works under the service's lock (inbox rule 1), so a restore, a seal or a commit
-     and the inputs around it happen in one total order (DESIGN rule 6, finding A).
+     and the inputs around it happen in one total order (docs/protocol.md
+     [inbound-critical-section]).
   4. The first global failure wins; afterwards the service and its inbox refuse everything
      and the adapter fails the query with the failure's text. A closed service refuses too.
   5. A run whose lease was taken over by a newer run (runtime/lease.py rule 3) fails at its
@@ -151,7 +152,8 @@ class CoordinationService:
         """Spark asked for the offset after ``start_epoch`` (driver thread).
 
         The run's first such call restores from ``start_epoch`` (committed); later ones mean the
-        batch of ``start_epoch`` committed, the completion signal of DESIGN rule 9.
+        batch of ``start_epoch`` committed, the completion signal of docs/protocol.md
+        [completion-from-latest-offset].
         """
         self.raise_if_failed()
         point, first = self.detector.latest_offset_requested(start_epoch)
@@ -222,7 +224,9 @@ class CoordinationService:
                 last_committed=epoch - 1 if epoch != NO_EPOCH else NO_EPOCH)
             replay: dict[str, list[ReplayedEvent]] = {name: [] for name in names}
             clients = record.snapshots.get(CLIENTS_KEY) if record is not None else None
-            if clients is not None:  # re-sent client requests are answered once (decision 38)
+            # re-sent client requests are answered once (docs/protocol.md
+            # [client-requests-take-effect-once])
+            if clients is not None:
                 gate.client_memory_restored(loads(clients), epoch)
             self.inbox.opened(gate, record)
             if point.replays_inbound_log:
@@ -476,7 +480,8 @@ class CoordinationService:
             self._failing = True  # the first failure wins
         log.error("global failure: %s", cause)
         # Recorded before the failure is published: once it is, the query may end at once, and
-        # the job runner then reads this file to report the cause (decision 35).
+        # the job runner then reads this file to report the cause (docs/protocol.md
+        # [global-failover]).
         try:
             self.storage.record_failure(self.run_id, cause)
         except Exception:  # noqa: BLE001 - the report is a courtesy; the failure stands

@@ -16,12 +16,13 @@ Rules:
      record present refers to it; the first pruning of a run also deletes parts no record
      refers to (left by a run that died between writing a part and its record).
   4. Everything a restore reads is verified, and a file of an epoch that must exist is an error
-     when missing (docs/decisions.md 33): the record of the restore point; the inbound log of a
-     committed batch (created empty when its epoch was sealed, so it exists whenever Spark
-     logged the epoch), which must consist of complete, intact frames (all of them were
-     acknowledged before the batch could commit) and match its seal, written when the
-     service learnt that the batch committed (a crash before that leaves no seal: then the
-     frames alone are checked). A state part is checked against its name (its SHA-256).
+     when missing (docs/protocol.md [restore-reads-only-verified-files] [log-seal]): the record
+     of the restore point; the inbound log of a committed batch (created empty when its epoch
+     was sealed, so it exists whenever Spark logged the epoch), which must consist of
+     complete, intact frames (all of them were acknowledged before the batch could commit) and
+     match its seal, written when the service learnt that the batch committed (a crash before
+     that leaves no seal: then the frames alone are checked). A state part is checked against
+     its name (its SHA-256).
   5. A run that lost the job's lease writes nothing more (runtime/lease.py rule 3): the fence
      is checked before a record is written (the seal then starts the epoch's inbound log)
      and before an inbound log is sealed; the service checks it as it restores, before it
@@ -77,7 +78,8 @@ class CheckpointStorage:
         if retain < 1:
             raise ValueError(f"retain must be >= 1, got {retain}")
         # os calls for a local directory: fsspec is not even imported then (its import is
-        # ~25 ms of every source runner's start and restart: decision 85)
+        # ~25 ms of every source runner's start and restart:
+        # docs/decisions/085-compiled-bench-local-files.md)
         files, root = files_for(url, storage_options)
         self.files: Files = files
         self._local = isinstance(files, LocalFiles)
@@ -213,9 +215,10 @@ class CheckpointStorage:
 
         Called by the service (driver thread) when ``epoch`` is sealed, before its offset is
         handed to Spark, and at a restore to an uncommitted epoch (with the entries it keeps,
-        decision 36): so the log of every epoch Spark logged exists (rule 4). A local log is
-        replaced atomically (a new file renamed over the old one); on an object store the old
-        segments are deleted first, then the ``begin`` object is written with ``initial``.
+        docs/protocol.md [rerun-keeps-answered-histories]): so the log of every epoch Spark
+        logged exists (rule 4). A local log is replaced atomically (a new file renamed over
+        the old one); on an object store the old segments are deleted first, then the
+        ``begin`` object is written with ``initial``.
         The fence (rule 5) was checked just before: by the record's write at a seal, by the
         service at a restore."""
         if self._local:
@@ -308,7 +311,9 @@ class CheckpointStorage:
             raise RecordNotFound(f"{seg_dir}: segment {missing[0]} of the inbound log of epoch "
                                  f"{epoch} is missing (segments are numbered from 0 without gaps)")
         begin = posixpath.join(seg_dir, layout.SEGMENTS_BEGIN)
-        head = self.files.read(begin)  # the entries a restore kept (decision 36), usually none
+        # the entries a restore kept (docs/protocol.md [rerun-keeps-answered-histories]),
+        # usually none
+        head = self.files.read(begin)
         return ([(begin, head)] if head else []) + [
             (posixpath.join(seg_dir, n), self.files.read(posixpath.join(seg_dir, n)))
             for n in segments]
@@ -339,8 +344,9 @@ class CheckpointStorage:
                 crc = zlib.crc32(data, crc)
         else:
             # The seal covers what the batch logged; a client of the job may have appended
-            # requests after the batch committed (decision 38): whole client frames, of which
-            # the last may be torn (it was never answered) and is cut off here.
+            # requests after the batch committed (docs/protocol.md
+            # [client-requests-logged-in-current-epoch]): whole client frames, of which the
+            # last may be torn (it was never answered) and is cut off here.
             data = b"".join(part for _, part in parts)
             prefix = data[:seal.length]
             entries = decode_log(prefix, where)[0]  # a damaged frame is named first

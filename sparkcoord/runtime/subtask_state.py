@@ -11,15 +11,15 @@ Rules:
   3. After a write, states older than the ``retain`` newest before it are deleted: Spark only
      ever reruns its newest batch, so the directory stays at ``retain + 1`` files whatever the
      number of past epochs.
-  4. A missing state is an error, never a silent step back (docs/decisions.md 33). A subtask
-     that once wrote a state writes one in every later batch it runs, so: (a) the first state
-     of a subtask is preceded by a ``lineage`` marker naming its epoch, and a subtask with a
-     marker but no state before the batch it runs has lost its state (a stateless subtask
-     has no marker); (b) the caller passes the epoch of the subtask's previous batch when it
-     knows it (a source subtask runs in every batch of its source, to its end, as long as
-     the query consumes the source fully): if states exist but none for that epoch, the
-     newest one is missing. Downstream subtasks pass none (Spark may leave them out of a
-     batch).
+  4. A missing state is an error, never a silent step back (docs/protocol.md
+     [missing-state-is-an-error]). A subtask that once wrote a state writes one in every later
+     batch it runs, so: (a) the first state of a subtask is preceded by a ``lineage`` marker
+     naming its epoch, and a subtask with a marker but no state before the batch it runs has
+     lost its state (a stateless subtask has no marker); (b) the caller passes the epoch of the
+     subtask's previous batch when it knows it (a source subtask runs in every batch of its
+     source, to its end, as long as the query consumes the source fully): if states exist but
+     none for that epoch, the newest one is missing. Downstream subtasks pass none (Spark may
+     leave them out of a batch).
 
 This module runs in Spark's Python workers and imports nothing heavy (see
 :mod:`sparkcoord.runtime.files`).

@@ -4,9 +4,10 @@ StreamWriteOperatorCoordinator, Flink's committer).
 
 Rules:
   1. A task reports each data file it wrote and closed with a :class:`FileWritten` event
-     (``files.py`` rule 2). The event is logged before the coordinator sees it (DESIGN rule
-     6), so a restore that replays the batch's log reports the file again; it becomes an item
-     of the running batch in the commit ledger (``committer/ledger.py`` rule 1).
+     (``files.py`` rule 2). The event is logged before the coordinator sees it
+     (docs/protocol.md [inbound-critical-section]), so a restore that replays the batch's log
+     reports the file again; it becomes an item of the running batch in the commit ledger
+     (``committer/ledger.py`` rule 1).
   2. A failed task attempt's reports are taken back: the coordinator resets per subtask
      (``subtask_reset``: the subtask's items of the running batch are withdrawn) and a
      withdrawn history (``handle_items_withdrawn``) withdraws its files. Their files are left

@@ -7,15 +7,17 @@ Rules:
      a subtask with no rows writes no file and reports nothing.
   2. A file is reported (:class:`~sparkcoord.sinks.coordinator.FileWritten`) as soon as it is
      closed (the writer rolls at ``target_file_bytes``), the last one at the end of the input.
-     The task's batch does not end before every report is acknowledged (DESIGN rule 6), so a
-     batch that commits in Spark has every file of its surviving attempts reported.
+     The task's batch does not end before every report is acknowledged (docs/protocol.md
+     [task-waits-for-its-acks]), so a batch that commits in Spark has every file of its
+     surviving attempts reported.
   3. An attempt that fails deletes what it wrote, best effort (``TaskFileWriter.abort``); what
      is left is the coordinator's cleanup's (by name: ``files.py`` rule 1). Its reports are
      withdrawn by the coordinator's per-subtask reset.
   4. The subtask keeps no state between batches.
-  5. A batch that carries no new epoch of the coordinated source (DESIGN rule 11: a no-data
-     batch of a stateful query, another source's data) cannot report files: a subtask with
-     rows there fails its task with an error saying so, and nothing is written for good.
+  5. A batch that carries no new epoch of the coordinated source (docs/protocol.md
+     [epochs-are-not-batch-ids]: a no-data batch of a stateful query, another source's data)
+     cannot report files: a subtask with rows there fails its task with an error saying so, and
+     nothing is written for good.
   6. Option ``compaction``: the coordinator's :class:`CompactionAssigned` event of the epoch
      (delivered before the rows) names the subtask's bin; after its rows the subtask
      rewrites it and reports the rewrite (``compaction.py`` rule 3). A task retry gets the

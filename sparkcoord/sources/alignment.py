@@ -30,11 +30,12 @@ Rules:
      are deterministic: the same state and inputs give the same state and an equal decision,
      byte for byte when pickled (tuples sorted by split id, never sets: ``str`` hashes are
      salted per process). So a restore that replays a batch's reports against the snapshot
-     arrives where the live run did (docs/decisions.md 36, 40).
+     arrives where the live run did (docs/protocol.md [state-changes-only-through-logged-inputs]
+     [answers-never-change]).
 
 What this module calls a *split* is an alignment key (``Split.alignment_key``): a split's id,
 or the *lane* its splits share (a file source's directory), whose watermark outlives each of
-its splits; the enumerator forgets a lane itself (docs/decisions.md 43).
+its splits; the enumerator forgets a lane itself (docs/decisions/043-watermark-alignment.md).
 
 Theory of operation: at each batch boundary the enumerator calls ``decide(now_ms)``, which
 turns the reports of the last batch into idle flags and computes an :class:`AlignmentDecision`

@@ -9,7 +9,8 @@ Rules:
      requests) or at a checkpoint boundary (inside ``checkpoint_coordinator``, so the snapshot
      holds the change). Discovery therefore runs off the mailbox and its results wait until the
      next boundary: a restore replays a batch's requests against the snapshot they were
-     answered from and gets the same answers (docs/decisions.md 40).
+     answered from and gets the same answers (docs/protocol.md
+     [state-changes-only-through-logged-inputs]).
   3. What a reader has not finished is in the reader's state (with its position), not taken
      back by the enumerator: the subtask state is restored with the epoch, so a failure neither
      loses nor repeats it. The enumerator only counts splits in flight (handed out, not yet
@@ -17,22 +18,24 @@ Rules:
      retry that adopted its failed attempt's history and finished without re-sending its
      tail (``handle_items_withdrawn``): what the tail's answers handed out goes back to the
      front of the pending splits, as Flink's ``addSplitsBack``, and what it reported is undone.
-  4. With watermark alignment (``alignment`` options; docs/alignment.md, decision 43) the
-     readers' watermark reports are logged inputs (a ``NextSplit`` field, or an event at the
-     end of a reader's batch) and change only the alignment state; the decision is made in
-     ``checkpoint_coordinator``, before the snapshot, and sent to every reader there, so it is
-     sealed into the epoch it was made for and reaches that batch's readers before any data.
-     A lane held back by another lane (its allowed maximum is not None) has at most one split
-     in flight (handed out and not yet reported finished): P readers taking P files of a lane
-     before any of them reported would put the lane P files past the allowed maximum.
+  4. With watermark alignment (``alignment`` options; docs/alignment.md,
+     docs/decisions/043-watermark-alignment.md) the readers' watermark reports are logged inputs
+     (a ``NextSplit`` field, or an event at the end of a reader's batch) and change only the
+     alignment state; the decision is made in ``checkpoint_coordinator``, before the snapshot,
+     and sent to every reader there, so it is sealed into the epoch it was made for and reaches
+     that batch's readers before any data. A lane held back by another lane (its allowed maximum
+     is not None) has at most one split in flight (handed out and not yet reported finished): P
+     readers taking P files of a lane before any of them reported would put the lane P files
+     past the allowed maximum.
   5. A bounded source ends an ``availableNow`` run only when everything was read: while a
      split is pending or a reader keeps one (paused, stopped), each reader's last request of
      a batch (the one answered :class:`NoSplitNow`) asks for another batch, since the run
-     ends at the first trigger that seals nothing (docs/decisions.md 49). A continuous source
-     in an ``availableNow`` run (``CoordinatorContext.available_now``) is bounded for that
-     run, as Spark's file source is: it lists once as the run starts, reads what that
-     listing found and what its state holds, and ends; files that come later wait for the
-     next run (docs/decisions.md 53).
+     ends at the first trigger that seals nothing (docs/protocol.md
+     [bounded-run-reads-everything]). A continuous source in an ``availableNow`` run
+     (``CoordinatorContext.available_now``) is bounded for that run, as Spark's file source is:
+     it lists once as the run starts, reads what that listing found and what its state holds,
+     and ends; files that come later wait for the next run (docs/protocol.md
+     [bounded-run-reads-everything]).
   6. With a ``committer`` (docs/sources.md, "Once per committed batch"), the splits a batch's
      readers reported finished are what that batch produced: once it commits in Spark, the
      committer is called with the epoch and those splits, off the mailbox, retried until it
@@ -478,9 +481,9 @@ class SplitEnumerator(OperatorCoordinator):
         at once. Before a decision with a minimum is in force (the first batch: no lane had
         reported at the boundary), the reports of the running batch hold the lanes instead
         (:meth:`_held_before_a_decision`). The reports this batch made count too, since the
-        request that carries one is answered after it is observed (decision 43). A
-        deterministic function of the snapshot and of the logged reports, so a replay
-        answers the same."""
+        request that carries one is answered after it is observed
+        (docs/decisions/043-watermark-alignment.md). A deterministic function of the snapshot
+        and of the logged reports, so a replay answers the same."""
         if self.alignment is None:
             return self._pending.first()
         decision = self.alignment.decision

@@ -152,7 +152,8 @@ class SplitReader(SubtaskOperator):
         ``_STOPPED`` when the per-batch row limit stopped the reader (the split is kept and
         another batch is asked for)."""
         marks = self.watermarks
-        key = split.alignment_key  # the split, or its lane (decision 43)
+        # the split, or its lane (docs/decisions/043-watermark-alignment.md)
+        key = split.alignment_key
         batches = iter(self.read_split(split, position))
         try:
             while True:
@@ -184,7 +185,7 @@ class SplitReader(SubtaskOperator):
                 close()  # a split left in the middle releases its file now
         if marks is not None and key == split.split_id:
             # a lane goes on with its next split: its watermark stays (the enumerator
-            # forgets a lane itself, decision 43)
+            # forgets a lane itself, docs/decisions/043-watermark-alignment.md)
             marks.finished(key)
         self.state.unreported.append(split.split_id)
         return _FINISHED

@@ -18,9 +18,10 @@ from sparkcoord.core.encoding import encoded
 class PicklesLikeBefore:
     """Fields a class gained after sparkcoord first logged it are left out of its pickle while
     they hold their default: a re-sent request and a replayed answer are compared byte for
-    byte with what was logged (decision 36), possibly by an older sparkcoord before an
-    upgrade, and must not differ for a field nobody set. Unpickling an object without such a
-    field gives the field's default (the dataclass's class attribute)."""
+    byte with what was logged (docs/protocol.md [pickles-stay-byte-stable]), possibly by an
+    older sparkcoord before an upgrade, and must not differ for a field nobody set. Unpickling
+    an object without such a field gives the field's default (the dataclass's class
+    attribute)."""
 
     #: the fields added later, in the class that added them
     added_fields: ClassVar[tuple[str, ...]] = ()
@@ -62,7 +63,8 @@ class Split(PicklesLikeBefore):
     def alignment_key(self) -> str:
         """What watermark alignment keeps a watermark for (docs/alignment.md): the split itself
         by default; a *lane* (a file's directory) when splits of one lane follow each other
-        in event time, so the lane's watermark outlives its splits (decision 43)."""
+        in event time, so the lane's watermark outlives its splits
+        (docs/decisions/043-watermark-alignment.md)."""
         return self.split_id
 
 

@@ -4,7 +4,7 @@ Outermost layer: it depends on the runtime, the channel and the core, never the 
 
 The names below are loaded on first use: Spark's Python workers import this package (to
 unpickle a coordinated source's reader and partitions) and need none of the job runner
-(docs/decisions.md 32).
+(docs/decisions/032-worker-imports.md).
 """
 
 from __future__ import annotations

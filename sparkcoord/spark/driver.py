@@ -4,14 +4,15 @@ one run, in Spark's long-lived Python source runner process.
 Rules (see also :mod:`sparkcoord.spark.source`, whose reader delegates here):
   1. Created at the reader's first driver-side call, in the runner process only; never in
      Spark's Python workers (this module imports the service and its storage, and fsspec for
-     a remote checkpoint directory, which the workers must not pay for: docs/decisions.md 32).
+     a remote checkpoint directory, which the workers must not pay for:
+     docs/decisions/032-worker-imports.md).
   2. ``latest_epoch(start)``: the run's first call restores; later ones signal that the batch
      of ``start`` committed. A new epoch is sealed only when there is something to carry (held
      events, a batch asked for, the job's first batch) or the checkpoint interval passed, and its record is durable before its epoch is
      returned; otherwise ``start`` is returned and Spark runs no batch.
   3. A global failure makes the next call raise, failing the query with the failure's text;
      ``latest_epoch`` first answers "no batch" for up to ``cancel_wait_s``, so that the job
-     runner can stop the query (decision 44).
+     runner can stop the query (docs/decisions/044-quiet-failover.md).
   4. A run writes under the lease generation present when it starts (the one its job runner
      took: runtime/lease.py rule 3); a run that a newer generation fenced fails with
      ``LeaseLost`` before it writes (``channel.json`` included).
@@ -99,7 +100,8 @@ class DriverSide:
         if spec.channel_fault_plan is not None:
             self.server.fault = self._counting(fault_plan(spec.channel_fault_plan),
                                                f"{storage.root}/faults.json")
-        # A job failure: the tasks refused from now on wait to be cancelled (decision 44)
+        # A job failure: the tasks refused from now on wait to be cancelled
+        # (docs/decisions/044-quiet-failover.md)
         self._failed_at: float | None = None
         self.service.add_failure_listener(self._job_failed)
         self.server.failover_hold = self.refusal_hold_ms
@@ -198,7 +200,7 @@ class DriverSide:
         After a job failure it raises :class:`JobFailed` (failing the query), but first, for
         up to ``cancel_wait_s`` and unless ``wait_for_cancel`` is false (an ``availableNow``
         run would take "no batch" for its end), answers "no batch": the job runner stops the
-        query meanwhile, and Spark logs no failed query (decision 44)."""
+        query meanwhile, and Spark logs no failed query (docs/decisions/044-quiet-failover.md)."""
         try:
             return self._latest_epoch(start_epoch)
         except JobFailed:

@@ -5,22 +5,24 @@ Rules:
      it, polls it, and after a failure restarts it from the same checkpoints (Spark's and
      sparkcoord's) as the restart strategy allows; a new query starts only after the old one
      stopped. A global failure of the coordination (``last-failure.json`` of the current run)
-     stops the query at the next poll (decision 44); when the strategy gives up, the job
-     raises :class:`JobGaveUp` with every cause.
+     stops the query at the next poll (docs/decisions/044-quiet-failover.md); when the strategy
+     gives up, the job raises :class:`JobGaveUp` with every cause.
   2. ``until`` is checked on the handle's thread after batches; it raising ``RunUnavailable``
-     (a request while the job fails over) means "not done yet" (decision 51), any other error
-     stops the query and is the job's failure.
+     (a request while the job fails over) means "not done yet"
+     (docs/decisions/051-client-request-across-failover.md), any other error stops the query and
+     is the job's failure.
   3. A client request (:meth:`CoordinatedJob.request`) goes to the run that ``channel.json``
      names, one at a time per driver program, with a number kept when it is re-sent to the
      next run: the service logs it before the coordinator sees it and answers a re-send from
-     its log, so it takes effect once (decision 38).
-  4. The handle's id, progress and batch count continue across restarts (decision 55); the
-     batch count agrees with Spark's commit log once a query ended.
+     its log, so it takes effect once (docs/protocol.md [client-requests-take-effect-once]).
+  4. The handle's id, progress and batch count continue across restarts
+     (docs/decisions/055-job-handle.md); the batch count agrees with Spark's commit log once a
+     query ended.
   5. A run's failure report is read every ``FAILURE_CHECK_S`` (50 ms) when every source's
      checkpoint directory is local (a failed ``open``), every ``poll_s`` otherwise (a store
      request); batches, ``until`` and the timeout are looked at every ``poll_s``. A
      ``fail_job`` thus stops and restarts the query within ~50 ms of its report, whatever
-     ``poll_s`` (default 0.5 s) is (decision 84).
+     ``poll_s`` (default 0.5 s) is (docs/decisions/084-failure-seen-fast.md).
   6. One driver program at a time runs a job on its checkpoint location: ``start`` takes the
      lease of every coordinated source's directory before the first query starts, and raises
      :class:`~sparkcoord.core.lease.LeaseHeld` naming the holder when another program has
@@ -81,7 +83,8 @@ __all__ = ["CoordinatedJob", "JobGaveUp", "JobHandle", "OperatorSpec", "RunRepor
 
 #: a run's refusals of a client request that mean "no run can take it now; the next run
 #: will": starting (not restored, no epoch sealed yet: "ask again"), ended ("is closed"),
-#: failed over ("the job failed": a restart may follow). decisions.md 38, 51
+#: failed over ("the job failed": a restart may follow). docs/protocol.md
+#: [client-requests-take-effect-once]
 _WAIT_FOR_NEXT_RUN = ("ask again", "not been restored", "is closed", "the job failed")
 
 #: the JobHandle whose ``until`` runs on this thread, and its query (for ``request``)
@@ -135,7 +138,8 @@ _CHAINED = ("The above exception was the direct cause", "During handling of the 
 
 def sparkcoord_error_in(spark_text: str) -> str | None:
     """sparkcoord's own exception (``Class: message``) raised in a Spark task, found in the
-    text of the Spark error that reports it; None when there is none (decision 52).
+    text of the Spark error that reports it; None when there is none
+    (docs/decisions/052-own-error-leads.md).
 
     Spark leads with its wrappers (``[STREAM_FAILED] ... [FOREACH_BATCH_USER_FUNCTION_ERROR]
     ... Python Proxy``, ``[PYTHON_EXCEPTION] ...``, ``Job aborted due to stage failure``);
@@ -294,7 +298,8 @@ class CoordinatedJob:
         self._client_id = uuid.uuid4().hex[:12]
         self._client_seq = 0
         # the source runner and task workers start from compiled code where they can
-        # (decision 82): a runner starts at every query start and restart
+        # (docs/decisions/082-compiled-python-start.md): a runner starts at every query start
+        # and restart
         with launched_python(spark):
             spark.dataSource.register(CoordinatedSource)
 
@@ -403,7 +408,8 @@ class CoordinatedJob:
         struct = struct_of(self.spark, schema)
         fn = RecipientFunction(spec, operator, to_arrow_schema(struct))
         spread = df.repartition(op.parallelism) if shuffle else df.coalesce(op.parallelism)
-        with launched_python(self.spark):  # PySpark wraps the function here (decision 82)
+        # PySpark wraps the function here (docs/decisions/082-compiled-python-start.md)
+        with launched_python(self.spark):
             return spread.mapInArrow(fn, struct)
 
     def _lease(self, url: str) -> CoordinationLease:
@@ -430,7 +436,8 @@ class CoordinatedJob:
         the delay the strategy gives. ``until`` and ``on_failure`` are called on the handle's
         thread. ``until`` may ask the job's coordinators (:meth:`request`): a request that no
         run can take while a restart is due or the query is starting means "not done yet"
-        (decision 51). Called from the user's driver program thread.
+        (docs/decisions/051-client-request-across-failover.md). Called from the user's driver
+        program thread.
 
         Raises :class:`~sparkcoord.core.lease.LeaseHeld`, naming the holder, when another
         driver program runs this job on the same checkpoint location (rule 6).
@@ -469,15 +476,16 @@ class CoordinatedJob:
         return the answer: a status, a pause, work to add. Any thread of the driver program,
         while the job runs (e.g. from ``until``, or while a :class:`JobHandle` runs it).
 
-        The request is logged in the runner before the coordinator sees it (decision 38), so
-        what it changes survives a task retry, a restart and a killed driver; a request
-        re-sent after a lost connection takes effect once. While no run can take it (the
+        The request is logged in the runner before the coordinator sees it (docs/protocol.md
+        [client-requests-logged-in-current-epoch]), so what it changes survives a task retry, a
+        restart and a killed driver; a request re-sent after a lost connection takes effect
+        once. While no run can take it (the
         query is starting, restarting after a failure, or failing over: the failed run
         refuses it), the request waits for the next run, up to ``timeout_s``, and is then
         sent to it (the same request: it takes effect once). Called from ``until`` on the
         job's own thread while a restart is due, it does not wait (that thread restarts the
         query) and raises :class:`~sparkcoord.core.errors.RunUnavailable`, which the job
-        runner takes as "not done yet" (decision 51): so
+        runner takes as "not done yet" (docs/decisions/051-client-request-across-failover.md): so
         ``until=lambda: job.request("queue", "status")["done"]`` survives a ``fail_job`` and
         a killed driver program. Raises
         :class:`~sparkcoord.core.errors.RequestRefused` when the coordinator refused,
@@ -531,7 +539,8 @@ class CoordinatedJob:
                                      f"driver program held the channel)")
         try:
             # one number per call, kept when the call is re-sent to the next run after a
-            # restart: the service answers a request it logged once (decision 38)
+            # restart: the service answers a request it logged once (docs/protocol.md
+            # [client-requests-take-effect-once])
             seq = self._client_seq
             self._client_seq += 1
             while True:
@@ -593,7 +602,8 @@ class CoordinatedJob:
         sources, as the coordination service recorded it (with the user's traceback), or None
         if that run did not fail in sparkcoord (e.g. a task kept failing). Driver program
         thread (the handle's), after the query failed and before it is restarted, and at every
-        poll while it runs (a job failure stops the query at once: decision 44)."""
+        poll while it runs (a job failure stops the query at once:
+        docs/decisions/044-quiet-failover.md)."""
         from sparkcoord.runtime.files import files_for
 
         for spec in self._specs.values():
@@ -657,9 +667,10 @@ class JobHandle:
         # the count and the newest commit log entry as the current query started
         self._counted_before = 0
         self._committed_before: int | None = None
-        # progress across restarts (decision 55). Under _progress_lock: the current or last
-        # query, its (id, runId, name), the reports of the queries before it (merged) and its
-        # own reports as last polled. _phase: the status message while no query runs.
+        # progress across restarts (docs/decisions/055-job-handle.md). Under _progress_lock:
+        # the current or last query, its (id, runId, name), the reports of the queries before it
+        # (merged) and its own reports as last polled. _phase: the status message while no query
+        # runs.
         self._progress_lock = threading.Lock()
         self._last_query: Any = None
         self._query_info: tuple[str | None, str | None, str | None] = (None, None, None)
@@ -866,7 +877,8 @@ class JobHandle:
                         # The job failed in sparkcoord: stop the query now, as Flink cancels
                         # a failed job's tasks. Its refused tasks are waiting for this
                         # (cancel_wait_s): Spark logs each cancelled task in one line and
-                        # retries none, instead of a traceback per attempt (decision 44).
+                        # retries none, instead of a traceback per attempt
+                        # (docs/decisions/044-quiet-failover.md).
                         log.info("the job failed; stopping query %s to restart it", query.id)
                         query.stop()
                         raise _JobFailedInRun(cause)
@@ -944,7 +956,8 @@ class JobHandle:
         A client request in ``until`` that no run could take (:class:`RunUnavailable`) means
         "not done yet" while a restart is due (the run failed, or the query ended) or the query
         is starting (it has run no batch yet): the loop then restarts the query, or gives up
-        with the failure's own cause. Anything else ``until`` raises ends the job (decision 51).
+        with the failure's own cause. Anything else ``until`` raises ends the job
+        (docs/decisions/051-client-request-across-failover.md).
         """
         from sparkcoord.core.errors import RunUnavailable
 

@@ -1,4 +1,5 @@
-"""Spark's Python processes for a coordinated source, started from compiled code (decision 82).
+"""Spark's Python processes for a coordinated source, started from compiled code
+(docs/decisions/082-compiled-python-start.md).
 
 Spark starts each Python process it needs (a query's source runner at every start and restart,
 the daemon that forks the task workers, the data source planners) with

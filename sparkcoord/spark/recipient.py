@@ -1,7 +1,8 @@
 """A coordinated operator downstream of a shuffle: a ``mapInArrow`` function whose subtask is
 the Spark partition id.
 
-Rules (DESIGN rule 11, SPARK_NOTES):
+Rules (docs/protocol.md [epochs-are-not-batch-ids] [spark-batches-that-leave-a-source-out]
+[spark-offset-log-format] [spark-retried-task-keeps-its-batch-id]):
   1. Spark runs batches that leave the coordinated source out (no-data batches of stateful
      queries, another source's data). So the task maps its ``streaming.sql.batchId`` to an
      epoch by reading Spark's offset log: ``offsets/<batch>`` holds our source's offset line;

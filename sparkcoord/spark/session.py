@@ -3,7 +3,8 @@
 A Spark Connect session (``SparkSession.builder.remote("sc://...")``) is a thin client: it has
 no ``sparkContext`` and no JVM, and its working directory is not the server's. The job runner
 therefore reads settings through ``spark.conf`` only and resolves nothing against a working
-directory it cannot see (decision 42). Thread model: the user's driver program thread.
+directory it cannot see (docs/decisions/042-spark-connect.md). Thread model: the user's driver
+program thread.
 """
 
 from __future__ import annotations

@@ -1,13 +1,15 @@
 """The coordinated source: a PySpark Python data source whose driver-side reader hosts the
 coordination service.
 
-Rules (DESIGN.md sections 2-3, SPARK_NOTES.md):
+Rules (docs/protocol.md [service-in-the-source-runner] [spark-reader-is-pickled-for-executors]
+[restore-point-from-first-driver-call] [seal-before-offset] [completion-from-latest-offset]):
   1. The reader is created twice per run: in Spark's short planning process (pickled to the
      executors) and in the long-lived source runner process. It starts nothing until its
      first driver-side call; then, in the runner process only, it creates the coordination
      service and the channel server (:class:`sparkcoord.spark.driver.DriverSide`, imported
      only there: Spark's Python workers import this module to unpickle the reader and its
-     partitions, and must not load the service, its storage and fsspec; decision 32).
+     partitions, and must not load the service, its storage and fsspec;
+     docs/decisions/032-worker-imports.md).
   2. Offsets are ``{"sparkcoord": <source name>, "epoch": N}``; ``initialOffset`` is always
      epoch -1 and decides nothing.
   3. ``latestOffset(start)``: the run's first call restores; later ones signal that the batch
@@ -16,7 +18,8 @@ Rules (DESIGN.md sections 2-3, SPARK_NOTES.md):
      is returned; otherwise ``start`` is returned and Spark runs no batch.
   4. ``partitions(start, end)`` is a pure function of the epoch's record: one partition per
      subtask of every operator, holding its sealed events, the channel address and secret.
-  5. ``commit`` is ignored (lazy, not re-issued after failures: DESIGN rule 9).
+  5. ``commit`` is ignored (lazy, not re-issued after failures: docs/protocol.md
+     [spark-source-commit-is-lazy] [completion-from-latest-offset]).
   6. A global failure makes the next driver call raise, failing the query with the failure's
      text (which names the coordinator and the cause).
 """
@@ -104,7 +107,8 @@ class CoordinatedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNo
         self._available_now = True
 
     def commit(self, end: dict[str, Any]) -> None:
-        """Ignored: completion comes from latestOffset (DESIGN rule 9). Idempotent."""
+        """Ignored: completion comes from latestOffset (docs/protocol.md
+        [completion-from-latest-offset]). Idempotent."""
 
     def stop(self) -> None:
         """End of the run (best effort; Spark may also just kill the process)."""

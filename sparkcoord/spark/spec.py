@@ -3,7 +3,7 @@
 The specs are shipped as one option string (cloudpickled, base64); a partition is pickled to
 the task that runs a subtask. Imported in every process (Spark's planning process, the source
 runner, the Python workers), so it imports nothing of the service, the channel or fsspec
-(decision 32).
+(docs/decisions/032-worker-imports.md).
 
 The offsets a source gives Spark, and how its offset log is read: spark/offsets.py.
 """
@@ -100,5 +100,5 @@ class CoordinatedPartition(InputPartition):
         self.run_id = run_id
         #: the batch runs again after a restore and this subtask's logged history is kept:
         #: its task registers at once and says at its end how much of it it sent
-        #: (docs/decisions.md 47)
+        #: (docs/protocol.md [rerun-keeps-answered-histories] [logged-finish-binds-the-rerun])
         self.continues_history = continues_history

@@ -1,14 +1,16 @@
 """The subtask runtime on executors: one subtask for one batch, inside a Spark task.
 
-Order (DESIGN rule 4 and 10): register the task attempt with the service (a retry is detected
+Order (docs/protocol.md [events-before-data] [subtask-state-per-epoch]
+[task-waits-for-its-acks]): register the task attempt with the service (a retry is detected
 there and handled before this attempt's events are accepted), restore the state of the newest
 earlier epoch, open the operator, hand it every event of the epoch in send order before any
 data, ``process``, wait until every event sent to the coordinator is acknowledged, store the
 state for this epoch, close.
 
 A first attempt registers lazily (its REGISTER frame travels with its first event, or with
-its FINISHED when it sent nothing: every task says when it finished, docs/decisions.md 76); a
-retry registers before anything else. See the rules of :mod:`sparkcoord.channel.client`.
+its FINISHED when it sent nothing: every task says when it finished, docs/protocol.md
+[every-attempt-finishes]); a retry registers before anything else. See the rules of
+:mod:`sparkcoord.channel.client`.
 """
 
 from __future__ import annotations
@@ -153,9 +155,9 @@ class task_boundary:  # noqa: N801 - used like a function: ``with task_boundary(
     ended, a stale attempt) leaves with one frame, the task's entry point: the task did
     nothing wrong, so frames of the runtime and of the operator (where it sent an event) say
     nothing, and Spark's text for the task is that frame and the one line of the reason
-    (issue 14, decision 44). An exception of the
-    operator's code (noted by :class:`user_code`) leaves starting at the user's frame: the
-    frames of this wrapper, added as the exception passed through it, are dropped again."""
+    (issue 14, docs/decisions/044-quiet-failover.md). An exception of the operator's code (noted
+    by :class:`user_code`) leaves starting at the user's frame: the frames of this wrapper,
+    added as the exception passed through it, are dropped again."""
 
     __slots__ = ()
 
@@ -189,7 +191,7 @@ def _subtask_rows(spec: SourceSpec, p: CoordinatedPartition) -> Iterator[tuple[A
     if number > 0 or p.continues_history:
         # a retry: the service resets the coordinator before anything else, or tells it the
         # length of the history it continues (as it does a rerun's task: then it must say
-        # at its end if it sent less, decision 47)
+        # at its end if it sent less: docs/protocol.md [logged-finish-binds-the-rerun])
         client.register()
     else:
         client.register_with_first_event()

@@ -1,6 +1,7 @@
 """A simulated Spark micro-batch engine driving the real coordination service, step by step.
 
-It follows SPARK_NOTES.md: per trigger ``latestOffset(start=end(N-1))`` -> offsets/N ->
+It follows Spark's order of calls (docs/protocol.md [spark-call-order-per-trigger]
+[spark-restart-call-order]): per trigger ``latestOffset(start=end(N-1))`` -> offsets/N ->
 ``partitions`` -> tasks -> sink commit -> commits/N; a restart's first call is
 ``latestOffset(end(N))`` when N committed and ``partitions(start_N, end_N)`` when it did not;
 task retries keep the batch and bump the attempt number; a driver crash loses everything but
@@ -16,13 +17,13 @@ The coordinators and subtasks are deterministic:
     applies the epoch's events before anything else, and sends ``("y", s, epoch, i, n)`` events
     back, where n is the length of its state (deterministic given its state).
 
-State parts (core/stored.py, docs/decisions.md 60): the "cross" and "split" coordinators keep
-the events they sent to each subtask and the events they took effect of as :class:`Chunks`,
-stored-once chunks of ``CHUNK_ITEMS`` events plus an inline tail; the oldest two chunks are
-merged when there are more than ``STORED_CHUNKS``, a chunk an event is taken out of is
-rewritten, and a per-subtask reset rewinds a subtask's sent events to the chunks of a snapshot,
-so parts are written at most boundaries (from the first one on) and become unreferenced,
-pruned and swept as epochs pass.
+State parts (core/stored.py, docs/protocol.md [stored-once-parts]): the "cross" and "split"
+coordinators keep the events they sent to each subtask and the events they took effect of as
+:class:`Chunks`, stored-once chunks of ``CHUNK_ITEMS`` events plus an inline tail; the oldest
+two chunks are merged when there are more than ``STORED_CHUNKS``, a chunk an event is taken out
+of is rewritten, and a per-subtask reset rewinds a subtask's sent events to the chunks of a
+snapshot, so parts are written at most boundaries (from the first one on) and become
+unreferenced, pruned and swept as epochs pass.
 (The "ask" coordinator's snapshot stays a plain pickle: scripts/soak.py reads it with
 ``pickle.loads``.) Storage is a :class:`SimStorage` whose files can kill the driver inside a
 storage call (:data:`STORAGE_CRASH_POINTS`: between a part's write and the next part's or its
@@ -778,10 +779,10 @@ class Simulation:
             if finished is not None:
                 # the batch runs again after a restart and an attempt of an earlier run
                 # finished it: a sink may hold its output. The worker keeps the contract (a
-                # task that runs a batch again sends the same items: docs/decisions.md 47,
-                # 76) in every attempt; the gate refuses a rerun that breaks it (a contract
-                # keeping worker is never refused: ``_driver_step``), and
-                # tests/runtime/test_requests.py covers reruns that break it
+                # task that runs a batch again sends the same items: docs/protocol.md
+                # [logged-finish-binds-the-rerun]) in every attempt; the gate refuses a rerun
+                # that breaks it (a contract keeping worker is never refused: ``_driver_step``),
+                # and tests/runtime/test_requests.py covers reruns that break it
                 assert task.sends[:len(finished[1])] == finished[1], (task.attempt, finished)
                 task.sends = list(finished[1])
                 self.stats["rerun-after-finish"] += 1

@@ -2,7 +2,7 @@
 in the current epoch's log, answered once, their effect kept across a reset and restores.
 
 Deterministic: the coordinator harness (a real service, manual mailboxes and clock, storage in
-memory). docs/decisions.md 38.
+memory). docs/protocol.md [client-requests-take-effect-once].
 """
 
 from __future__ import annotations

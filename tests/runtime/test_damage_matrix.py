@@ -1,13 +1,15 @@
 """Damaged checkpoint files: every file kind x flip / truncate / delete, at the newest and an
 older epoch. Each case ends in a clear error naming the file, or in a correct restore; never in
-a silent loss (issue 11; storage rule 4, subtask-state rule 4, docs/decisions.md 33).
+a silent loss (issue 11; storage rule 4, subtask-state rule 4, docs/protocol.md
+[restore-reads-only-verified-files]).
 
 The job: a coordinator that keeps every event it received as its state (the events of each
-batch in a state part of their own: core/stored.py, docs/decisions.md 60), two subtasks that
-each send 3 events per batch and keep the events they sent as their state, 4 epochs (0..3),
-each sealed, run and committed. Then the checkpoint directory is damaged while quiesced, and a new
-run restores from committed epoch 3 on a real local directory: the coordinator must hold all
-24 events (snapshot 3 + the replayed inbound log of batch 3), each subtask its 12.
+batch in a state part of their own: core/stored.py, docs/protocol.md [stored-once-parts]), two
+subtasks that each send 3 events per batch and keep the events they sent as their state, 4
+epochs (0..3), each sealed, run and committed. Then the checkpoint directory is damaged while
+quiesced, and a new run restores from committed epoch 3 on a real local directory: the
+coordinator must hold all 24 events (snapshot 3 + the replayed inbound log of batch 3), each
+subtask its 12.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The lease on a coordination directory on real stores: a local directory and S3 (moto's
 server on loopback), with a manual wall clock and given identities; the fence that stops a run
-that lost it (runtime/lease.py; docs/decisions.md 89)."""
+that lost it (runtime/lease.py; docs/protocol.md [one-driver-per-checkpoint])."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """One deterministic regression test per counterexample of the protocol model
-(../shared/protocol-model/FINDINGS.md), written against the real service.
+(docs/protocol.md, "Findings of the protocol model"), written against the real service.
 
 A test's name says the rule; its docstring names the finding it guards.
 """

@@ -1,7 +1,7 @@
 """Requests inside the running batch: logged, answered once, adopted by retries, replayed.
 
 Deterministic: the coordinator harness (a real service on manual mailboxes and clock, storage
-in memory). Each test is one scenario of docs/decisions.md 36.
+in memory). Each test is one scenario of docs/decisions/036-requests-in-the-batch.md.
 """
 
 from __future__ import annotations
@@ -127,9 +127,10 @@ def test_a_request_asked_again_gets_the_logged_answer_without_asking_the_coordin
 
 
 def test_a_retry_after_a_request_adopts_the_history_instead_of_resetting_the_coordinator() -> None:
-    """DESIGN 2b's trace: s asks and gets X, t asks and gets Y (because X is taken), s's task
-    fails. A reset would replay only t's request and answer X to it again; the retry instead
-    continues s's history: it gets X from the log, and t's Y stays true."""
+    """The trace of docs/protocol.md [retry-adopts-history-once-answered]: s asks and gets X,
+    t asks and gets Y (because X is taken), s's task fails. A reset would replay only t's
+    request and answer X to it again; the retry instead continues s's history: it gets X from
+    the log, and t's Y stays true."""
     h = running()
     coordinator = h.coordinator
     h.send_from_subtask(0, "started")
@@ -633,9 +634,9 @@ def test_a_rerun_that_asks_where_an_earlier_runs_attempt_finished_without_asking
 
 
 def test_a_rerun_without_requests_may_send_other_events_than_the_finished_attempt_did() -> None:
-    """Where no request was asked, the rerun's events replace the earlier run's (DESIGN rule
-    8: the log is truncated), as before: a sink task that writes files under new names
-    reports other bytes in every run."""
+    """Where no request was asked, the rerun's events replace the earlier run's
+    (docs/protocol.md [rerun-keeps-answered-histories]: the log is truncated), as before: a sink
+    task that writes files under new names reports other bytes in every run."""
     h = returning()
     h.send_from_subtask(0, "e0")
     h.finish_task(0)

@@ -1,6 +1,6 @@
 """Issue 24, items 2 and 3, through the coordinator harness (no Spark): a run that ends by
-itself reads everything first (DESIGN 2c), and with P readers a lane stays within max drift
-plus one record batch of the others.
+itself reads everything first (docs/protocol.md [bounded-run-reads-everything]), and with P
+readers a lane stays within max drift plus one record batch of the others.
 
 ``Run(..., available_now=True)`` checks what an ``availableNow`` run on Spark needs: when a
 batch commits, the next one is already asked for while work is left (Spark's next
@@ -71,11 +71,11 @@ def test_an_available_now_run_of_two_aligned_lanes_reads_everything_without_a_ti
 
 
 def test_a_split_paused_in_the_last_batch_of_a_bounded_source_is_read_in_the_next_one() -> None:
-    # DESIGN 2c: the fast directory's last file pauses in the middle (past the allowed
-    # maximum) while the slow directory is read to its end. Nothing is pending; the reader
-    # keeps the file. The batch that resumes it must be asked for before this one commits,
-    # or an availableNow run ends with the file half read (the alignment timer asks a
-    # second later, too late)
+    # docs/protocol.md [bounded-run-reads-everything]: the fast directory's last file pauses
+    # in the middle (past the allowed maximum) while the slow directory is read to its end.
+    # Nothing is pending; the reader keeps the file. The batch that resumes it must be asked for
+    # before this one commits, or an availableNow run ends with the file half read (the
+    # alignment timer asks a second later, too late)
     slow = [TimedSplit(f"slow/{k}", rows=8, step_ms=1000, first=8 * k, lane="slow")
             for k in range(2)]  # 0-7 s, 8-15 s
     fast = [TimedSplit("fast/0", rows=2, step_ms=20_000, lane="fast"),  # 0-20 s

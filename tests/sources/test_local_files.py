@@ -1,6 +1,7 @@
-"""Local files without fsspec (docs/decisions.md 85): the file source lists and reads an
-absolute local path with ``os`` and ``open``, names every path exactly as fsspec's local
-filesystem does (paths are kept in checkpoints), and gives the same splits and rows."""
+"""Local files without fsspec (docs/decisions/085-compiled-bench-local-files.md): the file
+source lists and reads an absolute local path with ``os`` and ``open``, names every path exactly
+as fsspec's local filesystem does (paths are kept in checkpoints), and gives the same splits and
+rows."""
 
 from __future__ import annotations
 

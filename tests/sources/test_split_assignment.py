@@ -1,7 +1,8 @@
 """The split enumerator through the coordinator harness (a real service, manual mailboxes and
 clock, storage in memory): splits handed out once, discovery applied only at a checkpoint
-boundary (docs/decisions.md 40), replays after a restore giving the same answers, bounded
-sources ending, read limits. Discovery runs when the test says so (a manual runner)."""
+boundary (docs/protocol.md [state-changes-only-through-logged-inputs]), replays after a
+restore giving the same answers, bounded sources ending, read limits. Discovery runs when the
+test says so (a manual runner)."""
 
 from __future__ import annotations
 
@@ -222,10 +223,11 @@ def test_the_checkpointed_state_holds_pending_and_in_flight_splits() -> None:
 
 def test_a_split_handed_out_then_withdrawn_goes_out_again_first_and_is_read_exactly_once(
 ) -> None:
-    # DESIGN 2c, issue 24 item 1: a task retry adopted subtask 0's history, re-sent only its
-    # first request and finished; its last two requests are withdrawn. What their answers
-    # handed out (b, c) goes back to the front, in order, and what they reported finished
-    # (a, b) is in flight again: the retry keeps a and reports it with its next request.
+    # docs/protocol.md [every-answer-consumed-or-returned], issue 24 item 1: a task retry
+    # adopted subtask 0's history, re-sent only its first request and finished; its last two
+    # requests are withdrawn. What their answers handed out (b, c) goes back to the front, in
+    # order, and what they reported finished (a, b) is in flight again: the retry keeps a and
+    # reports it with its next request.
     listing, runner = Listing(), ManualRunner()
     listing.files = [split("a"), split("b"), split("c"), split("d")]
     h = harness(listing, runner, bounded=True)

@@ -75,7 +75,8 @@ def test_a_query_that_fails_inside_a_batch_restarts_into_that_batch_exactly_once
         spark, tmp_path) -> None:
     # 4 failures of one task exhaust local[2,4]: the query fails inside the batch, whose
     # offsets are logged but not committed; the restart's first call is partitions() of that
-    # very batch (DESIGN rule 8: restore to it, truncate its inbound log, run it again)
+    # very batch (docs/protocol.md [restore-point-from-first-driver-call]: restore to it,
+    # truncate its inbound log, run it again)
     job, df = numbers_job(spark, str(tmp_path), total=N, fail_task_at=N // 3, fail_times=4)
     out = str(tmp_path / "out")
     failures: list[str] = []

@@ -1,7 +1,7 @@
-"""Two driver programs on one checkpoint location (issue 43 finding 9; docs/decisions.md 89):
-the second is refused at start, naming the holder, before it writes anything; the first, then
-killed with SIGKILL, is restarted on the same checkpoint at once (its lease is taken over: its
-process is gone) and the sink ends exactly-once.
+"""Two driver programs on one checkpoint location (issue 43 finding 9; docs/protocol.md
+[one-driver-per-checkpoint]): the second is refused at start, naming the holder, before it
+writes anything; the first, then killed with SIGKILL, is restarted on the same checkpoint at
+once (its lease is taken over: its process is gone) and the sink ends exactly-once.
 
 Each driver program is tests/spark/kill_job.py in a session of its own (~30 s each)."""
 

@@ -1,4 +1,5 @@
-"""The documented stop condition on real Spark (issue 24 item 4; docs/decisions.md 51):
+"""The documented stop condition on real Spark (issue 24 item 4;
+docs/decisions/051-client-request-across-failover.md):
 ``job.run(writer, until=lambda: job.request("queue", "status")["done"])`` keeps running the job
 across a ``fail_job`` (the failed run refuses the request; the job restarts) and across a
 killed driver program (a new driver program on the same checkpoint asks the restored run),

@@ -1,7 +1,7 @@
 """A task retry that pulls less than its failed attempt, on real Spark (local[2,4]): the items
 the failed attempt was handed and the retry did not pull again go back to the work queue and
-are read exactly once (docs/decisions.md 47); a coordinator that cannot take them back fails
-the job loudly instead of losing them."""
+are read exactly once (docs/protocol.md [every-answer-consumed-or-returned]); a coordinator
+that cannot take them back fails the job loudly instead of losing them."""
 
 from __future__ import annotations
 

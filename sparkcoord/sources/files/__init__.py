@@ -30,7 +30,7 @@ Rules:
   4. Names starting with ``_`` or ``.`` are skipped (files and directories), as Spark does.
   5. ``maxFilesPerDiscovery`` caps what one cycle of a continuous source takes; the rest is
      taken by the next cycles (and logged). A bounded source lists once, so it has no cap:
-     its one listing takes every file present (DESIGN 2c, docs/decisions.md 49).
+     its one listing takes every file present (docs/protocol.md [bounded-run-reads-everything]).
   6. Reading: CSV and JSON lines go through :class:`~sparkcoord.sources.parsing.RecordParser`
      with the source's ``mode`` (a malformed record becomes a row of nulls, is dropped, or is
      a :class:`MalformedRecord` naming the file, line and byte offset). Every other failure to
@@ -77,11 +77,12 @@ Where each part runs (the rule numbers above are the ones the modules cite):
 
 Pickles: :class:`FileSplit` and :class:`FileDiscoveryState` are pickled into checkpoints
 (enumerator and reader state, stored-once backlog chunks, which are named by a hash of their
-bytes) and into the request log, whose entries a replay compares byte for byte (decision 36).
-They were defined in the module ``sparkcoord.sources.files`` before it became this package, so
-they keep that module path: their ``__module__`` is set to this package, which exports them.
-Checkpoints and logs written before and after the split are the same bytes, and load either
-way.
+bytes) and into the request log, whose entries a replay compares with what it re-sends
+(docs/protocol.md [pickles-stay-byte-stable]); both are encoded by name
+(``core/encoding.py``).
+They were defined in the module ``sparkcoord.sources.files`` before it became this package,
+and pickles of sparkcoord 0.1.0 name them by that path: their ``__module__`` is set to this
+package, which exports them, so those pickles load.
 """
 
 from __future__ import annotations

@@ -42,7 +42,8 @@ class LocalFileSystem:
     :func:`filesystem` gives for an absolute local path, so that no process that lists or reads
     local files imports fsspec (its import is ~25 ms in the source runner and in every new
     task worker, and its objects are walked by the garbage collection PySpark runs after every
-    task: docs/decisions.md 32 and 85). The :class:`Lister` lists it with ``os.scandir``.
+    task: docs/decisions/032-worker-imports.md, docs/decisions/085-compiled-bench-local-files.md).
+    The :class:`Lister` lists it with ``os.scandir``.
 
     Thread model: no state; any thread of any process (the runner's discovery thread, the
     user's driver program, a task's thread or a packed split's fetch threads)."""

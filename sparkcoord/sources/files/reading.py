@@ -131,7 +131,7 @@ class FileReader(SplitReader):
                  alignment: AlignmentOptions | None = None) -> None:
         self.options = options
         self.schema_json = schema_json
-        # keyed by lane, the file's directory (decision 43)
+        # keyed by lane, the file's directory (docs/decisions/043-watermark-alignment.md)
         self.alignment = alignment
         self._arrow_schema: Any = None
         self._data_schema: Any = None

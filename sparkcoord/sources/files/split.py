@@ -2,11 +2,11 @@
 the enumerator hands out (its mailbox) and a reader reads (a Spark task on an executor).
 
 A value: frozen, made once by discovery's planning (:mod:`.discovery`), then only pickled and
-read. It is pickled into the request log (an answer to ``NextSplit``, compared byte for byte on
-a replay), into the enumerator's backlog chunks and the readers' state: its module path stays
-``sparkcoord.sources.files`` (:data:`PICKLED_MODULE`, the package's docstring), and a field
-added later is left out of the pickle while it holds its default (``added_fields``,
-:class:`~sparkcoord.sources.splits.PicklesLikeBefore`). Rule numbers are the package's
+read. It is pickled into the request log (an answer to ``NextSplit``, compared with the
+logged one on a replay), into the enumerator's backlog chunks and the readers' state, encoded
+by name (``core/encoding.py``); pickles of sparkcoord 0.1.0 named it by the module path
+``sparkcoord.sources.files`` (:data:`PICKLED_MODULE`, the package's docstring), which still
+resolves. Rule numbers are the package's
 (:mod:`sparkcoord.sources.files`).
 """
 
@@ -30,7 +30,8 @@ Member = tuple[str, int, float]
 @dataclass(frozen=True)
 class FileSplit(Split):
     """A parquet row group (``row_group``) or a byte range ``[start, end)`` of a text file.
-    ``lane``: the file's directory, the key of watermark alignment (decision 43).
+    ``lane``: the file's directory, the key of watermark alignment
+    (docs/decisions/043-watermark-alignment.md).
 
     A *packed* split (rule 8) reads several small text files whole, in order: ``files`` holds
     them (path, size, modification time, as discovered; two or more), ``size`` is their bytes,

@@ -20,8 +20,9 @@ Rules:
      state), planning resumes at the frontier. One boundary waits for a worker: the first
      one while the set-up's cycle (publication, slot, the first chunks) runs, for up to
      ``first_boundary_wait_s`` (1 s), so the run's first batch reads chunks instead of
-     finding none (decision 77); it completes from the mailbox when the cycle's result or
-     the timer comes, and a slower set-up joins at the next boundary as any cycle does.
+     finding none (docs/decisions/077-cdc-fewer-batches.md); it completes from the mailbox
+     when the cycle's result or the timer comes, and a slower set-up joins at the next boundary
+     as any cycle does.
   3. A reader reports a finished chunk with its high watermark in a later batch's request
      (splits.py rule 3); the enumerator records it in the table's :class:`ChunkProgress`
      (watermarks.py rule 6). At the first boundary ``k`` after every chunk of every table is
@@ -31,9 +32,9 @@ Rules:
      reports arrived in requests of batches before ``k``, and Spark runs batch ``k`` only
      after those batches committed, so every snapshot row is in the sink and every report
      is in a completed checkpoint before the stream is read (Flink CDC waits for the same;
-     until decision 77 the stream waited for batch ``k + 1``, a batch that did nothing).
-     Once handed out, the map lives in the reader only; the enumerator's state is a few
-     numbers (watermarks.py rule 5).
+     before docs/decisions/077-cdc-fewer-batches.md the stream waited for batch ``k + 1``, a
+     batch that did nothing). Once handed out, the map lives in the reader only; the
+     enumerator's state is a few numbers (watermarks.py rule 5).
      Startup mode ``latest`` reads no snapshot: the stream (no map, from the slot's confirmed
      position) goes out in the batch of the first boundary at which the slot exists.
   4. The slot is confirmed (``replication.advance``) only in ``notify_checkpoint_complete``:

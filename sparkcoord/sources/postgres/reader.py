@@ -44,10 +44,10 @@ Rules:
      read stops is a function of the WAL, so a batch that runs again stops at the same
      transaction, and the slot is never confirmed past what the sink holds. A chunk read
      (the snapshot) that meets such a change fails its task with the error.
-  5. Credentials (decision 64): the reader's :class:`ReaderConfig` holds the connection
-     options, which pickle without their password; an executor connects with libpq's own
-     environment (``PGPASSWORD``, ``PGPASSFILE`` or ``~/.pgpass``, a service file). A
-     deployment that needs a password gives it to the executors that way; the tests set
+  5. Credentials (docs/decisions/064-cdc-first-layer.md): the reader's :class:`ReaderConfig`
+     holds the connection options, which pickle without their password; an executor connects
+     with libpq's own environment (``PGPASSWORD``, ``PGPASSFILE`` or ``~/.pgpass``, a service
+     file). A deployment that needs a password gives it to the executors that way; the tests set
      ``PGPASSWORD`` in the process that runs the reader.
 
 Thread model: one reader per subtask per batch, used from the Spark task's thread only; its

@@ -11,10 +11,10 @@ Rules:
   3. A reader asks with :class:`NextChunk`, carrying the chunks it finished *in an earlier
      batch* with their high watermarks, read from its checkpointed state. A chunk read is not
      repeatable (a task retry reads the chunk again, at a later high watermark), and
-     every item a subtask sends is compared byte for byte when a retry sends it again
-     (decision 36): so nothing a read returns is sent in the batch that read it. The same
-     holds for :class:`NextStreamRead`, the stream reader's report of the position its
-     previous batch read to, sent at the start of the next batch.
+     every item a subtask sends is compared with the logged one when a retry sends it again
+     (docs/protocol.md [resent-item-equals-logged]): so nothing a read returns is sent in the
+     batch that read it. The same holds for :class:`NextStreamRead`, the stream reader's report
+     of the position its previous batch read to, sent at the start of the next batch.
   4. A :class:`TableShape` is what a reader needs of a captured table: its columns (name,
      type oid, type modifier, an array's declared dimensions), its row key (the primary key, or, for a table without one, the
      chunk key column, which must then be unique and NOT NULL) and its chunk key column, which

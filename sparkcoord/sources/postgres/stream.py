@@ -202,8 +202,9 @@ class PostgresCDC:
                                    shapes)
         io = functools.partial(PostgresEnumeratorIO, conn_options, slot, publication,
                                opts.chunk_size, dict(opts.chunk_key_columns))
-        # maxChunksPerBatch is a reader's (it bounds what its state holds, decision 68); the
-        # enumerator's limit is per batch for all readers together
+        # maxChunksPerBatch is a reader's (it bounds what its state holds,
+        # docs/decisions/068-cdc-rerun-emits-same.md); the enumerator's limit is per batch for
+        # all readers together
         enumerator = functools.partial(
             PostgresEnumerator, io=io, tables=opts.tables, startup=opts.startup,
             max_chunks_per_batch=opts.max_chunks_per_batch * opts.parallelism,
