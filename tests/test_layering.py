@@ -22,7 +22,16 @@ ALLOWED_INTERNAL = {
     "sources": {"core", "coordinator", "operator", "runtime", "channel", "spark", "committer"},
     "inspection": {"core", "runtime", "spark"},
     "sinks": {"core", "coordinator", "operator", "runtime", "channel", "spark", "committer"},
+    # the examples a user copies, on the public layers
+    "examples": {"core", "coordinator", "operator", "runtime", "sources"},
+    # the entry points, outermost: the command line and its demos (nothing imports them)
+    "demo": {"core", "runtime", "spark", "examples"},
+    "demo_pipeline": {"core", "runtime", "spark", "sources", "sinks", "testing", "demo"},
+    "cli": {"core", "spark", "inspection", "sources", "demo", "demo_pipeline"},
 }
+#: the package's own ``__init__`` loads its public names lazily (core/lazy.py)
+ROOT_MODULES = {"__init__.py", "py.typed"}
+ENTRY_POINTS = ("cli", "demo", "demo_pipeline")
 #: the split framework of sources/ (what any source is built on): it knows no file source and
 #: no Spark (a source reaches Spark through the adapter, in its own builder module)
 SOURCE_FRAMEWORK = ("splits", "reader", "enumerator", "alignment", "backlog", "values")
@@ -186,3 +195,60 @@ def test_the_no_spark_checks_see_the_postgres_source_and_the_sinks() -> None:
             "coordinator.py", "task.py"} <= names
     assert "stream.py" not in names
     assert "sparkcoord.spark.spec" in imported_modules(POSTGRES_SOURCE / "stream.py")
+
+
+def test_every_package_and_module_of_sparkcoord_has_a_layer_rule() -> None:
+    entries = {p.name.removesuffix(".py") for p in PACKAGE.iterdir()
+               if p.name not in ROOT_MODULES and not p.name.startswith(("_", "."))}
+    assert entries <= set(ALLOWED_INTERNAL), (
+        f"no layer rule for {sorted(entries - set(ALLOWED_INTERNAL))}: add it to "
+        f"ALLOWED_INTERNAL (and docs/layout.md)")
+
+
+@pytest.mark.parametrize("layer", sorted(set(ALLOWED_INTERNAL) - set(ENTRY_POINTS)))
+def test_no_layer_imports_an_entry_point(layer: str) -> None:
+    for path in modules_of(layer):
+        bad = {m for m in imported_modules(path)
+               if m.split(".")[:2] in (["sparkcoord", e] for e in ENTRY_POINTS)}
+        assert not bad, f"{path.relative_to(PACKAGE)} imports the entry point(s) {sorted(bad)}"
+
+
+def module_graph() -> dict[str, set[str]]:
+    """sparkcoord module -> the sparkcoord modules it imports (at its top, inside functions
+    and under TYPE_CHECKING alike; ``from package import module`` as the module)."""
+    names = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph: dict[str, set[str]] = {}
+    for module, path in names.items():
+        edges = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                edges.update(a.name for a in node.names if a.name in names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                for alias in node.names:
+                    full = f"{node.module}.{alias.name}"
+                    edges.add(full if full in names else node.module)
+        graph[module] = {e for e in edges if e in names and e != module}
+    return graph
+
+
+def test_no_import_circle_joins_two_modules() -> None:
+    graph = module_graph()
+    reach: dict[str, set[str]] = {}
+
+    def reachable(start: str) -> set[str]:
+        if start not in reach:
+            seen, todo = set(), list(graph[start])
+            while todo:
+                m = todo.pop()
+                if m not in seen:
+                    seen.add(m)
+                    todo.extend(graph[m])
+            reach[start] = seen
+        return reach[start]
+    circles = sorted({" <-> ".join(sorted((a, b))) for a in graph for b in graph[a]
+                      if a in reachable(b)})
+    assert not circles, "import circles (each pair imports the other, maybe through " \
+        "others):\n" + "\n".join(circles)

@@ -107,7 +107,7 @@ def delete_files(location: str, paths: Iterable[str], *,
 def _filesystem(location: str, storage_options: Mapping[str, Any] | None) -> tuple[Any, str]:
     from fsspec.core import url_to_fs
 
-    from sparkcoord.sinks.target import storage_options_for
+    from sparkcoord.sinks.tables import storage_options_for
 
     # in fsspec's names (target.py): a sink's options may be named for delta-rs
     fs, root = url_to_fs(location, **storage_options_for("fsspec", storage_options or {}))

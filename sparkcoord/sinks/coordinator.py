@@ -92,7 +92,8 @@ from sparkcoord.sinks.compaction import (
 )
 from sparkcoord.sinks.fencing import NO_EPOCH, SinkFenceError
 from sparkcoord.sinks.files import DataFile, parse_file_name, read_files
-from sparkcoord.sinks.target import SinkTarget, TableShapeError
+from sparkcoord.sinks.tables import TableCommitter, TableShapeError
+from sparkcoord.sinks.target import SinkTarget
 
 log = logging.getLogger("sparkcoord.sinks")
 
@@ -156,7 +157,7 @@ class SinkCoordinator(OperatorCoordinator):
         self._last_commit_s = 0.0
         self._last_committed_files: tuple[DataFile, ...] = ()
         #: worker thread only: the committer of this start, and the newest cleaned epoch
-        self._committer: Any = None
+        self._committer: TableCommitter | None = None
         self._cleaned_through = NO_EPOCH
 
     # ---------------------------------------------------------------- lifecycle (mailbox)
@@ -343,9 +344,9 @@ class SinkCoordinator(OperatorCoordinator):
                         self.target.storage_options) or None)
                     return reduce_changes(staged, self.target.table)
 
-                decision = self._committer.merge(epoch, load, self.target.keys)
+                decision = self._open_committer().merge(epoch, load, self.target.keys)
             else:
-                decision = self._committer.commit(epoch, files, swaps)
+                decision = self._open_committer().commit(epoch, files, swaps)
         except (ChangeStreamError, SinkFenceError) as e:
             self.context.fail_job(e)  # rule 6: loud, the commit stays pending
             raise
@@ -367,7 +368,7 @@ class SinkCoordinator(OperatorCoordinator):
         added = tuple(files) + tuple(o for s in swapped for o in s.outputs)
         referenced: set[str] | None = None
         if decision != "commit":
-            referenced = self._committer.referenced_paths()
+            referenced = self._open_committer().referenced_paths()
             # compaction.py rule 1: what the table holds of this epoch's reports (a pending
             # commit restored or a replayed batch: all; a re-run batch's new files: none)
             added = tuple(f for f in added if f.path in referenced)
@@ -395,6 +396,11 @@ class SinkCoordinator(OperatorCoordinator):
                              storage_options=dict(self.target.storage_options) or None)
         self._last_commit_s = time.perf_counter() - started  # read by the done report
 
+    def _open_committer(self) -> TableCommitter:
+        """The committer the worker's ``open`` made (worker thread, after it)."""
+        assert self._committer is not None, "the commit worker runs commits after open"
+        return self._committer
+
     def _check_files_present(self, epoch: int, items: Sequence[Any]) -> None:
         """Rule 10 (worker thread, before the epoch's commit): every file the epoch's tasks
         reported is still in the table's directory (one listing of the epoch's prefix), or
@@ -407,7 +413,7 @@ class SinkCoordinator(OperatorCoordinator):
                                       storage_options=dict(self.target.storage_options)
                                       or None))
         missing = sorted(reported - present)
-        if not missing or self._committer.table_epoch() >= epoch:
+        if not missing or self._open_committer().table_epoch() >= epoch:
             return  # in the table already: its maintenance may delete what it replaced
         error = FilesMissing(
             f"sink {self.context.operator_id!r}: {len(missing)} of the {len(reported)} data "

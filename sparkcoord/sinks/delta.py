@@ -73,7 +73,7 @@ from sparkcoord.sinks.fencing import ALREADY_COMMITTED, COMMIT, NO_EPOCH, Decisi
 from sparkcoord.sinks.files import DataFile, check_job_id
 from sparkcoord.sinks.mergefiles import KeyRange, MergeFileWriter, files_to_rewrite
 from sparkcoord.sinks.mergefold import small_files
-from sparkcoord.sinks.target import check_table_schema
+from sparkcoord.sinks.tables import TableShapeError, check_table_schema, storage_options_for
 
 #: Keys of the commit info (rule 1).
 JOB_KEY, EPOCH_KEY, RUN_KEY = "sparkcoord.job-id", "sparkcoord.epoch", "sparkcoord.run-id"
@@ -115,6 +115,11 @@ class DeltaCommitter:
         self.left_out: list[Any] = []
 
     # ------------------------------------------------------------------ commands
+    def prepare_table(self) -> str:
+        """The table's location, where the tasks write (the driver program, when a sink is
+        built). Nothing is made here: the first commit creates the table (rule 3)."""
+        return self.table_uri
+
     def open(self, last_committed: int = NO_EPOCH, pending: Iterable[int] = ()) -> int:
         """Check the table against the restored checkpoint (commit worker thread, at the
         coordinator's start, before any commit): ``last_committed`` and ``pending`` are the
@@ -129,13 +134,11 @@ class DeltaCommitter:
         return fence.known
 
     def _check_shape(self, table: Any) -> None:
-        """Raise :class:`~sparkcoord.sinks.target.TableShapeError` naming the table when it
+        """Raise :class:`~sparkcoord.sinks.tables.TableShapeError` naming the table when it
         is not one the sink can write: other columns or types, or partitioned (the sink's
         files hold every column and its add actions carry no partition values; delta-rs
         would take them and the partition column would read back null: a review finding)."""
         import pyarrow as pa
-
-        from sparkcoord.sinks.target import TableShapeError
 
         check_table_schema(self.table_uri, self.schema, pa.schema(table.schema().to_arrow()))
         partitioned = list(table.metadata().partition_columns)
@@ -393,8 +396,6 @@ class DeltaCommitter:
 
     # ------------------------------------------------------------------ internals
     def _fsspec_options(self) -> dict[str, Any]:
-        from sparkcoord.sinks.target import storage_options_for
-
         return (dict(self.fsspec_options) if self.fsspec_options is not None else
                 storage_options_for("fsspec", self.storage_options))
 
@@ -409,8 +410,6 @@ class DeltaCommitter:
     def _load(self) -> Any:
         from deltalake import DeltaTable
         from deltalake.exceptions import TableNotFoundError
-
-        from sparkcoord.sinks.target import storage_options_for
 
         if self._table is not None:
             self._table.update_incremental()
@@ -433,8 +432,6 @@ class DeltaCommitter:
     def _create(self, actions: list[Any], properties: Any) -> None:
         from deltalake import Schema
         from deltalake.transaction import create_table_with_add_actions
-
-        from sparkcoord.sinks.target import storage_options_for
 
         # mode "error": a table created meanwhile (a racing writer) fails this attempt; the
         # commit worker's retry finds the table and meets the fence (rule 2)

@@ -54,7 +54,6 @@ Thread model: as ``delta.py``: commands on the commit worker thread, one at a ti
 
 from __future__ import annotations
 
-import datetime
 import logging
 import threading
 import uuid
@@ -66,8 +65,9 @@ from pyiceberg.table.locations import LocationProvider
 from sparkcoord.sinks.changes import OP_COLUMN, Reduced, fill_unchanged, origin_keys
 from sparkcoord.sinks.fencing import ALREADY_COMMITTED, COMMIT, NO_EPOCH, Decision, EpochFence
 from sparkcoord.sinks.files import DATA_DIR, DataFile, check_job_id
+from sparkcoord.sinks.icebergmerge import key_value
 from sparkcoord.sinks.mergefiles import merge_file_name
-from sparkcoord.sinks.target import check_table_schema
+from sparkcoord.sinks.tables import check_table_schema
 
 log = logging.getLogger("sparkcoord.sinks")
 
@@ -599,8 +599,8 @@ def iceberg_data_file(table: Any, location: str, file: DataFile) -> Any:
             nulls[fid] = stats.null_count
         if stats.min is not None and stats.max is not None and field.field_type.is_primitive:
             try:
-                lo = to_bytes(field.field_type, _iceberg_value(stats.min))
-                hi = to_bytes(field.field_type, _iceberg_value(stats.max))
+                lo = to_bytes(field.field_type, key_value(stats.min))
+                hi = to_bytes(field.field_type, key_value(stats.max))
             except (TypeError, ValueError, AttributeError, OverflowError):
                 continue  # a bound pyiceberg cannot serialize for this type: left out
             lower[fid], upper[fid] = lo, hi
@@ -610,18 +610,6 @@ def iceberg_data_file(table: Any, location: str, file: DataFile) -> Any:
         file_size_in_bytes=file.bytes, column_sizes=sizes, value_counts=values,
         null_value_counts=nulls, nan_value_counts={}, lower_bounds=lower,
         upper_bounds=upper, split_offsets=None, sort_order_id=None)
-
-
-def _iceberg_value(value: Any) -> Any:
-    """A parquet bound as pyiceberg's serializer takes it (dates as days, timestamps as
-    microseconds since the epoch)."""
-    from pyiceberg.utils.datetime import date_to_days, datetime_to_micros
-
-    if isinstance(value, datetime.datetime):
-        return datetime_to_micros(value)
-    if isinstance(value, datetime.date):
-        return date_to_days(value)
-    return value
 
 
 def key_filter(rows: Any, keys: Sequence[str]) -> Any:

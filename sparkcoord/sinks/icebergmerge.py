@@ -52,6 +52,7 @@ and :func:`trusted_range` are pure.
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -174,10 +175,15 @@ def trusted_range(fields: Sequence[Any], lower: dict[int, bytes], upper: dict[in
 
 def key_value(value: Any) -> Any:
     """A changed key's value as :func:`trusted_range`'s bounds are: a date as days, a
-    timestamp as microseconds since the epoch (a zone's as UTC), else itself."""
-    from sparkcoord.sinks.iceberg import _iceberg_value
+    timestamp as microseconds since the epoch (a zone's as UTC), else itself; also a
+    parquet bound as pyiceberg's serializer takes it (``iceberg.py``'s column statistics)."""
+    from pyiceberg.utils.datetime import date_to_days, datetime_to_micros
 
-    return _iceberg_value(value)
+    if isinstance(value, datetime.datetime):
+        return datetime_to_micros(value)
+    if isinstance(value, datetime.date):
+        return date_to_days(value)
+    return value
 
 
 def read_file(table: Any, data_file: Any, schema: Any) -> Any:
