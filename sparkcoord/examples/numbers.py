@@ -18,13 +18,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparkcoord.coordinator import CoordinatorContext, OperatorCoordinator
-from sparkcoord.core.encoding import encoded
 from sparkcoord.operator import RecipientOperator, SubtaskContext, SubtaskOperator
 
 SCHEMA = "operator string, subtask int, value int, position int, epoch int"
 
 
-@encoded("examples.Number")
 @dataclass(frozen=True)
 class Number:
     subtask: int

@@ -8,11 +8,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from sparkcoord.core.encoding import encoded
 from sparkcoord.sources import Split, SplitDiscovery, SplitReader
 
 
-@encoded("examples.Range")
 @dataclass(frozen=True)
 class Range(Split):
     first: int = 0
