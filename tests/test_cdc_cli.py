@@ -394,7 +394,7 @@ def run(argv: list[str], cwd: Any, timeout: float = 240) -> subprocess.Completed
 
 
 @pytest.mark.spark
-@pytest.mark.driver_process
+@pytest.mark.own_processes
 def test_the_guides_example_and_the_command_mirror_a_table_and_the_guides_query_applies_it(
         tmp_path: Any, postgres_server: PostgresServer) -> None:
     import psycopg

@@ -30,7 +30,7 @@ from tests.spark import cdc_job
 
 __all__ = ["postgres_server"]  # the session's server fixture
 
-pytestmark = [pytest.mark.spark, pytest.mark.driver_process]
+pytestmark = [pytest.mark.spark, pytest.mark.own_processes]
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 

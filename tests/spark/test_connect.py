@@ -16,7 +16,7 @@ import pytest
 from tests.connect_server import ConnectServer
 from tests.spark.test_driver_kill import REPO
 
-pytestmark = [pytest.mark.spark, pytest.mark.driver_process]
+pytestmark = [pytest.mark.spark, pytest.mark.own_processes]
 
 
 def test_a_job_through_spark_connect_survives_fail_job_and_task_retries_exactly_once(

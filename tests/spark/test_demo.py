@@ -21,7 +21,7 @@ def test_the_demo_survives_its_injected_failures_and_reports_exactly_once(tmp_pa
 
 
 
-@pytest.mark.driver_process
+@pytest.mark.own_processes
 def test_the_demo_command_keeps_its_console_clean_and_sparks_log_in_a_file(tmp_path) -> None:
     """``sparkcoord demo`` as a user runs it (its own Spark, in a process of its own): its
     console has the demo's report and sparkcoord's own lines, no Spark stack traces; Spark's

@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 
-pytestmark = [pytest.mark.spark, pytest.mark.driver_process]
+pytestmark = [pytest.mark.spark, pytest.mark.own_processes]
 
 
 def test_the_pipeline_demo_kills_its_driver_restarts_it_and_ends_equal_to_the_source(

@@ -20,7 +20,7 @@ from sparkcoord.examples.sinks import read_batch_files
 from sparkcoord.runtime.kills import kill_session
 from sparkcoord.runtime.storage import CheckpointStorage
 
-pytestmark = [pytest.mark.spark, pytest.mark.driver_process]
+pytestmark = [pytest.mark.spark, pytest.mark.own_processes]
 REPO = pathlib.Path(__file__).resolve().parents[2]
 N = 20
 

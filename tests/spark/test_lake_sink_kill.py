@@ -21,7 +21,7 @@ import pytest
 
 from tests.spark.lake_kill_job import table_check, write_files
 
-pytestmark = [pytest.mark.spark, pytest.mark.driver_process]
+pytestmark = [pytest.mark.spark, pytest.mark.own_processes]
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 

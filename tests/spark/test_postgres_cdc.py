@@ -25,6 +25,9 @@ from tests.spark import cdc_job
 
 __all__ = ["postgres_server"]  # the session's server fixture
 
+# writer processes of their own beside the job, and a PostgreSQL restarted (docs/testing.md)
+pytestmark = [pytest.mark.spark, pytest.mark.own_processes]
+
 @pytest.fixture(scope="module")
 def database(postgres_server: PostgresServer) -> str:
     return postgres_server.create_database("t_spark_cdc")

@@ -15,7 +15,7 @@ import pytest
 
 from tests.spark.test_driver_kill import REPO
 
-pytestmark = [pytest.mark.spark, pytest.mark.driver_process]
+pytestmark = [pytest.mark.spark, pytest.mark.own_processes]
 
 
 def test_a_mid_batch_job_failure_cancels_the_tasks_quietly_and_loses_nothing(tmp_path) -> None:

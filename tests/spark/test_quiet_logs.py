@@ -21,7 +21,7 @@ import sys
 
 import pytest
 
-pytestmark = [pytest.mark.spark, pytest.mark.driver_process]
+pytestmark = [pytest.mark.spark, pytest.mark.own_processes]
 
 #: words of a fault, in any case: none may appear in a line of sparkcoord's log of a healthy
 #: run ("fail" covers failed/failure/failover, "retr" retried/retry, "abrupt", ...)

@@ -17,7 +17,7 @@ from sparkcoord.examples.sinks import read_batch_files
 from tests.s3_server import S3Server
 from tests.spark.test_driver_kill import REPO, N
 
-pytestmark = [pytest.mark.spark, pytest.mark.driver_process]
+pytestmark = [pytest.mark.spark, pytest.mark.own_processes]
 
 
 def run_job(workdir: pathlib.Path, kill: str | None, checkpoint: dict

@@ -102,7 +102,7 @@ def run_kill_job(workdir: pathlib.Path, kill: str | None) -> subprocess.Complete
                           capture_output=True, text=True)
 
 
-@pytest.mark.driver_process
+@pytest.mark.own_processes
 def test_the_documented_until_recipe_ends_the_job_after_a_killed_driver_restarts_it(
         tmp_path) -> None:
     markers = tmp_path / "markers"
