@@ -34,7 +34,7 @@ Rules:
      :class:`EncodingTooNew`: a checkpoint written by a newer sparkcoord, named as such.
   6. A log item (an event, a request, an answer) that a retry or a replay sends again is the
      same item when its bytes equal the logged ones or, where they differ, when the two
-     decode to equal values (:func:`same_value`): an upgrade between the two runs may change
+     decode to values this code encodes to the same bytes (:func:`same_value`): an upgrade between the two runs may change
      an encoding, never a value (``core/inbound.py`` rule 4, ``runtime/inbox.py``).
 
 Thread model: the registry is filled at import time (class decorators); encoding and decoding
@@ -44,8 +44,8 @@ run on any thread.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import pickle
-import pickletools
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -71,6 +71,8 @@ class Encoding:
     upgrades: Mapping[int, Upgrade]
     #: a class that is not a dataclass: its own ``__setstate__``, which takes the fields
     restore: Callable[[Any, dict[str, Any]], None] | None = None
+    #: the fields of version 1 in order (rule 4)
+    first_fields: tuple[str, ...] = ()
 
     def field_names(self) -> tuple[str, ...]:
         """The fields of the current version (a class that is not a dataclass: none named)."""
@@ -85,14 +87,61 @@ REGISTRY: dict[str, Encoding] = {}
 #: rule 4: "module:QualName" a released sparkcoord pickled -> "module:QualName" now
 MOVED: dict[str, str] = {}
 
+#: rule 1: where each library encoding is registered, imported on first use: a process that
+#: reads a checkpoint (``sparkcoord inspect --decode``, a user's script) need not have imported
+#: the sources and sinks first. A test checks it lists every library encoding.
+HOMES: dict[str, str] = {
+    "committer.LedgerState": "sparkcoord.committer.ledger",
+    "core.BatchRequested": "sparkcoord.core.control",
+    "files.FileDiscoveryState": "sparkcoord.sources.files.discovery",
+    "files.FileSplit": "sparkcoord.sources.files.split",
+    "postgres.CdcEnumeratorState": "sparkcoord.sources.postgres.enumerator",
+    "postgres.ChunkMap": "sparkcoord.sources.postgres.watermarks",
+    "postgres.ChunkProgress": "sparkcoord.sources.postgres.watermarks",
+    "postgres.NextChunk": "sparkcoord.sources.postgres.splits",
+    "postgres.NextStreamRead": "sparkcoord.sources.postgres.splits",
+    "postgres.PlannerState": "sparkcoord.sources.postgres.chunks",
+    "postgres.PostgresReaderState": "sparkcoord.sources.postgres.reader",
+    "postgres.SnapshotChunk": "sparkcoord.sources.postgres.splits",
+    "postgres.StreamBound": "sparkcoord.sources.postgres.splits",
+    "postgres.StreamFilter": "sparkcoord.sources.postgres.watermarks",
+    "postgres.StreamPosition": "sparkcoord.sources.postgres.watermarks",
+    "postgres.StreamSplit": "sparkcoord.sources.postgres.splits",
+    "postgres.TableName": "sparkcoord.sources.postgres.names",
+    "sinks.ColumnStats": "sparkcoord.sinks.files",
+    "sinks.CompactionAssigned": "sparkcoord.sinks.compaction",
+    "sinks.CompactionState": "sparkcoord.sinks.compaction",
+    "sinks.DataFile": "sparkcoord.sinks.files",
+    "sinks.FileWritten": "sparkcoord.sinks.coordinator",
+    "sinks.FilesCompacted": "sparkcoord.sinks.compaction",
+    "sinks.SinkState": "sparkcoord.sinks.coordinator",
+    "sinks.SinkTarget": "sparkcoord.sinks.target",
+    "sources.AlignmentDecision": "sparkcoord.sources.alignment",
+    "sources.AlignmentState": "sparkcoord.sources.alignment",
+    "sources.BacklogState": "sparkcoord.sources.backlog",
+    "sources.EnumeratorState": "sparkcoord.sources.enumerator",
+    "sources.NextSplit": "sparkcoord.sources.splits",
+    "sources.NoSplitNow": "sparkcoord.sources.splits",
+    "sources.ReaderState": "sparkcoord.sources.reader",
+    "sources.SeenFiles": "sparkcoord.sources.seen",
+    "sources.Split": "sparkcoord.sources.splits",
+    "sources.SplitAlignmentState": "sparkcoord.sources.alignment",
+    "sources.WatermarkReport": "sparkcoord.sources.alignment",
+    "spark.OperatorSpec": "sparkcoord.spark.spec",
+}
 
-def encoded(name: str, version: int = 1,
-            upgrades: Mapping[int, Upgrade] | None = None) -> Callable[[C], C]:
+
+def encoded(name: str, version: int = 1, upgrades: Mapping[int, Upgrade] | None = None,
+            first_fields: tuple[str, ...] | None = None) -> Callable[[C], C]:
     """Class decorator (above ``@dataclass``): register the class under ``name`` at
     ``version`` (rules 1-2). A dataclass is encoded by its fields; any other class by the
     dict its ``__getstate__`` returns and its ``__setstate__`` takes. Runs at import time of
-    the class's module."""
+    the class's module. ``first_fields``: from version 2 on, the fields of version 1 in their
+    order (a 0.1.0 pickle of a frozen dataclass with slots holds its values by position)."""
     steps = dict(upgrades or {})
+    if version > 1 and first_fields is None:
+        raise ValueError(f"encoding {name!r} version {version}: give first_fields, the "
+                         f"fields of version 1 in order (rule 4)")
     missing = [v for v in range(1, version) if v not in steps]
     if missing:
         raise ValueError(f"encoding {name!r} version {version}: no upgrade from version(s) "
@@ -107,9 +156,10 @@ def encoded(name: str, version: int = 1,
         if plain and (own_setstate is None or "__getstate__" not in cls.__dict__):
             raise TypeError(f"encoding {name!r}: {cls.__qualname__} is neither a dataclass "
                             f"nor defines __getstate__ and __setstate__")
-        encoding = Encoding(name, cls, version, steps, own_setstate)
-        REGISTRY[name] = encoding
         fields = () if plain else tuple(f.name for f in dataclasses.fields(cls))
+        encoding = Encoding(name, cls, version, steps, own_setstate,
+                            first_fields if first_fields is not None else fields)
+        REGISTRY[name] = encoding
 
         def __reduce_ex__(self: Any, protocol: Any) -> Any:
             if type(self) is not cls:  # a subclass of someone else's: pickled as before
@@ -120,8 +170,10 @@ def encoded(name: str, version: int = 1,
         def __setstate__(self: Any, state: Any) -> None:
             if plain:
                 given = dict(state or {})
+            elif type(self) is cls:
+                given = _state_fields(encoding.first_fields, state)
             else:
-                given = _state_fields(self, state)
+                given = _state_fields(tuple(f.name for f in dataclasses.fields(self)), state)
             if type(self) is not cls:
                 if own_setstate is not None:
                     own_setstate(self, given)
@@ -138,11 +190,11 @@ def encoded(name: str, version: int = 1,
     return register
 
 
-def _state_fields(obj: Any, state: Any) -> dict[str, Any]:
+def _state_fields(names: tuple[str, ...], state: Any) -> dict[str, Any]:
     """The fields a plain pickle's state holds: ``__dict__``; ``(__dict__, slots)``; or, for
-    a frozen dataclass with slots, the list of its field values in order."""
+    a frozen dataclass with slots, the list of its field values in the order ``names``."""
     if isinstance(state, list):
-        return dict(zip((f.name for f in dataclasses.fields(obj)), state, strict=False))
+        return dict(zip(names, state, strict=False))
     if isinstance(state, tuple) and len(state) == 2:
         return {**(state[0] or {}), **(state[1] or {})}
     return dict(state or {})
@@ -175,6 +227,9 @@ def _fill(obj: Any, encoding: Encoding, fields: Mapping[str, Any]) -> None:
 def _decoded(name: str, version: int, fields: dict[str, Any]) -> Any:
     """Rule 1's constructor, named by every encoded pickle (do not move or rename)."""
     encoding = REGISTRY.get(name)
+    if encoding is None and name in HOMES:
+        importlib.import_module(HOMES[name])  # registers it (rule 1)
+        encoding = REGISTRY.get(name)
     if encoding is None:
         raise EncodingTooNew(f"a checkpoint holds a value of encoding {name!r}, which this "
                              f"sparkcoord does not know: it was written by a newer sparkcoord "
@@ -236,8 +291,10 @@ def same_value(logged: bytes, given: bytes) -> bool:
     replayed item's bytes differ from the logged ones."""
     if logged == given:
         return True
-    try:
-        return bool(loads(logged) == loads(given))
+    try:  # this code's encodings of the two decoded values: ``==`` would trust a user's
+        # ``__eq__`` (one that compares an id only) and equal ``1`` and ``True``
+        return (pickle.dumps(loads(logged), pickle.HIGHEST_PROTOCOL)
+                == pickle.dumps(loads(given), pickle.HIGHEST_PROTOCOL))
     except Exception:  # noqa: BLE001 - what does not decode is not the same value
         return False
 
@@ -246,6 +303,8 @@ def named_globals(data: bytes) -> set[str]:
     """The ``module:name`` of every class or function a pickle names, read without
     unpickling (``pickletools``). Tests and tools call it to check rule 1: what the library
     writes names ``_decoded``, not its classes' paths."""
+    import pickletools  # tests and tools only: kept off the executors' imports
+
     found, strings = set(), []
     for op, arg, _ in pickletools.genops(data):
         if op.name in ("SHORT_BINUNICODE", "BINUNICODE", "UNICODE"):

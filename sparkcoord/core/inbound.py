@@ -16,9 +16,9 @@ Rules (docs/protocol.md [inbound-critical-section] [inbound-admission]
      task retry: the subtask's attempt failed.
   4. Each subtask has one *history* per epoch: the items, numbered by sequence, of the attempts
      that survive. A re-sent item (seq below the history's length) must equal the logged one:
-     byte for byte, or, where the bytes differ, as the values they decode to (an upgrade of
-     sparkcoord between the two runs may change an encoding, not a value:
-     ``core/encoding.py`` rule 6). A duplicate event is acknowledged again, a repeated request
+     byte for byte, or, where the bytes differ, as the values they decode to, encoded again
+     by this code (an upgrade of sparkcoord between the two runs may change an encoding, not
+     a value: ``core/encoding.py`` rule 6). A duplicate event is acknowledged again, a repeated request
      is answered with the logged response; anything else is divergence (a nondeterministic
      subtask), which the runtime turns into a global failover.
   5. A task retry in an epoch whose log holds no request of the operator *resets*: the failed

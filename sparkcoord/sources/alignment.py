@@ -299,6 +299,7 @@ class SplitWatermarks:
 
 
 # ------------------------------------------------------------------ the enumerator side
+@encoded("sources.SplitAlignmentState")
 @dataclass
 class SplitAlignmentState:
     """What the enumerator knows of one split."""
