@@ -53,7 +53,7 @@ def run(preset: str) -> dict[str, Any]:
     from sparkcoord.sources.files.discovery import FileDiscovery
     from sparkcoord.sources.files.options import FileSourceOptions
     from sparkcoord.sources.splits import ReadLimit
-    from sparkcoord.testing import CoordinatorHarness
+    from sparkcoord.testing import CoordinatorHarness, ManualWorkers
 
     n = 100_000
     triggers = 10 if preset == "quick" else 30
@@ -67,9 +67,9 @@ def run(preset: str) -> dict[str, Any]:
         discovery = FileDiscovery(FileSourceOptions(url=data, format="json", packing=False,
                                                     max_files_per_discovery=10**9))
         enumerator = functools.partial(SplitEnumerator, discovery=discovery,
-                                       runner=lambda work: work(),
                                        limit=ReadLimit(max_units=per_trigger))
-        h = CoordinatorHarness(enumerator, 2, name="files", storage_url=root)
+        h = CoordinatorHarness(enumerator, 2, name="files", storage_url=root,
+                               workers=ManualWorkers(inline=True))
         t0 = time.perf_counter()
         h.start(FRESH)
         h.checkpoint()  # the listing joins the state: its chunks are written once here

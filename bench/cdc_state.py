@@ -74,15 +74,15 @@ def _snapshot(chunks: int, tmp: str) -> dict[str, Any]:
     from sparkcoord.sources.postgres.names import TableName
     from sparkcoord.sources.postgres.splits import NextChunk, SnapshotChunk, StreamSplit
     from sparkcoord.sources.splits import NoSplitNow
-    from sparkcoord.testing import CoordinatorHarness
+    from sparkcoord.testing import CoordinatorHarness, ManualWorkers
 
     chunk_size = 10
     io = _io_class()(chunks * chunk_size, chunk_size)
     root = os.path.join(tmp, f"ckpt-{chunks}")
     provider = functools.partial(PostgresEnumerator, io=lambda: io,
-                                 tables=(TableName("public", "orders"),), plan_ahead=256,
-                                 runner=lambda work: work(), slot_runner=lambda work: work())
-    h = CoordinatorHarness(provider, 2, name="postgres", storage_url=root)
+                                 tables=(TableName("public", "orders"),), plan_ahead=256)
+    h = CoordinatorHarness(provider, 2, name="postgres", storage_url=root,
+                           workers=ManualWorkers(inline=True))
     h.start(FRESH)
     unreported: dict[int, list[tuple[str, int]]] = {0: [], 1: []}
     kept: list[tuple[SnapshotChunk, int]] = []  # the baseline's state: every chunk kept

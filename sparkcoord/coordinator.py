@@ -7,8 +7,9 @@ retries it as a new attempt). A *checkpoint* is taken per epoch; each epoch's ev
 subtasks in the next micro-batch, before any of that batch's data.
 
 Every callback of a coordinator runs on its own single-thread mailbox, one at a time, in order.
-Callbacks must not block. Sends and the completion of the checkpoint future may happen from any
-thread: they are ordered through the mailbox, so "send e1, complete, send e2" keeps its order.
+Callbacks must not block (I/O goes to ``CoordinatorContext.call_async``). Sends and the
+completion of the checkpoint future may happen from any thread: they are ordered through the
+mailbox, so "send e1, complete, send e2" keeps its order.
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ import abc
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from sparkcoord.core.errors import GatewayNotReady, WithdrawnNotHandled
+
+T = TypeVar("T")
 
 
 class Cancellable(abc.ABC):
@@ -131,6 +134,21 @@ class CoordinatorContext(abc.ABC):
     @abc.abstractmethod
     def call_periodically(self, interval_s: float, action: Callable[[], None]) -> Cancellable:
         """Run ``action`` on the mailbox every ``interval_s`` seconds until cancelled or reset."""
+
+    @abc.abstractmethod
+    def call_async(self, work: Callable[[], T],
+                   handler: Callable[[T | None, BaseException | None], None] | None = None, *,
+                   lane: str = "io") -> None:
+        """Run ``work`` off the mailbox (I/O: list a directory, ask a server), then
+        ``handler(result, None)`` or ``handler(None, error)`` on the mailbox, as Flink's
+        ``callAsync``. Called by the coordinator on its mailbox (or any thread).
+
+        The works of one ``lane`` run one at a time, in order; lanes run beside each other
+        (``runtime/workers.py`` rule 1): one lane per connection the coordinator keeps. A work
+        handed over runs even if the coordinator is reset or closed meanwhile; its handler then
+        does not (rule 2). Without a handler, the result is dropped and an error fails the job
+        naming the work; an error the handler raises fails the job too. Tests drive the works
+        by hand (``CoordinatorHarness.workers``)."""
 
     @abc.abstractmethod
     def is_coordinator_thread(self) -> bool:

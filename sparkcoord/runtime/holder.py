@@ -39,7 +39,7 @@ import traceback
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from sparkcoord.coordinator import (
     Cancellable,
@@ -62,6 +62,9 @@ from sparkcoord.core.valve import OutboundValve
 from sparkcoord.runtime.clock import Clock
 from sparkcoord.runtime.futures import SendFuture
 from sparkcoord.runtime.mailbox import Mailbox
+from sparkcoord.runtime.workers import ThreadWorkers, Workers
+
+T = TypeVar("T")
 
 log = logging.getLogger(__name__)
 
@@ -110,8 +113,11 @@ class CoordinatorHolder:
                  mailbox: Mailbox, clock: Clock, codec: EventCodec,
                  listener: HolderListener, last_checkpoint: int,
                  stall_warning_s: float = 10.0, available_now: bool = False,
-                 read_part: Callable[[str], StoredOnce[Any]] | None = None) -> None:
+                 read_part: Callable[[str], StoredOnce[Any]] | None = None,
+                 workers: Workers | None = None) -> None:
         self.name = name
+        #: where the contexts' ``call_async`` works run (runtime/workers.py)
+        self.workers = workers or ThreadWorkers()
         self.available_now = available_now
         #: reads a state part its snapshots refer to (storage's ``read_part``; core/stored.py)
         self._read_part = read_part
@@ -547,7 +553,7 @@ class CoordinatorHolder:
 _CALLBACK_FAILED = object()  # what _callback returns when no callback ran to its end
 
 
-def _name_of(action: Callable[[], None]) -> str:
+def _name_of(action: Callable[[], Any]) -> str:
     return str(getattr(action, "__qualname__", None) or repr(action))
 
 
@@ -710,4 +716,28 @@ class _Context(CoordinatorContext):
 
     def is_coordinator_thread(self) -> bool:
         return self.holder.mailbox.in_mailbox_thread()
+
+    def call_async(self, work: Callable[[], T],
+                   handler: Callable[[T | None, BaseException | None], None] | None = None, *,
+                   lane: str = "io") -> None:
+        # a generation's lanes are its own (workers.py rule 3); the handler is an action of
+        # this generation, dropped once it is fenced (rule 2)
+        post = self.run_in_coordinator_thread
+        holder = self.holder
+
+        def run() -> None:
+            try:
+                result = work()
+            except Exception as exc:  # noqa: BLE001 - to the handler, or it fails the job
+                error = exc
+                if handler is not None:
+                    post(lambda: handler(None, error))
+                else:
+                    self.fail_job(f"{_name_of(work)} on lane {lane!r} raised: {error!r}"
+                                  f"{user_traceback(error)}")
+                return
+            if handler is not None:
+                post(lambda: handler(result, None))
+
+        holder.workers.run(f"{holder.name}.{self.generation}", lane, run)
 

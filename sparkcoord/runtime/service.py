@@ -64,6 +64,7 @@ from sparkcoord.runtime.holder import CoordinatorHolder, ReplayedEvent
 from sparkcoord.runtime.inbox import Inbox
 from sparkcoord.runtime.mailbox import Mailbox, ThreadMailbox
 from sparkcoord.runtime.storage import CheckpointStorage
+from sparkcoord.runtime.workers import ThreadWorkers, Workers
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +113,7 @@ class CoordinationService:
     def __init__(self, specs: Sequence[CoordinatorSpec], storage: CheckpointStorage, *,
                  config: ServiceConfig | None = None, clock: Clock | None = None,
                  mailbox_factory: MailboxFactory | None = None, run_id: str | None = None,
-                 available_now: bool = False) -> None:
+                 available_now: bool = False, workers: Workers | None = None) -> None:
         if not specs:
             raise ValueError("a coordination service needs at least one coordinator")
         self.specs = {spec.name: spec for spec in specs}
@@ -127,6 +128,8 @@ class CoordinationService:
         #: context: the run ends at the first trigger that seals nothing)
         self.available_now = available_now
         self._mailbox_factory = mailbox_factory or ThreadMailbox
+        #: where the coordinators' ``call_async`` works run (runtime/workers.py)
+        self.workers = workers or ThreadWorkers()
         self._lock = threading.RLock()
         self.detector = RestorePointDetector()
         self.restore_point: RestorePoint | None = None
@@ -245,7 +248,8 @@ class CoordinationService:
                     spec.name, spec.provider, spec.parallelism, self._mailbox_factory(spec.name),
                     self.clock, self.codec, self, last_checkpoint=epoch,
                     stall_warning_s=self.config.stall_warning_s,
-                    available_now=self.available_now, read_part=self.storage.read_part)
+                    available_now=self.available_now, read_part=self.storage.read_part,
+                    workers=self.workers)
                 self._holders[spec.name] = holder
                 snapshot = record.snapshots.get(spec.name) if record is not None else None
                 holder.start(epoch, snapshot, replay[spec.name],

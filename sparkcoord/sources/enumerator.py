@@ -48,19 +48,18 @@ Rules:
      not committed yet.
 
 Theory of operation: a fresh source discovers once in ``start`` (so its first batch has
-splits); after that (and after a restore) discovery runs on a worker thread (never again for a
-bounded source, every ``discovery_interval_s`` for a continuous one); its result comes back to
-the mailbox and is applied at the next ``checkpoint_coordinator``, which also asks for a batch so
-the readers of that batch can take the new splits. Each batch may take new work up to its
-:class:`ReadLimit`; when the limit stops it while splits are pending, another batch is asked
-for.
+splits); after that (and after a restore) discovery runs off the mailbox (``call_async``, lane
+``discovery``): never again for a bounded source, every ``discovery_interval_s`` for a
+continuous one. Its result comes back to the mailbox and is applied at the next
+``checkpoint_coordinator``, which also asks for a batch so the readers of that batch can take
+the new splits. Each batch may take new work up to its :class:`ReadLimit`; when the limit
+stops it while splits are pending, another batch is asked for.
 """
 
 from __future__ import annotations
 
 import abc
 import logging
-import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -128,16 +127,11 @@ class EnumeratorState:
     commits: LedgerState | None = None
 
 
-def run_on_thread(work: Callable[[], None]) -> None:
-    """The default discovery runner: a daemon thread per discovery cycle (one at a time)."""
-    threading.Thread(target=work, name="sparkcoord-discovery", daemon=True).start()
-
-
 class SplitEnumerator(OperatorCoordinator):
     """A coordinator that hands splits from a :class:`SplitDiscovery` to readers on demand.
 
-    Thread model: every callback runs on the mailbox; discovery runs on a worker thread (the
-    ``runner``) and hands its result back through ``run_in_coordinator_thread``.
+    Thread model: every callback runs on the mailbox; discovery runs off it, on the context's
+    lane ``discovery`` (``call_async``), and its result comes back to the mailbox.
 
     Client requests: ``"status"`` (a dict: pending, in_flight, handed_out, finished,
     discovery_state_entries, done, and with alignment ``alignment``: minimum, allowed maximum,
@@ -151,7 +145,6 @@ class SplitEnumerator(OperatorCoordinator):
     def __init__(self, context: CoordinatorContext, discovery: SplitDiscovery, *,
                  bounded: bool = False, discovery_interval_s: float = 1.0,
                  limit: ReadLimit | None = None, latest_first: bool = False,
-                 runner: Callable[[Callable[[], None]], None] = run_on_thread,
                  alignment: AlignmentOptions | None = None,
                  clock: Callable[[], float] = time.time,
                  committer: CommitFunction | None = None,
@@ -164,7 +157,6 @@ class SplitEnumerator(OperatorCoordinator):
         self.discovery_interval_s = discovery_interval_s
         self.limit = limit or ReadLimit()
         self.latest_first = latest_first
-        self._runner = runner
         self.alignment_options = alignment
         self._clock = clock
         #: the alignment of the state in force (None: alignment off)
@@ -295,21 +287,22 @@ class SplitEnumerator(OperatorCoordinator):
             return
         self._discovering = True
         since = self._ready_state if self._ready_count else self.state.discovery
-        post = self.context.run_in_coordinator_thread
 
-        def work() -> None:
+        def work() -> tuple[list[Split], list[Chunk], Any, float]:
             started = time.perf_counter()
-            try:
-                found, after = self.discovery.discover(since)
-            except Exception as exc:  # noqa: BLE001 - reported on the mailbox
-                error = exc
-                post(lambda: self._discovery_failed(error))
-                return
+            found, after = self.discovery.discover(since)
             chunks = self._chunked(found)  # pickled and hashed here, off the mailbox
-            took = time.perf_counter() - started
-            post(lambda: self._discovered(found, chunks, after, took))
+            return found, chunks, after, time.perf_counter() - started
 
-        self._runner(work)
+        def done(result: tuple[list[Split], list[Chunk], Any, float] | None,
+                 error: BaseException | None) -> None:
+            if result is None:
+                assert error is not None
+                self._discovery_failed(error)
+            else:
+                self._discovered(*result)
+
+        self.context.call_async(work, done, lane="discovery")
 
     def _chunked(self, found: list[Split]) -> list[Chunk]:
         # a discovery lists new splits oldest first; newest first, they go to the front

@@ -29,6 +29,7 @@ from sparkcoord.runtime.config import ServiceConfig
 from sparkcoord.runtime.mailbox import Action, Mailbox
 from sparkcoord.runtime.service import CoordinationService, CoordinatorSpec, PreparedCheckpoint
 from sparkcoord.runtime.storage import CheckpointStorage
+from sparkcoord.runtime.workers import Workers
 
 _get_ident = threading.get_ident
 
@@ -115,6 +116,72 @@ class ManualMailboxes:
         return done
 
 
+class ManualWorkers(Workers):
+    """Workers whose works run only when the test says (``run_all``, ``run_one``), on the
+    test's thread, in the order they were handed over; ``inline=True`` runs each at once, on
+    the thread that hands it over (the mailbox's, for ``call_async`` from a callback).
+
+    ``lane(name)`` is one lane's view (every owner's works on it: the coordinator's
+    generations), with ``queued`` and ``run_all`` as a runner the test holds."""
+
+    def __init__(self, inline: bool = False) -> None:
+        self.inline = inline
+        self._queue: deque[tuple[str, str, Callable[[], None]]] = deque()
+
+    def run(self, owner: str, lane: str, work: Callable[[], None]) -> None:
+        if self.inline:
+            work()
+        else:
+            self._queue.append((owner, lane, work))
+
+    def queued(self, lane: str | None = None) -> list[Callable[[], None]]:
+        """The works waiting, of ``lane`` (every lane's if None)."""
+        return [w for _, name, w in self._queue if lane is None or name == lane]
+
+    def run_one(self, lane: str | None = None) -> bool:
+        """Run the oldest waiting work of ``lane`` (any lane's if None); False if none."""
+        for entry in self._queue:
+            if lane is None or entry[1] == lane:
+                self._queue.remove(entry)
+                entry[2]()
+                return True
+        return False
+
+    def run_all(self, lane: str | None = None, limit: int = 1_000_000) -> int:
+        """Run works of ``lane`` (every lane's if None) until none waits (a work may hand over
+        more). Returns the count."""
+        n = 0
+        while self.run_one(lane):
+            n += 1
+            if n >= limit:
+                raise RuntimeError(f"more than {limit} works: a work keeps handing over more")
+        return n
+
+    def lane(self, name: str) -> ManualLane:
+        return ManualLane(self, name)
+
+
+class ManualLane:
+    """One lane of :class:`ManualWorkers`, as a test holds it."""
+
+    def __init__(self, workers: ManualWorkers, name: str) -> None:
+        self.workers = workers
+        self.name = name
+
+    @property
+    def queued(self) -> list[Callable[[], None]]:
+        return self.workers.queued(self.name)
+
+    def run_one(self) -> bool:
+        return self.workers.run_one(self.name)
+
+    def run_all(self) -> int:
+        return self.workers.run_all(self.name)
+
+    def run(self) -> int:
+        return self.run_all()
+
+
 class _ManualTimer(Cancellable):
     def __init__(self) -> None:
         self.cancelled = False
@@ -198,16 +265,20 @@ class CoordinatorHarness:
 
     def __init__(self, coordinator: CoordinatorProvider, parallelism: int = 1, *,
                  name: str = "coordinator", config: ServiceConfig | None = None,
-                 storage_url: str | None = None, available_now: bool = False) -> None:
+                 storage_url: str | None = None, available_now: bool = False,
+                 workers: ManualWorkers | None = None) -> None:
         self.name = name
         self.parallelism = parallelism
         self.mailboxes = ManualMailboxes()
         self.clock = ManualClock()
+        #: the coordinator's ``call_async`` works, run when the test says
+        self.workers = workers or ManualWorkers()
         self.storage_url = storage_url or f"memory://sparkcoord-harness/{uuid.uuid4().hex}"
         self.storage = CheckpointStorage(self.storage_url)
         self.service = CoordinationService(
             [CoordinatorSpec(name, coordinator, parallelism)], self.storage, config=config,
-            clock=self.clock, mailbox_factory=self.mailboxes, available_now=available_now)
+            clock=self.clock, mailbox_factory=self.mailboxes, available_now=available_now,
+            workers=self.workers)
         self._attempt_numbers: dict[int, int] = {}
         self._seqs: dict[TaskAttempt, int] = {}
         self._client_seqs: dict[str, int] = {}

@@ -19,7 +19,12 @@ import pytest
 from sparkcoord.core.errors import RequestFailed
 from sparkcoord.core.restore import RestorePoint
 from sparkcoord.sources.postgres.chunks import Chunk, ChunkPlanner, PlannerState
-from sparkcoord.sources.postgres.enumerator import EnumeratorIO, PostgresEnumerator
+from sparkcoord.sources.postgres.enumerator import (
+    PLANNING,
+    SLOT,
+    EnumeratorIO,
+    PostgresEnumerator,
+)
 from sparkcoord.sources.postgres.names import TableName
 from sparkcoord.sources.postgres.splits import (
     NextChunk,
@@ -29,26 +34,15 @@ from sparkcoord.sources.postgres.splits import (
     StreamSplit,
 )
 from sparkcoord.sources.splits import NoSplitNow
-from sparkcoord.testing import CoordinatorHarness
+from sparkcoord.testing import CoordinatorHarness, ManualLane, ManualWorkers
 
 ORDERS, USERS = TableName("public", "orders"), TableName("public", "users")
 
 
-class ManualRunner:
-    """Work handed to a worker waits here until the test runs it (on the test's thread)."""
-
-    def __init__(self) -> None:
-        self.queued: list[Callable[[], None]] = []
-
-    def __call__(self, work: Callable[[], None]) -> None:
-        self.queued.append(work)
-
-    def run_all(self) -> int:
-        n = 0
-        while self.queued:
-            self.queued.pop(0)()
-            n += 1
-        return n
+def lanes() -> tuple[ManualLane, ManualLane]:
+    """The enumerator's planning and slot lanes (``call_async``), run by the test."""
+    workers = ManualWorkers()
+    return workers.lane(PLANNING), workers.lane(SLOT)
 
 
 class FakeIO(EnumeratorIO):
@@ -144,17 +138,17 @@ class Readers:
         return read, answers
 
 
-def harness(io: FakeIO, runner: ManualRunner, slot_runner: ManualRunner, *, url: str,
+def harness(io: FakeIO, runner: ManualLane, slot_runner: ManualLane, *, url: str,
             parallelism: int = 2, tables: Sequence[TableName] = (ORDERS,),
             startup: str = "initial", available_now: bool = False,
             first_boundary_wait_s: float = 0.0) -> CoordinatorHarness:
     """The enumerator under the harness; by default its first boundary does not wait for the
     set-up (the tests that are about that wait say so)."""
     provider = functools.partial(PostgresEnumerator, io=lambda: io, tables=tuple(tables),
-                                 startup=startup, plan_ahead=4, runner=runner,
-                                 slot_runner=slot_runner, poll_interval_s=0.5,
+                                 startup=startup, plan_ahead=4, poll_interval_s=0.5,
                                  first_boundary_wait_s=first_boundary_wait_s)
-    h = CoordinatorHarness(provider, parallelism, storage_url=url, available_now=available_now)
+    h = CoordinatorHarness(provider, parallelism, storage_url=url, available_now=available_now,
+                           workers=runner.workers)
     io.harness = h
     return h
 
@@ -167,7 +161,7 @@ def status(h: CoordinatorHarness) -> dict[str, Any]:
 def test_chunk_planning_runs_on_a_worker_never_on_the_mailbox_and_never_delays_a_checkpoint(
         tmp_path: Any) -> None:
     io = FakeIO({ORDERS: list(range(1000))}, chunk_size=10)
-    runner, slot_runner = ManualRunner(), ManualRunner()
+    runner, slot_runner = lanes()
     h = harness(io, runner, slot_runner, url=f"file://{tmp_path}/ckpt")
     h.start()
     assert io.set_ups == 0 and len(runner.queued) == 1  # handed to the worker, not run
@@ -204,11 +198,11 @@ def seal(h: CoordinatorHarness, future: Any) -> None:
     h.run()
 
 
-def first_boundary_waiting(tmp_path: Any) -> tuple[FakeIO, ManualRunner, Any, Any]:
+def first_boundary_waiting(tmp_path: Any) -> tuple[FakeIO, ManualLane, Any, Any]:
     """An enumerator whose first checkpoint was triggered while its set-up's cycle still
     waits on the worker (decision 77): the fake I/O, the worker, the harness, the future."""
     io = FakeIO({ORDERS: list(range(1000))}, chunk_size=10)
-    runner, slot_runner = ManualRunner(), ManualRunner()
+    runner, slot_runner = lanes()
     h = harness(io, runner, slot_runner, url=f"file://{tmp_path}/ckpt",
                 first_boundary_wait_s=1.0)
     h.start()
@@ -282,11 +276,12 @@ def test_planning_keeps_two_batches_of_chunks_pending_at_the_per_batch_limit(
     """Planned chunks join at boundaries (rule 2): with fewer pending than a batch may take,
     the planner would set the snapshot's pace instead of the readers."""
     io = FakeIO({ORDERS: list(range(1000))}, chunk_size=10)
-    runner, slot_runner = ManualRunner(), ManualRunner()
+    runner, slot_runner = lanes()
     provider = functools.partial(PostgresEnumerator, io=lambda: io, tables=(ORDERS,),
-                                 startup="initial", runner=runner, slot_runner=slot_runner,
-                                 poll_interval_s=0.5, max_chunks_per_batch=20)
-    h = CoordinatorHarness(provider, 2, storage_url=f"file://{tmp_path}/ckpt")
+                                 startup="initial", poll_interval_s=0.5,
+                                 max_chunks_per_batch=20)
+    h = CoordinatorHarness(provider, 2, storage_url=f"file://{tmp_path}/ckpt",
+                           workers=runner.workers)
     io.harness = h
     h.start()
     runner.run_all()
@@ -297,7 +292,7 @@ def test_planning_keeps_two_batches_of_chunks_pending_at_the_per_batch_limit(
     assert all(isinstance(a, SnapshotChunk) for a in taken[:20]) and taken[20] == NoSplitNow()
 
 
-def drive(h: CoordinatorHarness, runner: ManualRunner, readers: Readers,
+def drive(h: CoordinatorHarness, runner: ManualLane, readers: Readers,
           stop: Callable[[list[Any]], bool], limit: int = 200) -> list[Any]:
     """Batches until ``stop(answers of the batch)``; each committed."""
     for _ in range(limit):
@@ -318,7 +313,7 @@ def test_the_stream_goes_out_in_the_batch_of_the_checkpoint_holding_the_whole_sn
     (decision 77): that checkpoint's batch runs only after the batches holding every snapshot
     row and report committed, so a batch more would do nothing."""
     io = FakeIO({ORDERS: list(range(50)), USERS: list(range(0, 300, 7))}, chunk_size=10)
-    runner, slot_runner = ManualRunner(), ManualRunner()
+    runner, slot_runner = lanes()
     h = harness(io, runner, slot_runner, url=f"file://{tmp_path}/ckpt", tables=(ORDERS, USERS))
     h.start()
     readers = Readers(2)
@@ -354,7 +349,7 @@ def test_the_stream_goes_out_in_the_batch_of_the_checkpoint_holding_the_whole_sn
     assert not any(io.on_mailbox)
 
 
-def stream_out(h: CoordinatorHarness, runner: ManualRunner) -> StreamSplit:
+def stream_out(h: CoordinatorHarness, runner: ManualLane) -> StreamSplit:
     """A ``latest`` source's stream, handed to subtask 0."""
     runner.run_all()
     h.run()
@@ -367,7 +362,7 @@ def stream_out(h: CoordinatorHarness, runner: ManualRunner) -> StreamSplit:
 def test_the_slot_is_confirmed_only_after_the_batch_holding_the_reported_position_committed(
         tmp_path: Any) -> None:
     io = FakeIO({ORDERS: []}, chunk_size=10)
-    runner, slot_runner = ManualRunner(), ManualRunner()
+    runner, slot_runner = lanes()
     h = harness(io, runner, slot_runner, url=f"file://{tmp_path}/ckpt", startup="latest")
     h.start()
     stream = stream_out(h, runner)
@@ -396,7 +391,7 @@ def test_the_slot_is_confirmed_only_after_the_batch_holding_the_reported_positio
 def test_the_stream_reads_up_to_a_bound_learned_off_the_mailbox_that_joins_at_a_boundary(
         tmp_path: Any) -> None:
     io = FakeIO({ORDERS: []}, chunk_size=10)
-    runner, slot_runner = ManualRunner(), ManualRunner()
+    runner, slot_runner = lanes()
     h = harness(io, runner, slot_runner, url=f"file://{tmp_path}/ckpt", startup="latest")
     h.start()
     stream_out(h, runner)
@@ -452,7 +447,7 @@ def test_a_captured_table_that_leaves_the_publication_stops_the_job_once_its_cha
     naming the table only when the stream reader reports it read that far (the batch holding
     every change before the drop committed), not at the poll."""
     io = FakeIO({ORDERS: []}, chunk_size=10)
-    runner, slot_runner = ManualRunner(), ManualRunner()
+    runner, slot_runner = lanes()
     h = harness(io, runner, slot_runner, url=f"file://{tmp_path}/ckpt", startup="latest")
     h.start()
     stream_out(h, runner)
@@ -488,7 +483,7 @@ def test_an_available_now_run_reads_the_stream_to_where_it_started_and_then_asks
         tmp_path: Any) -> None:
     io = FakeIO({ORDERS: []}, chunk_size=10)
     io.insert_lsn = 8000
-    runner, slot_runner = ManualRunner(), ManualRunner()
+    runner, slot_runner = lanes()
     h = harness(io, runner, slot_runner, url=f"file://{tmp_path}/ckpt", startup="latest",
                 available_now=True)
     h.start()
@@ -522,7 +517,7 @@ def test_an_available_now_snapshot_ends_with_the_batch_that_hands_the_stream_out
     while the slot worker has yet to confirm the stream's start."""
     io = FakeIO({ORDERS: list(range(40))}, chunk_size=10)
     io.insert_lsn = 900  # the run's end: before every chunk's high watermark (from 1000 on)
-    runner, slot_runner = ManualRunner(), ManualRunner()
+    runner, slot_runner = lanes()
     h = harness(io, runner, slot_runner, url=f"file://{tmp_path}/ckpt", available_now=True)
     h.start()
     slot_runner.run_all()  # the run's end, learned at its start
@@ -546,7 +541,7 @@ def test_a_restore_from_a_checkpoint_mid_snapshot_neither_loses_nor_repeats_a_ch
     url = f"file://{tmp_path}/ckpt"
     keys = {ORDERS: list(range(200))}
     io = FakeIO(keys, chunk_size=10)
-    runner, slot_runner = ManualRunner(), ManualRunner()
+    runner, slot_runner = lanes()
     h = harness(io, runner, slot_runner, url=url)
     h.start()
     readers = Readers(2)
@@ -563,7 +558,7 @@ def test_a_restore_from_a_checkpoint_mid_snapshot_neither_loses_nor_repeats_a_ch
     h.run()
     # restart from the last committed batch; the readers restore its state too
     io2 = FakeIO(keys, chunk_size=10)
-    runner2, slot_runner2 = ManualRunner(), ManualRunner()
+    runner2, slot_runner2 = lanes()
     h2 = harness(io2, runner2, slot_runner2, url=url)
     h2.start(RestorePoint(committed_epoch, committed=True))
     readers = kept
@@ -580,7 +575,7 @@ def test_a_restore_from_a_checkpoint_mid_snapshot_neither_loses_nor_repeats_a_ch
 def test_a_retry_that_asks_less_puts_its_chunks_back_and_its_finished_reports_in_flight_again(
         tmp_path: Any) -> None:
     io = FakeIO({ORDERS: list(range(100))}, chunk_size=10)
-    runner, slot_runner = ManualRunner(), ManualRunner()
+    runner, slot_runner = lanes()
     h = harness(io, runner, slot_runner, url=f"file://{tmp_path}/ckpt")
     h.start()
     runner.run_all()

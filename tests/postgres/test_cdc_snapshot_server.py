@@ -24,7 +24,11 @@ from sparkcoord.core.errors import RequestFailed
 from sparkcoord.operator import SubtaskContext
 from sparkcoord.sources.postgres import catalog, replication
 from sparkcoord.sources.postgres.connection import ConnectionOptions
-from sparkcoord.sources.postgres.enumerator import PostgresEnumerator, PostgresEnumeratorIO
+from sparkcoord.sources.postgres.enumerator import (
+    PLANNING,
+    PostgresEnumerator,
+    PostgresEnumeratorIO,
+)
 from sparkcoord.sources.postgres.errors import ConnectionRefused, ValueConversionError
 from sparkcoord.sources.postgres.names import TableName
 from sparkcoord.sources.postgres.pgoutput import lsn_from_text
@@ -38,8 +42,8 @@ from sparkcoord.sources.postgres.reader import (
     read_chunk_watermarked,
 )
 from sparkcoord.sources.postgres.splits import SnapshotChunk, TableShape
-from sparkcoord.testing import CoordinatorHarness
-from tests.postgres.test_cdc_enumerator import ManualRunner
+from sparkcoord.testing import CoordinatorHarness, ManualLane, ManualWorkers
+from tests.postgres.test_cdc_enumerator import lanes
 from tests.postgres_server import ADMIN_PASSWORD
 
 _names = itertools.count()
@@ -140,10 +144,11 @@ def test_a_20000_row_table_written_during_its_snapshot_ends_equal_to_the_snapsho
                           (TableShape.of(catalog.table_info(admin, table)),),
                           max_changes_per_batch=3000, max_chunks_per_batch=3)
     io = PostgresEnumeratorIO(admin_options, slot, pub, chunk_size=1000)
-    runner, slot_runner = ManualRunner(), ManualRunner()
+    runner, slot_runner = lanes()
     provider = functools.partial(PostgresEnumerator, io=lambda: io, tables=(table,),
-                                 plan_ahead=6, runner=runner, slot_runner=slot_runner)
-    h = CoordinatorHarness(provider, parallelism=2, storage_url=f"file://{tmp_path}/ckpt")
+                                 plan_ahead=6)
+    h = CoordinatorHarness(provider, parallelism=2, storage_url=f"file://{tmp_path}/ckpt",
+                           workers=runner.workers)
     writer = Writer(admin_options, name, seed=n)
     out: list[pa.RecordBatch] = []
     states: dict[int, Any] = {0: None, 1: None}
@@ -417,7 +422,7 @@ def one_reader_source(admin: Any, admin_options: ConnectionOptions, tmp_path: An
                       columns: str, rows: str, *, chunk_size: int = 100, startup: str = "initial",
                       **limits: Any
                       ) -> tuple[str, str, ReaderConfig,
-                                 tuple[CoordinatorHarness, ManualRunner, ManualRunner]]:
+                                 tuple[CoordinatorHarness, ManualLane, ManualLane]]:
     """A new table ``(columns)`` holding ``SELECT rows`` and the real enumerator for it under
     the harness (one reader, its workers run by hand): (name, slot, the reader's config as an
     executor gets it, (harness, planning runner, slot runner))."""
@@ -429,10 +434,11 @@ def one_reader_source(admin: Any, admin_options: ConnectionOptions, tmp_path: An
     config = ReaderConfig(pickle.loads(pickle.dumps(admin_options)), slot, pub,
                           (TableShape.of(catalog.table_info(admin, table)),), **limits)
     io = PostgresEnumeratorIO(admin_options, slot, pub, chunk_size=chunk_size)
-    runner, slot_runner = ManualRunner(), ManualRunner()
+    runner, slot_runner = lanes()
     provider = functools.partial(PostgresEnumerator, io=lambda: io, tables=(table,),
-                                 startup=startup, runner=runner, slot_runner=slot_runner)
-    h = CoordinatorHarness(provider, parallelism=1, storage_url=f"file://{tmp_path}/ckpt")
+                                 startup=startup)
+    h = CoordinatorHarness(provider, parallelism=1, storage_url=f"file://{tmp_path}/ckpt",
+                           workers=runner.workers)
     return name, slot, config, (h, runner, slot_runner)
 
 
@@ -581,15 +587,21 @@ def test_a_transaction_holding_an_xid_holds_up_the_slot_creation_with_a_warning_
     io = PostgresEnumeratorIO(admin_options, slot, pub, chunk_size=100, slot_wait_warn_s=0.05)
     set_ups: list[threading.Thread] = []
 
-    def runner(work: Any) -> None:  # the set-up on a thread of its own, as in a real run
-        thread = threading.Thread(target=work, daemon=True)
-        set_ups.append(thread)
-        thread.start()
+    class SetUpOnAThread(ManualWorkers):
+        """The set-up on a thread of its own, as in a real run; the slot lane by hand."""
+
+        def run(self, owner: str, lane: str, work: Any) -> None:
+            if lane != PLANNING:
+                super().run(owner, lane, work)
+                return
+            thread = threading.Thread(target=work, daemon=True)
+            set_ups.append(thread)
+            thread.start()
 
     provider = functools.partial(PostgresEnumerator, io=lambda: io, tables=(TableName(
-        "public", name),), startup="latest", runner=runner, slot_runner=ManualRunner(),
-        first_boundary_wait_s=0.0)
-    h = CoordinatorHarness(provider, parallelism=1, storage_url=f"file://{tmp_path}/ckpt")
+        "public", name),), startup="latest", first_boundary_wait_s=0.0)
+    h = CoordinatorHarness(provider, parallelism=1, storage_url=f"file://{tmp_path}/ckpt",
+                           workers=SetUpOnAThread())
     try:
         with admin_options.connect(application_name="holds-an-xid") as holder:
             pid = holder.info.backend_pid

@@ -63,10 +63,6 @@ class Splits(SplitDiscovery):
         return ([] if state else list(self.splits)), True
 
 
-def never(work: Any) -> None:
-    """The discovery runner of a source that lists once (in ``start``)."""
-
-
 class TimedReader(SplitReader):
     """Reads a :class:`TimedSplit` in record batches of two rows (``id``, ``ts`` in epoch ms).
     A split is *live* when ``available`` limits it: past that many rows it has nothing now
@@ -137,7 +133,7 @@ class Run:
 
     def _harness(self, url: str | None) -> CoordinatorHarness:
         enumerator = functools.partial(
-            SplitEnumerator, discovery=Splits(self.splits), runner=never, bounded=self.bounded,
+            SplitEnumerator, discovery=Splits(self.splits), bounded=self.bounded,
             alignment=self.alignment, clock=lambda: self.h.clock.now(), limit=self.limit)
         return CoordinatorHarness(enumerator, self.parallelism, name="timed", storage_url=url,
                                   available_now=self.available_now)
@@ -464,7 +460,7 @@ def test_reports_travel_with_the_next_request_and_the_rest_as_an_event() -> None
     SpyEnumerator.arrivals = []
     run = Run([TimedSplit("a", rows=2), TimedSplit("b", rows=6)], parallelism=1)
     run.h.service.close()
-    enumerator = functools.partial(SpyEnumerator, discovery=Splits(run.splits), runner=never,
+    enumerator = functools.partial(SpyEnumerator, discovery=Splits(run.splits),
                                    alignment=run.alignment, clock=lambda: run.h.clock.now())
     run.h = CoordinatorHarness(enumerator, 1, name="timed")
     run.h.start()
@@ -482,8 +478,7 @@ def test_reports_travel_with_the_next_request_and_the_rest_as_an_event() -> None
 
 
 def test_the_enumerator_refuses_reports_when_it_has_no_alignment() -> None:
-    h = CoordinatorHarness(functools.partial(SplitEnumerator, discovery=Splits([SLOW]),
-                                             runner=never), 1, name="timed")
+    h = CoordinatorHarness(functools.partial(SplitEnumerator, discovery=Splits([SLOW])), 1, name="timed")
     h.start()
     h.checkpoint()
     h.ask_from_subtask(0, NextSplit((), WatermarkReport(read=(("slow", 1),))))

@@ -24,13 +24,12 @@ from sparkcoord.sources import (
     SplitEnumerator,
 )
 from sparkcoord.sources.alignment import AlignmentOptions, WatermarkReport
-from sparkcoord.testing import CoordinatorHarness
+from sparkcoord.testing import CoordinatorHarness, ManualWorkers
 from tests.sources.test_alignment_wiring import (
     Run,
     Splits,
     TimedSplit,
     everything,
-    never,
     two_lanes,
 )
 
@@ -113,7 +112,7 @@ def enumerator_harness(splits: list[Split], url: str, *, parallelism: int,
     options = AlignmentOptions.from_options({**ALIGNED, "maxDrift": "200s"},
                                             default_group="timed")
     clock: list[CoordinatorHarness] = []
-    enumerator = functools.partial(SplitEnumerator, discovery=Splits(splits), runner=never,
+    enumerator = functools.partial(SplitEnumerator, discovery=Splits(splits),
                                    alignment=options, limit=limit,
                                    clock=lambda: clock[0].clock.now())
     h = CoordinatorHarness(enumerator, parallelism, name="timed", storage_url=url)
@@ -220,12 +219,12 @@ def test_a_continuous_source_in_an_available_now_run_reads_what_its_start_found_
     runs: list[Any] = []
 
     def enumerator(context: Any) -> SplitEnumerator:
-        return SplitEnumerator(context, Arriving(arrived), runner=lambda work: work(),
-                               discovery_interval_s=1.0)
+        return SplitEnumerator(context, Arriving(arrived), discovery_interval_s=1.0)
 
     url = "memory://sparkcoord-available-now/arriving"
     for run_number in range(2):
-        h = CoordinatorHarness(enumerator, 1, name="files", storage_url=url, available_now=True)
+        h = CoordinatorHarness(enumerator, 1, name="files", storage_url=url, available_now=True,
+                               workers=ManualWorkers(inline=True))
         h.start() if run_number == 0 else h.start(RestorePoint(runs[-1], committed=True))
         got: list[str] = []
         while h.service.wants_batch():
@@ -253,8 +252,7 @@ def test_a_continuous_source_in_an_available_now_run_lists_past_its_per_cycle_ca
         def discover(self, state: Any) -> tuple[list[Split], Any]:
             return list(self.arrived[state:state + 3]), min(state + 3, len(self.arrived))
 
-    h = CoordinatorHarness(functools.partial(SplitEnumerator, discovery=Capped(arrived),
-                                             runner=never), 1, name="files",
+    h = CoordinatorHarness(functools.partial(SplitEnumerator, discovery=Capped(arrived)), 1, name="files",
                            available_now=True)
     h.start()
     h.checkpoint()

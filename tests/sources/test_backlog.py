@@ -19,7 +19,7 @@ from sparkcoord.sources import NextSplit, NoSplitNow, SplitDiscovery, SplitEnume
 from sparkcoord.sources.backlog import CHUNK_SPLITS, Backlog, chunked
 from sparkcoord.sources.seen import CHUNK_FILES, MERGED_CHUNKS, TAIL_FILES, SeenFiles
 from sparkcoord.sources.splits import Split
-from sparkcoord.testing import CoordinatorHarness
+from sparkcoord.testing import CoordinatorHarness, ManualWorkers
 
 
 def splits(prefix: str, n: int, lanes: int = 1) -> list[Split]:
@@ -154,9 +154,10 @@ def test_a_source_with_a_big_backlog_writes_small_records_and_restores_it_exactl
     # a restore from any record hands out exactly what was not handed out before
     root = str(tmp_path)
     listing = Listing(splits("f", 30_000))
-    enumerator = functools.partial(SplitEnumerator, discovery=listing, runner=lambda w: w(),
+    enumerator = functools.partial(SplitEnumerator, discovery=listing,
                                    bounded=True)
-    h = CoordinatorHarness(enumerator, 2, name="files", storage_url=root)
+    h = CoordinatorHarness(enumerator, 2, name="files", storage_url=root,
+                           workers=ManualWorkers(inline=True))
     h.start()
     h.checkpoint()
     got: list[str] = []
@@ -176,7 +177,8 @@ def test_a_source_with_a_big_backlog_writes_small_records_and_restores_it_exactl
     assert len(parts) == 30_000 // CHUNK_SPLITS + 1
     epoch = h.epoch
     h.service.close()
-    again = CoordinatorHarness(enumerator, 2, name="files", storage_url=root)
+    again = CoordinatorHarness(enumerator, 2, name="files", storage_url=root,
+                               workers=ManualWorkers(inline=True))
     again.service.restore(RestorePoint(epoch, committed=True))
     again.run()
     assert again.service.failure is None

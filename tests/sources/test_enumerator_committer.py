@@ -14,7 +14,7 @@ from typing import Any
 from sparkcoord.core.restore import RestorePoint
 from sparkcoord.sources import NextSplit, Split, SplitEnumerator
 from sparkcoord.testing import CoordinatorHarness
-from tests.sources.test_alignment_wiring import Splits, never
+from tests.sources.test_alignment_wiring import Splits
 
 
 class Published:
@@ -39,7 +39,7 @@ class Published:
 
 def harness(url: str, published: Published, parallelism: int = 1) -> CoordinatorHarness:
     splits = [Split(f"s{k}") for k in range(4)]
-    enumerator = functools.partial(SplitEnumerator, discovery=Splits(splits), runner=never,
+    enumerator = functools.partial(SplitEnumerator, discovery=Splits(splits),
                                    committer=published, commit_drain_s=0.2)
     return CoordinatorHarness(enumerator, parallelism, name="files", storage_url=url)
 

@@ -7,7 +7,6 @@ test says so (a manual runner)."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from typing import Any
 
 from sparkcoord.coordinator import Withdrawn
@@ -22,7 +21,7 @@ from sparkcoord.sources import (
     SplitEnumerator,
 )
 from sparkcoord.sources.backlog import Backlog
-from sparkcoord.testing import CoordinatorHarness
+from sparkcoord.testing import CoordinatorHarness, ManualLane, ManualWorkers
 
 
 class Listing(SplitDiscovery):
@@ -38,30 +37,21 @@ class Listing(SplitDiscovery):
         return list(self.files[state:]), len(self.files)
 
 
-class ManualRunner:
-    """The discovery thread, run by the test: ``run()`` does the queued cycles."""
-
-    def __init__(self) -> None:
-        self.queued: list[Callable[[], None]] = []
-
-    def __call__(self, work: Callable[[], None]) -> None:
-        self.queued.append(work)
-
-    def run(self) -> int:
-        work, self.queued = self.queued, []
-        for w in work:
-            w()
-        return len(work)
+def ManualRunner() -> ManualLane:  # noqa: N802 - reads as the runner it stands for
+    """The discovery lane (``call_async``), run by the test: ``run()`` does the queued
+    cycles."""
+    return ManualWorkers().lane("discovery")
 
 
 def split(name: str, size: int = 10) -> Split:
     return Split(name, size)
 
 
-def harness(listing: Listing, runner: ManualRunner, *, url: str | None = None,
+def harness(listing: Listing, runner: ManualLane, *, url: str | None = None,
             parallelism: int = 2, **kwargs: Any) -> CoordinatorHarness:
-    enumerator = functools.partial(SplitEnumerator, discovery=listing, runner=runner, **kwargs)
-    return CoordinatorHarness(enumerator, parallelism, name="files", storage_url=url)
+    enumerator = functools.partial(SplitEnumerator, discovery=listing, **kwargs)
+    return CoordinatorHarness(enumerator, parallelism, name="files", storage_url=url,
+                              workers=runner.workers)
 
 
 def test_a_fresh_source_lists_before_its_first_batch_and_hands_each_split_out_once() -> None:

@@ -5,8 +5,8 @@ committed.
 
 Rules:
   1. Every piece of I/O (creating the slot and the publication, asking the catalog, planning
-     chunk boundaries, advancing the slot) runs on a worker (the ``runner`` and
-     ``slot_runner``), never on the mailbox, one cycle at a time each: a table of any size
+     chunk boundaries, advancing the slot) runs off the mailbox (``call_async``, on the lanes
+     ``planning`` and ``slot``, a connection each), one cycle at a time each: a table of any size
      never delays a checkpoint. A planning cycle plans at most as many chunks as keep
      ``plan_ahead`` chunks pending (chunks.py rule 1: one boundary query per chunk), so the
      pending list stays small and planning follows the readers.
@@ -50,7 +50,7 @@ Rules:
      a peek reads from the confirmed position, so a stream that starts far behind would
      otherwise re-read what it skips at every batch.
   5. How far the stream reads (splits.py rule 5): every ``poll_interval_s`` once the stream
-     is built, the enumerator learns the WAL insert position on the slot runner (a record
+     is built, the enumerator learns the WAL insert position on the slot lane (a record
      boundary, so confirming it never skips a commit record that straddles it) and asks for
      a batch when it moved (an idle database runs no batches); the position joins the state
      at the next boundary (rule 2) as the stream's bound, and each :class:`NextStreamRead`
@@ -95,9 +95,9 @@ Rules:
      mailbox.
 
 Thread model: every callback on the coordinator's mailbox; the :class:`EnumeratorIO`'s
-``set_up``/``plan`` on the planning runner and ``advance``, ``unpublished`` and
-``insert_position`` on the slot runner, each one call at a time, their results posted back to
-the mailbox.
+``set_up``/``plan`` on the lane ``planning`` and ``advance``, ``unpublished`` and
+``insert_position`` on the lane ``slot`` (``call_async``), each one call at a time, their
+results posted back to the mailbox.
 """
 
 from __future__ import annotations
@@ -132,13 +132,21 @@ STARTUP_MODES = (INITIAL, LATEST)
 #: what the set-up's I/O reports of a wait (rule 8): its text and the pids waited for
 WaitReport = Callable[[str | None, tuple[int, ...]], None]
 
+#: the ``call_async`` lanes (rule 1): each keeps a connection of its own
+PLANNING, SLOT = "planning", "slot"
+
 #: how long the first boundary waits for the set-up's planning cycle (rule 2)
 FIRST_BOUNDARY_WAIT_S = 1.0
 
 
+def _ignored(result: Any, error: BaseException | None) -> None:
+    """The handler of a release on close: nothing is left to do with its outcome."""
+
+
 class EnumeratorIO(abc.ABC):
     """The enumerator's I/O (rule 1). Thread model: ``set_up`` and ``plan`` on the planning
-    runner, ``advance`` on the slot runner; never two calls of one kind at once."""
+    lane, ``advance``, ``unpublished`` and ``insert_position`` on the slot lane; never two
+    calls of one lane at once."""
 
     @abc.abstractmethod
     def set_up(self, tables: Sequence[TableName], snapshot: bool) -> dict[TableName, PlannerState]:
@@ -204,11 +212,6 @@ class CdcEnumeratorState:
     stream_bound: int = 0
 
 
-def run_on_thread(work: Callable[[], None]) -> None:
-    """The default runner: a daemon thread per cycle."""
-    threading.Thread(target=work, name="sparkcoord-postgres", daemon=True).start()
-
-
 @dataclass
 class _Planned:
     set_up: bool
@@ -227,9 +230,7 @@ class PostgresEnumerator(OperatorCoordinator):
                  tables: Sequence[TableName], *, startup: str = INITIAL,
                  plan_ahead: int | None = None, max_chunks_per_batch: int | None = None,
                  poll_interval_s: float = 0.1,
-                 first_boundary_wait_s: float = FIRST_BOUNDARY_WAIT_S,
-                 runner: Callable[[Callable[[], None]], None] = run_on_thread,
-                 slot_runner: Callable[[Callable[[], None]], None] = run_on_thread) -> None:
+                 first_boundary_wait_s: float = FIRST_BOUNDARY_WAIT_S) -> None:
         super().__init__(context)
         if startup not in STARTUP_MODES:
             raise ValueError(f"startup mode {startup!r}: expected one of "
@@ -251,8 +252,6 @@ class PostgresEnumerator(OperatorCoordinator):
         self.plan_ahead = plan_ahead or max(16, 4 * context.parallelism,
                                             2 * (max_chunks_per_batch or 0))
         self.max_chunks_per_batch = max_chunks_per_batch
-        self._runner = runner
-        self._slot_runner = slot_runner
         self.state = CdcEnumeratorState(self.tables, startup)
         self._io: EnumeratorIO | None = None
         self._io_lock = threading.Lock()
@@ -320,7 +319,7 @@ class PostgresEnumerator(OperatorCoordinator):
         def release() -> None:
             if io is not None:
                 io.close()
-        self._runner(release)
+        self.context.call_async(release, _ignored, lane=PLANNING)
 
     def _get_io(self) -> EnumeratorIO:
         # on a worker: connecting is I/O
@@ -353,31 +352,28 @@ class PostgresEnumerator(OperatorCoordinator):
         planners = dict(self._ready[-1].planners if self._ready else self.state.planners)
         waiting = len(self.state.pending) + sum(len(r.chunks) for r in self._ready)
         want = max(1, self.plan_ahead - waiting)
-        post = self.context.run_in_coordinator_thread
         snapshot = self.startup == INITIAL
 
-        def work() -> None:
-            try:
-                io = self._get_io()
-                fresh = not set_up
-                found = planners
-                if fresh:
-                    found = io.set_up(self.tables, snapshot)
-                    if not snapshot:
-                        found = {}
-                chunks: list[Chunk] = []
-                if found:
-                    chunks, found = io.plan(found, want)
-                result = _Planned(fresh, found, chunks)
-            except Exception as exc:  # noqa: BLE001 - reported on the mailbox
-                error = exc
-                post(lambda: self._failed("planning the snapshot", error))
-                return
-            post(lambda: self._planned(result))
+        def work() -> _Planned:
+            io = self._get_io()
+            fresh = not set_up
+            found = planners
+            if fresh:
+                found = io.set_up(self.tables, snapshot)
+                if not snapshot:
+                    found = {}
+            chunks: list[Chunk] = []
+            if found:
+                chunks, found = io.plan(found, want)
+            return _Planned(fresh, found, chunks)
 
-        self._runner(work)
+        self.context.call_async(work, self._planned, lane=PLANNING)
 
-    def _planned(self, result: _Planned) -> None:
+    def _planned(self, result: _Planned | None, error: BaseException | None = None) -> None:
+        if result is None:
+            assert error is not None
+            self._failed("planning the snapshot", error)
+            return
         self._planning = False
         if self._closed:
             return
@@ -577,24 +573,26 @@ class PostgresEnumerator(OperatorCoordinator):
         if self._learning or self._closed:
             return
         self._learning = True
-        post = self.context.run_in_coordinator_thread
         # rule 7 once the stream is built: before, the publication may not exist yet (the
         # set-up creating it runs on the other worker at the same time)
         check = self.state.stream is not None or self.state.stream_owner is not None
 
-        def work() -> None:
-            try:
-                io = self._get_io()
-                # rule 7: the tables first, so that the position is after what changed them
-                gone = io.unpublished(self.tables) if check else ()
-                position = io.insert_position()
-            except Exception as exc:  # noqa: BLE001 - reported on the mailbox
-                error = exc
-                post(lambda: self._failed("reading the WAL insert position", error))
-                return
-            post(lambda: self._bound_learned(position, gone))
+        def work() -> tuple[int, tuple[TableName, ...]]:
+            io = self._get_io()
+            # rule 7: the tables first, so that the position is after what changed them
+            gone = io.unpublished(self.tables) if check else ()
+            return io.insert_position(), gone
 
-        self._slot_runner(work)
+        def done(result: tuple[int, tuple[TableName, ...]] | None,
+                 error: BaseException | None) -> None:
+            if result is None:
+                assert error is not None
+                self._learning = False
+                self._failed("reading the WAL insert position", error)
+            else:
+                self._bound_learned(*result)
+
+        self.context.call_async(work, done, lane=SLOT)
 
     def _bound_learned(self, position: int, gone: tuple[TableName, ...] = ()) -> None:
         self._learning = False
@@ -680,18 +678,15 @@ class PostgresEnumerator(OperatorCoordinator):
             return
         self._advancing = True
         target = self._advance_target
-        post = self.context.run_in_coordinator_thread
 
-        def work() -> None:
-            try:
-                confirmed = self._get_io().advance(target)
-            except Exception as exc:  # noqa: BLE001 - reported on the mailbox
-                error = exc
-                post(lambda: self._advance_failed(error))
-                return
-            post(lambda: self._advanced(confirmed))
+        def done(confirmed: int | None, error: BaseException | None) -> None:
+            if confirmed is None:
+                assert error is not None
+                self._advance_failed(error)
+            else:
+                self._advanced(confirmed)
 
-        self._slot_runner(work)
+        self.context.call_async(lambda: self._get_io().advance(target), done, lane=SLOT)
 
     def _advanced(self, confirmed: int) -> None:
         self._advancing = False
