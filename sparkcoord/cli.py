@@ -55,7 +55,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
 def _tail(args: argparse.Namespace) -> int:
     """``sparkcoord tail`` (the command's main thread)."""
-    from sparkcoord.sources.tail import run_tail
+    from sparkcoord.sources.files.tail import run_tail
 
     options = {}
     for item in args.option:

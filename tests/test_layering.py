@@ -36,8 +36,10 @@ ENTRY_POINTS = ("cli", "demo", "demo_pipeline")
 #: no Spark (a source reaches Spark through the adapter, in its own builder module)
 SOURCE_FRAMEWORK = ("splits", "reader", "enumerator", "alignment", "backlog", "values")
 #: the file source: the package sources/files/ (options, listing, discovery, split, reading,
-#: metadata, schema), the text parser and the seen files it uses, its builder and its command
+#: metadata, schema, the text parser, the seen files, its builder and its command), and the
+#: paths its modules had before they moved into it (each the same module: MOVED_TO_FILES)
 FILE_SOURCE = ("files", "stream", "parsing", "seen", "tail")
+MOVED_TO_FILES = ("stream", "parsing", "seen", "tail")
 #: the file source's modules that reach Spark's adapter (sparkcoord.spark): the builder, and the
 #: ``sparkcoord tail`` command that runs a job with it
 FILE_SOURCE_TO_SPARK = ("stream", "tail")
@@ -106,20 +108,18 @@ def test_the_split_framework_imports_no_file_source_and_no_spark(name: str) -> N
 
 
 def file_source_modules() -> list[pathlib.Path]:
-    sources = PACKAGE / "sources"
-    return sorted([*(sources / "files").rglob("*.py"),
-                   *(sources / f"{name}.py" for name in FILE_SOURCE if name != "files")])
+    return sorted((PACKAGE / "sources" / "files").rglob("*.py"))
 
 
 @pytest.mark.parametrize("path", file_source_modules(),
                          ids=lambda p: str(p.relative_to(PACKAGE / "sources")))
 def test_the_file_source_reaches_spark_only_through_its_builder(path: pathlib.Path) -> None:
-    if path.parent.name == "sources" and path.stem in FILE_SOURCE_TO_SPARK:
+    if path.parent.name == "files" and path.stem in FILE_SOURCE_TO_SPARK:
         return
     for module in imported_modules(path, nested=True):
         assert module.split(".")[:2] != ["sparkcoord", "spark"], (
             f"{path.relative_to(PACKAGE)} imports {module}; the file source reaches Spark "
-            f"through its builder sources/stream.py")
+            f"through its builder sources/files/stream.py")
 
 
 @pytest.mark.parametrize("path", sorted((PACKAGE / "sources" / "files").rglob("*.py")),
@@ -136,7 +136,18 @@ def test_the_file_source_checks_see_the_package() -> None:
     names = {p.name for p in file_source_modules()}
     assert {"discovery.py", "reading.py", "options.py", "parsing.py", "stream.py"} <= names
     assert "sparkcoord.sources.files.options" in imported_modules(
-        PACKAGE / "sources" / "stream.py")
+        PACKAGE / "sources" / "files" / "stream.py")
+
+
+@pytest.mark.parametrize("name", MOVED_TO_FILES)
+def test_a_file_source_module_s_old_path_is_the_same_module(name: str) -> None:
+    # issue 44 item 2: the file source lives in sources/files/; imports and pickles of the
+    # old paths keep working, and nothing can hold a twin of the module
+    import importlib
+
+    assert (importlib.import_module(f"sparkcoord.sources.{name}")
+            is importlib.import_module(f"sparkcoord.sources.files.{name}"))
+    assert {"importlib", "sys"} == imported_modules(PACKAGE / "sources" / f"{name}.py")
 
 
 #: the lake sinks reach Spark only through their builder (sinks/stream.py), which imports

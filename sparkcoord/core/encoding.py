@@ -123,7 +123,7 @@ HOMES: dict[str, str] = {
     "sources.NextSplit": "sparkcoord.sources.splits",
     "sources.NoSplitNow": "sparkcoord.sources.splits",
     "sources.ReaderState": "sparkcoord.sources.reader",
-    "sources.SeenFiles": "sparkcoord.sources.seen",
+    "sources.SeenFiles": "sparkcoord.sources.files.seen",
     "sources.Split": "sparkcoord.sources.splits",
     "sources.SplitAlignmentState": "sparkcoord.sources.alignment",
     "sources.WatermarkReport": "sparkcoord.sources.alignment",

@@ -14,9 +14,9 @@ from sparkcoord.sources.alignment import AlignmentDecision, AlignmentOptions, Wa
 from sparkcoord.sources.enumerator import EnumeratorState, SplitDiscovery, SplitEnumerator
 from sparkcoord.sources.files.reading import FileChangedError, FileReadError
 from sparkcoord.sources.files.split import FileSplit
+from sparkcoord.sources.files.stream import FileStream
 from sparkcoord.sources.reader import ReaderState, SplitReader
 from sparkcoord.sources.splits import NextSplit, NoSplitNow, ReadLimit, Split
-from sparkcoord.sources.stream import FileStream
 
 __all__ = ["AlignmentDecision", "AlignmentOptions", "EnumeratorState", "FileChangedError",
            "FileReadError", "FileSplit", "FileStream", "NextSplit", "NoSplitNow", "ReadLimit", "ReaderState",

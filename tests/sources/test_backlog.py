@@ -1,5 +1,5 @@
 """The enumerator's backlog held as chunks written once (sources/backlog.py) and the files
-discovery has seen (sources/seen.py): the same hand-out order as a plain list, across
+discovery has seen (sources/files/seen.py): the same hand-out order as a plain list, across
 snapshots, and a snapshot that stays small however big the backlog is."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from sparkcoord.core.restore import RestorePoint
 from sparkcoord.core.stored import dump_snapshot, load_snapshot
 from sparkcoord.sources import NextSplit, NoSplitNow, SplitDiscovery, SplitEnumerator
 from sparkcoord.sources.backlog import CHUNK_SPLITS, Backlog, chunked
-from sparkcoord.sources.seen import CHUNK_FILES, MERGED_CHUNKS, TAIL_FILES, SeenFiles
+from sparkcoord.sources.files.seen import CHUNK_FILES, MERGED_CHUNKS, TAIL_FILES, SeenFiles
 from sparkcoord.sources.splits import Split
 from sparkcoord.testing import CoordinatorHarness, ManualWorkers
 

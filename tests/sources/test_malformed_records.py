@@ -18,8 +18,8 @@ from sparkcoord.core.errors import MalformedRecord
 from sparkcoord.sources.files.discovery import plan_splits
 from sparkcoord.sources.files.listing import FileEntry, filesystem
 from sparkcoord.sources.files.options import FileSourceOptions, check_record_options, parse_options
+from sparkcoord.sources.files.parsing import RecordParser
 from sparkcoord.sources.files.reading import FileReader, FileReadError
-from sparkcoord.sources.parsing import RecordParser
 
 FIELDS = [("id", "long"), ("name", "string")]
 

@@ -188,7 +188,7 @@ def test_the_tail_command_reads_a_directory_into_a_parquet_sink_and_reports_its_
 
     from rich.console import Console
 
-    from sparkcoord.sources.tail import run_tail
+    from sparkcoord.sources.files.tail import run_tail
 
     data, out = str(tmp_path / "data"), str(tmp_path / "out")
     ids = write_files(data, "csv", files=4, rows=250)

@@ -61,7 +61,7 @@ def test_a_healthy_run_logs_nothing_that_reads_like_a_fault_at_info(tmp_path) ->
 def main(work: str) -> None:
     from pyspark.sql import SparkSession
 
-    from sparkcoord.sources.stream import FileStream
+    from sparkcoord.sources.files.stream import FileStream
     from sparkcoord.spark.job import CoordinatedJob
 
     data = os.path.join(work, "data")

@@ -31,7 +31,7 @@ Rules:
   5. ``maxFilesPerDiscovery`` caps what one cycle of a continuous source takes; the rest is
      taken by the next cycles (and logged). A bounded source lists once, so it has no cap:
      its one listing takes every file present (docs/protocol.md [bounded-run-reads-everything]).
-  6. Reading: CSV and JSON lines go through :class:`~sparkcoord.sources.parsing.RecordParser`
+  6. Reading: CSV and JSON lines go through :class:`~sparkcoord.sources.files.parsing.RecordParser`
      with the source's ``mode`` (a malformed record becomes a row of nulls, is dropped, or is
      a :class:`MalformedRecord` naming the file, line and byte offset). Every other failure to
      read a split is a :class:`FileReadError` naming the file and the row group or byte range.
@@ -56,7 +56,7 @@ Rules:
 
 Where each part runs (the rule numbers above are the ones the modules cite):
   - :mod:`.options`: the options, parsed and checked in the user's driver program thread when
-    :class:`~sparkcoord.sources.stream.FileStream` builds the source; the parsed
+    :class:`~sparkcoord.sources.files.stream.FileStream` builds the source; the parsed
     :class:`FileSourceOptions` then travel, pickled with the enumerator and the reader, to
     the other two processes.
   - :mod:`.schema`: the schema inferred from the first file (driver program thread, when the

@@ -8,7 +8,7 @@ Thread model: :meth:`FileDiscovery.discover` runs on the enumerator's discovery 
 (``sparkcoord-discovery``), one cycle at a time; a fresh or bounded source, and any source
 starting an ``availableNow`` run, lists once in the enumerator's ``start``, on its mailbox.
 ``discover`` changes only a copy of the state it is given (:class:`FileDiscoveryState`, with a
-copied :class:`~sparkcoord.sources.seen.SeenFiles`) and returns it; the enumerator applies it
+copied :class:`~sparkcoord.sources.files.seen.SeenFiles`) and returns it; the enumerator applies it
 on the mailbox at the next checkpoint boundary. ``initial_state`` and ``size_of`` run on the
 mailbox. The planning functions (:func:`plan_files`, :func:`pack_files`, ...) are pure
 functions of the listed files and the options, called by ``discover`` (parquet's
@@ -30,8 +30,8 @@ from sparkcoord.core.encoding import encoded
 from sparkcoord.sources.enumerator import SplitDiscovery
 from sparkcoord.sources.files.listing import FileEntry, Lister, filesystem
 from sparkcoord.sources.files.options import DISCOVERY_MODES, FileSourceOptions
+from sparkcoord.sources.files.seen import SeenFiles
 from sparkcoord.sources.files.split import PICKLED_MODULE, FileSplit
-from sparkcoord.sources.seen import SeenFiles
 from sparkcoord.sources.splits import Split
 
 log = logging.getLogger("sparkcoord.sources")

@@ -1,7 +1,7 @@
 """Rule 7 of :mod:`sparkcoord.sources.files`: Spark's file metadata column ``_metadata``.
 
 Its type (:func:`metadata_field`) is made in the user's driver program thread when
-:class:`~sparkcoord.sources.stream.FileStream` builds the source, and again by the reader; its
+:class:`~sparkcoord.sources.files.stream.FileStream` builds the source, and again by the reader; its
 values (:func:`file_url`, :func:`row_group_bytes`, :class:`SplitMetadata`) by the reader, in a
 Spark task's thread on an executor, once per split. Functions of their arguments; nothing here
 is shared between threads.
@@ -22,7 +22,7 @@ def metadata_field() -> Any:
     """The ``StructField`` of rule 7: Spark's ``_metadata`` fields, names, types and
     nullability (``file_path``, ``file_name``, ``file_size``, ``file_block_start``,
     ``file_block_length``, ``file_modification_time``), then ``row_group`` (an int, null for
-    CSV and JSON). Called by :class:`~sparkcoord.sources.stream.FileStream` (driver program
+    CSV and JSON). Called by :class:`~sparkcoord.sources.files.stream.FileStream` (driver program
     thread) and by the reader (task thread)."""
     from pyspark.sql.types import (
         IntegerType,

@@ -1,5 +1,5 @@
 """A file source's options: named like Spark's file source where they mean the same, given as
-strings to :class:`~sparkcoord.sources.stream.FileStream`, parsed into
+strings to :class:`~sparkcoord.sources.files.stream.FileStream`, parsed into
 :class:`FileSourceOptions` and checked against the rows' schema.
 
 Runs in the user's driver program thread, when ``FileStream`` builds the source: an unknown
@@ -17,7 +17,7 @@ from typing import Any
 from sparkcoord.core.text import parse_bytes
 from sparkcoord.sources.alignment import OPTION_NAMES, AlignmentOptions
 from sparkcoord.sources.files.metadata import METADATA_COLUMN, metadata_field
-from sparkcoord.sources.parsing import MODES, corrupt_column_problem
+from sparkcoord.sources.files.parsing import MODES, corrupt_column_problem
 from sparkcoord.sources.values import parse_int, parse_seconds
 
 FORMATS = ("parquet", "csv", "json")
@@ -48,7 +48,7 @@ class FileSourceOptions:
     header: bool = False
     sep: str = ","
     batch_rows: int = 1 << 16
-    #: CSV and JSON: what a malformed record becomes (sparkcoord.sources.parsing, rule 4)
+    #: CSV and JSON: what a malformed record becomes (sparkcoord.sources.files.parsing, rule 4)
     mode: str = "PERMISSIVE"
     #: CSV and JSON: the column that holds a malformed record's text, if the schema has it
     corrupt_column: str = "_corrupt_record"

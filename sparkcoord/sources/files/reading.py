@@ -32,8 +32,8 @@ from sparkcoord.sources.files.metadata import (
     row_group_bytes,
 )
 from sparkcoord.sources.files.options import FileSourceOptions
+from sparkcoord.sources.files.parsing import Parsed, RecordParser
 from sparkcoord.sources.files.split import FileSplit, Member
-from sparkcoord.sources.parsing import Parsed, RecordParser
 from sparkcoord.sources.reader import SplitReader
 from sparkcoord.sources.splits import Split
 
@@ -117,7 +117,7 @@ def lines_before(f: Any, offset: int, chunk: int = 1 << 20) -> int:
 class FileReader(SplitReader):
     """Reads :class:`FileSplit` objects into record batches of the source's schema.
 
-    CSV and JSON lines go through a :class:`~sparkcoord.sources.parsing.RecordParser` with the
+    CSV and JSON lines go through a :class:`~sparkcoord.sources.files.parsing.RecordParser` with the
     source's ``mode`` (malformed records: a row of nulls, dropped, or :class:`MalformedRecord`;
     one warning per split that had any). Every other failure to read a split is a
     :class:`FileReadError` naming the file.

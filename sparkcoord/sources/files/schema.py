@@ -1,6 +1,6 @@
 """A file source's schema when none is given: the first file's, as pyarrow reads it.
 
-Runs in the user's driver program thread, when :class:`~sparkcoord.sources.stream.FileStream`
+Runs in the user's driver program thread, when :class:`~sparkcoord.sources.files.stream.FileStream`
 builds a source without ``.schema(...)``: lists the first file and reads its footer (parquet) or
 its first MiB of lines (CSV, JSON lines).
 """
