@@ -26,7 +26,8 @@ Rules:
      that batch's readers before any data. A lane held back by another lane (its allowed maximum
      is not None) has at most one split in flight (handed out and not yet reported finished): P
      readers taking P files of a lane before any of them reported would put the lane P files
-     past the allowed maximum.
+     past the allowed maximum. Which split goes out next is the assigner's
+     (``assigners.py``: in pending order, or by lanes with alignment; ``make_assigner``).
   5. A bounded source ends an ``availableNow`` run only when everything was read: while a
      split is pending or a reader keeps one (paused, stopped), each reader's last request of
      a batch (the one answered :class:`NoSplitNow`) asks for another batch, since the run
@@ -76,6 +77,7 @@ from sparkcoord.sources.alignment import (
     WatermarkAlignment,
     WatermarkReport,
 )
+from sparkcoord.sources.assigners import AlignedLanes, InOrder, SplitAssigner
 from sparkcoord.sources.backlog import Backlog, BacklogState, Chunk, chunked
 from sparkcoord.sources.splits import BatchBudget, NextSplit, NoSplitNow, ReadLimit, Split
 
@@ -164,6 +166,7 @@ class SplitEnumerator(OperatorCoordinator):
         self._alignment_timer: Cancellable | None = None
         self.state = EnumeratorState()
         self._pending = Backlog(lanes=alignment is not None)
+        self._assigner: SplitAssigner = InOrder(latest_first)
         self._budget = BatchBudget(self.limit)
         # discovery results not yet applied (rule 2; chunked on the discovery thread), and the
         # state to discover from next
@@ -213,10 +216,20 @@ class SplitEnumerator(OperatorCoordinator):
                 state.in_flight_splits = {}  # checkpointed before the committer was given
             self._ledger = CommitLedger(getattr(state, "commits", None))
         self._pending = Backlog.restored(state.pending, lanes=self.alignment_options is not None)
+        self._assigner = self.make_assigner()
         self._budget = BatchBudget(self.limit)
         # conservative: a restore point may be a batch that has not committed (a re-run)
         self._committed = checkpoint_id - 1
         self._epoch = self._drained = checkpoint_id
+
+    def make_assigner(self) -> SplitAssigner:
+        """The hand-out order for the state in force (``assigners.py``): in pending order, or
+        with alignment by lanes. Called by the enumerator itself at each reset (mailbox); a
+        source with an order of its own overrides it (its rules must keep assigners.py rule 1).
+        """
+        if self.alignment is not None:
+            return AlignedLanes(self.alignment, self.state.in_flight_keys, self.latest_first)
+        return InOrder(self.latest_first)
 
     def start(self) -> None:
         if self._ledger is not None and self.committer is not None:
@@ -392,10 +405,7 @@ class SplitEnumerator(OperatorCoordinator):
             self.context.request_batch()
 
     def _apply(self, chunks: list[Chunk]) -> None:
-        if self.latest_first:
-            self._pending.prepend_chunks(chunks)  # newest first (see _chunked)
-        else:
-            self._pending.append(chunks)
+        self._assigner.add(self._pending, chunks)
 
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         self._committed = max(self._committed, checkpoint_id)
@@ -425,7 +435,7 @@ class SplitEnumerator(OperatorCoordinator):
                 self.state.in_flight_keys.pop(split_id, None)
         if not self._pending:
             return self._no_split(subtask, done=self._all_handed_out())
-        handle = self._next_readable()
+        handle = self._assigner.next_split(self._pending)
         if handle is None:
             # every pending split's lane is paused, or has its one split in flight (rule 4).
             # A bounded source asks for the next batch at once (rule 5): the lane holding the
@@ -456,89 +466,6 @@ class SplitEnumerator(OperatorCoordinator):
         if self._lists_once and (self._pending or subtask in self.state.in_flight.values()):
             self.context.request_batch()
         return NoSplitNow(done=done)
-
-    def _next_readable(self) -> tuple[Any, Split] | None:
-        """The handle and split of the pending split a reader starts next (mailbox thread). Without
-        alignment the first. With alignment, among the lanes whose reported watermark the
-        decision in force allows (a split of a lane past the allowed maximum would only wait
-        in the reader that took it, and a reader would take the lane's next split, and the
-        next, each kept at once), the lane furthest behind: one that has not reported yet
-        first (it may be the slowest: a backlog listed with an ahead lane's files first would
-        otherwise be read unaligned until the slow lane started), then the lowest watermark,
-        then the fewest splits in flight, then pending order within the lane. A lane held back
-        by another one (its allowed maximum is not None) is skipped while it has a split in
-        flight (rule 4): its next file goes out once the reader of the last one reported it
-        finished, with the watermark it reached, so the lane ends at most one record batch
-        past its allowed maximum however many readers there are. A lane nothing holds back
-        (a single lane, the only one not idle) has no such limit and is read by every reader
-        at once. Before a decision with a minimum is in force (the first batch: no lane had
-        reported at the boundary), the reports of the running batch hold the lanes instead
-        (:meth:`_held_before_a_decision`). The reports this batch made count too, since the
-        request that carries one is answered after it is observed
-        (docs/decisions/043-watermark-alignment.md). A deterministic function of the snapshot
-        and of the logged reports, so a replay answers the same."""
-        if self.alignment is None:
-            return self._pending.first()
-        decision = self.alignment.decision
-        entries = self.alignment.state.splits
-        in_flight: dict[str, int] = {}
-        for key in self.state.in_flight_keys.values():
-            in_flight[key] = in_flight.get(key, 0) + 1
-        undecided = decision.minimum is None
-        best: tuple[int, int, int, int] | None = None
-        chosen: tuple[Any, Split] | None = None
-        seen: set[str] = set()
-        lanes = len(self._pending.lanes())
-        for index, (handle, split) in enumerate(self._pending):
-            key = split.alignment_key
-            if key in seen:
-                continue  # a lane's first pending split stands for the lane
-            seen.add(key)
-            entry = entries.get(key)
-            watermark = entry.watermark if entry is not None else None
-            if not decision.allows(watermark, key):
-                continue
-            if in_flight.get(key) and decision.allowed_maximum_of(key) is not None:
-                continue  # one split of a held-back lane at a time (rule 4)
-            if undecided and self._held_before_a_decision(key, watermark, in_flight):
-                continue
-            rank = (0 if watermark is None else 1, watermark or 0, in_flight.get(key, 0), index)
-            if best is None or rank < best:
-                best, chosen = rank, (handle, split)
-                if rank[:3] == (0, 0, 0):
-                    break  # a lane nobody reads and nothing reported: none comes before it
-            if len(seen) == lanes:
-                break  # every lane's first split was ranked
-        return chosen
-
-    def _held_before_a_decision(self, key: str, watermark: int | None,
-                                in_flight: dict[str, int]) -> bool:
-        """Whether lane ``key`` gets no split now because no decision with a minimum is in
-        force (mailbox thread, from :meth:`_next_readable`). Without one nothing pauses the
-        readers, so the hand-out alone keeps the lanes together, by the reports of this
-        batch: while more than one lane has work, a lane has at most one split in flight; a
-        lane that has not reported may be the slowest and is read; one that has reported
-        waits until every other lane with work has reported too, and then reads only if it
-        is within ``maxDrift`` of the lowest. Without this, in a first batch where one lane's
-        reader was slow to report (a task retried), another reader took that lane's next
-        file too, as a lane not yet reported comes first: the lane went two files ahead in
-        one batch and a watermark delay of ``maxDrift`` plus one file dropped rows of the
-        slow lane as late."""
-        assert self.alignment is not None
-        lanes = self._pending.lanes()
-        lanes.update(self.state.in_flight_keys.values())
-        if len(lanes) < 2:
-            return False
-        if in_flight.get(key):
-            return True
-        if watermark is None:
-            return False
-        entries = self.alignment.state.splits
-        others = [entries[k].watermark if k in entries else None for k in lanes if k != key]
-        if any(mark is None for mark in others):
-            return True
-        lowest = min([watermark, *(mark for mark in others if mark is not None)])
-        return watermark > lowest + self.alignment.options.max_drift_ms
 
     def handle_items_withdrawn(self, subtask: int, attempt: int,
                                withdrawn: list[Withdrawn]) -> None:
