@@ -30,6 +30,16 @@ def test_the_coordinator_sketch_and_its_harness_example_run_as_written() -> None
     assert namespace["h"].coordinator.items == ["c", "d"]  # type: ignore[attr-defined]
 
 
+def test_the_reader_contract_example_of_sources_md_passes_on_the_range_reader() -> None:
+    namespace: dict[str, object] = {"__name__": "docs_sources_example"}
+    exec(compile(python_blocks("sources.md")[4], "docs/sources.md", "exec"), namespace)  # noqa: S102
+    contract = namespace["TestRangeReader"]()  # type: ignore[operator]
+    names = [n for n in dir(contract) if n.startswith("test_")]
+    assert len(names) == 3, names
+    for name in names:
+        getattr(contract, name)()
+
+
 #: every ```python block of docs/ that a test executes as written: (file, block index) -> test
 EXECUTED = {
     ("coordinators.md", 0): "tests/test_docs_examples.py",
@@ -41,6 +51,7 @@ EXECUTED = {
     ("sources.md", 1): "tests/spark/test_docs_on_spark.py",
     ("sources.md", 2): "tests/spark/test_file_source.py",
     ("sources.md", 3): "tests/spark/test_file_source.py",
+    ("sources.md", 4): "tests/test_docs_examples.py",
     ("committer.md", 0): "tests/spark/test_committer_spark.py",
     ("committer.md", 1): "tests/spark/test_committer_spark.py",
     ("sinks.md", 0): "tests/spark/test_lake_sink.py",

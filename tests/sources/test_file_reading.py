@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import os
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.csv as pacsv
@@ -15,10 +16,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sparkcoord.sources import Split, SplitReader
 from sparkcoord.sources.files.discovery import plan_splits
 from sparkcoord.sources.files.listing import FileEntry, filesystem
 from sparkcoord.sources.files.options import FileSourceOptions
 from sparkcoord.sources.files.reading import FileChangedError, FileReader, read_line_range
+from sparkcoord.testing import SplitReaderContract
 
 SCHEMA_JSON = json.dumps({"type": "struct", "fields": [
     {"name": "id", "type": "long", "nullable": True, "metadata": {}},
@@ -99,3 +102,45 @@ def test_a_file_that_changed_after_discovery_is_refused_naming_it_and_both_sizes
     with pytest.raises(FileChangedError, match=rf"{path} changed .* had {entry.size} bytes, now "
                                               rf"{os.path.getsize(path)}"):
         list(reader.read_split(one, None))
+
+
+class FileReaderContract(SplitReaderContract):
+    """The reader test base (sparkcoord.testing) on the file source's reader: two files of a
+    format, several splits each (row groups of 40 rows, byte ranges of 300 bytes)."""
+
+    fmt = "json"
+    stop_after_rows = 7
+
+    @pytest.fixture(autouse=True)
+    def _files(self, tmp_path: Any) -> None:
+        self.options = FileSourceOptions(url=str(tmp_path), format=self.fmt, header=True,
+                                         max_split_bytes=300, batch_rows=4)
+        fs, _ = filesystem(str(tmp_path))
+        self._splits = [split for start in (0, 100) for split in plan_splits(
+            fs, write(str(tmp_path / f"f{start}.{self.fmt}"), self.fmt, table(start, 60)),
+            self.options)]
+        # the ground truth: every split read whole, in order, is each file's rows once
+        whole = [row for split in self._splits for row in self.expected_rows(split)]
+        assert [row["id"] for row in whole] == [*range(0, 60), *range(100, 160)]
+
+    def make_reader(self) -> SplitReader:
+        return FileReader(self.options, SCHEMA_JSON)
+
+    def splits(self) -> list[Split]:
+        return list(self._splits)
+
+    def expected_rows(self, split: Split) -> list[dict[str, Any]]:
+        batches = [b for b, _ in self.make_reader().read_split(split, None)]
+        return [row for b in batches for row in b.to_pylist()]
+
+
+class TestJsonFilesKeepTheReaderContract(FileReaderContract):
+    fmt = "json"
+
+
+class TestCsvFilesKeepTheReaderContract(FileReaderContract):
+    fmt = "csv"
+
+
+class TestParquetFilesKeepTheReaderContract(FileReaderContract):
+    fmt = "parquet"

@@ -12,6 +12,7 @@ import pytest
 from sparkcoord.core.control import BatchRequested
 from sparkcoord.operator import SubtaskContext
 from sparkcoord.sources import NextSplit, NoSplitNow, ReaderState, Split, SplitReader
+from sparkcoord.testing import SplitReaderContract
 
 
 class Numbers(SplitReader):
@@ -76,3 +77,36 @@ def test_small_batches_are_joined_before_they_reach_spark() -> None:
     reader.open(context([Split("s1"), Split("s2"), NoSplitNow()], asked, []), None)
     batches = list(reader.process())
     assert len(batches) == 1 and batches[0].num_rows == 50
+
+
+class TestNumbersKeepTheReaderContract(SplitReaderContract):
+    """The reader test base (sparkcoord.testing) on this module's reader."""
+
+    stop_after_rows = 12
+
+    def make_reader(self) -> SplitReader:
+        return Numbers()
+
+    def splits(self) -> list[Split]:
+        return [Split("s1"), Split("s2"), Split("s3")]
+
+    def expected_rows(self, split: Split) -> list[dict[str, Any]]:
+        base = int(split.split_id[1:]) * 100
+        return [{"id": i} for i in range(base, base + 25)]
+
+
+class LosesARowOnResume(Numbers):
+    """A reader that resumes one row past its position: the contract must catch it."""
+
+    def read_split(self, split: Split, position: Any):
+        yield from super().read_split(split, None if position is None else position + 1)
+
+
+def test_the_reader_contract_catches_a_reader_that_loses_a_row_when_it_resumes() -> None:
+    class Broken(TestNumbersKeepTheReaderContract):
+        def make_reader(self) -> SplitReader:
+            return LosesARowOnResume()
+
+    with pytest.raises(AssertionError):
+        Broken().test_a_batch_stopped_mid_split_goes_on_from_its_state_with_no_row_lost_or_repeated()
+    Broken().test_every_split_is_read_once_and_reported_finished_in_the_next_request()  # unstopped
