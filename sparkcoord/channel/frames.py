@@ -27,9 +27,10 @@ from sparkcoord.core.errors import SparkCoordError
 from sparkcoord.core.ids import SubtaskId, TaskAttempt
 
 MAGIC = b"SC"
-VERSION = 5  # 2: a reply covers a range of sequence numbers (count); 3: requests;
+VERSION = 6  # 2: a reply covers a range of sequence numbers (count); 3: requests;
 # 4: a refusal because the job failed carries how long the task waits to be cancelled;
-# 5: FINISHED, and a registration's reply carries the adopted history's length in ``seq``
+# 5: FINISHED, and a registration's reply carries the adopted history's length in ``seq``;
+# 6: the response status UNAVAILABLE (a client asks the job's next run: no text to match)
 HEADER = struct.Struct(">2sBBI")
 MAC_SIZE = 32
 _ATTEMPT = struct.Struct(">IqI")  # index, epoch, number
@@ -62,6 +63,11 @@ class ResponseStatus(enum.IntEnum):
     ANSWER = 0   # the coordinator's answer (pickled)
     REFUSED = 1  # the coordinator refused the request; the body is its reason
     FAILED = 2   # no answer will come (the service refused it, the job failed); the reason
+    #: no run can take a client's request now (starting, between a checkpoint's trigger and
+    #: its seal, failed, closed); the job's next run (or this one, a moment later) will; the
+    #: reason. The client re-sends the same request (docs/protocol.md
+    #: [client-requests-take-effect-once]).
+    UNAVAILABLE = 3
 
 
 class ReplyVerdict(enum.IntEnum):

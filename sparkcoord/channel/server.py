@@ -94,7 +94,7 @@ from sparkcoord.channel.frames import (
     encode,
 )
 from sparkcoord.core.entries import Answer, Asker, DriverClient
-from sparkcoord.core.errors import SparkCoordError
+from sparkcoord.core.errors import RunUnavailable, SparkCoordError
 from sparkcoord.core.ids import TaskAttempt
 from sparkcoord.core.inbound import (
     InboundDecision,
@@ -714,6 +714,8 @@ def _response(seq: int, answer: Future[Answer],
     """The RESPONSE frame's message for a resolved answer future (its error: FAILED, with the
     task's hold if the job failed)."""
     exc = answer.exception()
+    if isinstance(exc, RunUnavailable):  # a client's request: the next run takes it
+        return Response(seq, ResponseStatus.UNAVAILABLE, str(exc).encode())
     if exc is not None:
         reason = str(exc) if isinstance(exc, SparkCoordError) else repr(exc)
         return Response(seq, ResponseStatus.FAILED, reason.encode(), hold())

@@ -170,7 +170,8 @@ class RequestDecision:
     ACCEPT: log it (``self.last_entry``), hand it to the coordinator, answer once the response
     is logged. DUPLICATE: it was logged before (a re-send, or a retry re-asking what the attempt
     it adopted asked): answer with ``response`` if already logged, else when it is. REJECT:
-    refuse for ``reason``; ``diverged`` as in :class:`RunDecision`.
+    refuse for ``reason``; ``diverged`` as in :class:`RunDecision`; ``ask_again``: a client's
+    request that a moment later (or the job's next run) takes (no epoch sealed yet).
     """
 
     verdict: Verdict
@@ -178,6 +179,7 @@ class RequestDecision:
     execution_attempt: int = 0
     diverged: bool = False
     response: Answer | None = None
+    ask_again: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -549,7 +551,7 @@ class InboundGate:
         epoch = self.client_log_epoch
         if epoch is None:
             return RequestDecision(Verdict.REJECT, "no epoch was sealed yet (the query is "
-                                                   "starting); ask again")
+                                                   "starting); ask again", ask_again=True)
         key = (operator, client, seq)
         if key in self._client:
             return RequestDecision(Verdict.DUPLICATE, response=self._client[key])

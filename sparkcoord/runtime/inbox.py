@@ -47,7 +47,7 @@ from typing import Any
 from sparkcoord.coordinator import Withdrawn
 from sparkcoord.core.codec import EventCodec
 from sparkcoord.core.entries import Answer, Asker, DriverClient, LogEntry, answer_key
-from sparkcoord.core.errors import IllegalTransition, RequestFailed
+from sparkcoord.core.errors import IllegalTransition, RequestFailed, RunUnavailable
 from sparkcoord.core.ids import SubtaskId, TaskAttempt
 from sparkcoord.core.inbound import (
     InboundDecision,
@@ -124,7 +124,7 @@ class Inbox:
             if self._final:
                 return
             self._refusal, self._final = why, final
-            self._fail_waiters(why)
+            self._fail_waiters(why, ask_again=True)
 
     def epoch_resumed(self, epoch: int, logged: list[LogEntry]) -> list[ReplayedItem]:
         """At a restore to the uncommitted epoch ``epoch`` whose batch runs again (driver
@@ -353,14 +353,15 @@ class Inbox:
         claimed: CoordinatorHolder | None = None
         with self._lock:
             gate = self._admitting(client)
-            if gate is None:
-                answer.set_exception(RequestFailed(self._refusal if not client
-                                                   else self._client_refusal()))
+            if gate is None:  # nothing admitted now: a client asks again (the next run)
+                answer.set_exception(RequestFailed(self._refusal) if not client
+                                     else RunUnavailable(self._client_refusal()))
                 return answer
             decision = gate.request_received(asker, seq, payload)
             key = answer_key(asker, seq)
             if decision.verdict is Verdict.REJECT:
-                answer.set_exception(RequestFailed(decision.reason))
+                answer.set_exception(RunUnavailable(decision.reason) if decision.ask_again
+                                     else RequestFailed(decision.reason))
                 if not decision.diverged:
                     return answer
             elif decision.verdict is Verdict.DUPLICATE:
@@ -504,9 +505,10 @@ class Inbox:
             sid.index, decision.execution_attempt - 1, reason, attempt.epoch,
             record.snapshots.get(sid.operator), replay)
 
-    def _fail_waiters(self, why: str) -> None:
+    def _fail_waiters(self, why: str, ask_again: bool = False) -> None:
         # Under the lock: every asker waiting for an answer learns that none will come, and
-        # every task waiting for its finish that it is refused
+        # every task waiting for its finish that it is refused; ``ask_again``: the job failed
+        # or the run closed, and a client asks the next run (RunUnavailable)
         finishing, self._finishing = self._finishing, {}
         for done in finishing.values():
             if not done.done():
@@ -514,6 +516,7 @@ class Inbox:
         waiters, self._waiters = self._waiters, {}
         for (sid, client, seq), waiter in waiters.items():
             if not waiter.done():
-                waiter.set_exception(RequestFailed(
-                    f"request {seq} of client {client} to {sid.operator!r}: {why}" if client
-                    else f"request {seq} of {sid}: {why}"))
+                waiter.set_exception(
+                    (RunUnavailable if ask_again else RequestFailed)(
+                        f"request {seq} of client {client} to {sid.operator!r}: {why}")
+                    if client else RequestFailed(f"request {seq} of {sid}: {why}"))

@@ -81,12 +81,6 @@ FAILURE_CHECK_S = 0.05
 
 __all__ = ["CoordinatedJob", "JobGaveUp", "JobHandle", "OperatorSpec", "RunReport"]
 
-#: a run's refusals of a client request that mean "no run can take it now; the next run
-#: will": starting (not restored, no epoch sealed yet: "ask again"), ended ("is closed"),
-#: failed over ("the job failed": a restart may follow). docs/protocol.md
-#: [client-requests-take-effect-once]
-_WAIT_FOR_NEXT_RUN = ("ask again", "not been restored", "is closed", "the job failed")
-
 #: the JobHandle whose ``until`` runs on this thread, and its query (for ``request``)
 _until_caller = threading.local()
 
@@ -574,8 +568,10 @@ class CoordinatedJob:
                 if response.status is ResponseStatus.REFUSED:
                     raise RequestRefused(f"coordinator {operator!r} refused request "
                                          f"{request!r}: {reason}")
-                if any(s in reason for s in _WAIT_FOR_NEXT_RUN):
-                    # starting or ending a run, or a failed one: the next run takes it
+                if response.status is ResponseStatus.UNAVAILABLE:
+                    # starting or ending a run, or a failed one: the next run takes it (the
+                    # server says so by status; docs/protocol.md
+                    # [client-requests-take-effect-once])
                     self._clients.pop(key, None)
                     wait_for_run(reason, 0.1)
                     continue

@@ -102,7 +102,8 @@ def ask_parked(service: CoordinationService, client: ChannelClient
 
 def test_request_and_response_frames_round_trip() -> None:
     a = TaskAttempt("run", SubtaskId("op", 1), 4, 0)
-    for message in (Request(a, 7, b"ask"), Response(7, ResponseStatus.REFUSED, b"why")):
+    for message in (Request(a, 7, b"ask"), Response(7, ResponseStatus.REFUSED, b"why"),
+                    Response(8, ResponseStatus.UNAVAILABLE, b"starting")):
         frame = encode(message, SECRET)
         header, mac, body = frame[:HEADER.size], frame[HEADER.size:HEADER.size + 32], frame[HEADER.size + 32:]
         assert authenticate_and_parse(header, mac, body, SECRET) == message
@@ -186,3 +187,29 @@ def test_a_malformed_request_or_response_frame_is_a_frame_error_naming_it(messag
     mac = _hmac.digest(SECRET, header + body, "sha256")
     with pytest.raises(FrameError, match=f"malformed {message} frame"):
         authenticate_and_parse(header, mac, body, SECRET)
+
+
+def test_a_client_request_no_run_can_take_now_comes_back_unavailable_by_status(tmp_path) -> None:
+    # spark/job.py re-sends by this status (no refusal text is matched): starting, then taken
+    from sparkcoord.channel.client import JobClient
+
+    service = CoordinationService([CoordinatorSpec("op", Counter, 2)],
+                                  CheckpointStorage(str(tmp_path / "c")))
+    service.restore(FRESH)
+    server = ChannelServer(service.inbox, SECRET).start()
+    client = JobClient(server.address, SECRET, "driver-1")
+    try:
+        starting = client.request("op", pickle.dumps("status"), 10, 0)
+        assert starting.status is ResponseStatus.UNAVAILABLE, starting
+        assert "ask again" in starting.payload.decode()
+        unknown = client.request("nobody", pickle.dumps("status"), 10, 1)
+        assert unknown.status is ResponseStatus.FAILED  # refused for good: not re-sent
+        record = service.checkpoint(0)
+        assert record is not None
+        service.inbox.epoch_logged(record.epoch)  # as Spark's offset log does
+        taken = client.request("op", pickle.dumps("status"), 10, 0)  # the same request again
+        assert taken.status is ResponseStatus.REFUSED  # Counter takes no client requests
+    finally:
+        client.close()
+        server.close()
+        service.close()

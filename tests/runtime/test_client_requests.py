@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from sparkcoord import OperatorCoordinator, RequestFailed, RequestRefused
-from sparkcoord.core.entries import ClientRequestEntry, ClientResponseEntry
+from sparkcoord.core.entries import ClientRequestEntry, ClientResponseEntry, DriverClient
+from sparkcoord.core.errors import RunUnavailable
 from sparkcoord.core.restore import RestorePoint
 from sparkcoord.testing import CoordinatorHarness
 
@@ -60,9 +61,35 @@ def test_a_client_request_is_logged_then_answered_and_a_resend_is_answered_from_
 
 
 def test_a_client_request_before_anything_was_sealed_is_refused_with_a_reason_to_retry() -> None:
+    # RunUnavailable: the server sends it as the status UNAVAILABLE, which the client re-sends
+    # by (spark/job.py: no message text is matched)
     h = CoordinatorHarness(Tally, 1)
     h.start()
-    with pytest.raises(RequestFailed, match="ask again"):
+    with pytest.raises(RunUnavailable, match="ask again"):
+        h.ask_as_client(1).result()
+
+
+def test_a_client_request_before_the_service_was_restored_is_to_be_asked_again() -> None:
+    h = CoordinatorHarness(Tally, 1)
+    with pytest.raises(RunUnavailable, match="not been restored"):
+        h.ask_as_client(1).result()
+
+
+def test_a_client_request_to_an_unknown_operator_is_refused_for_good() -> None:
+    h = running()
+    seq = 99
+    answer = h.service.inbox.request_received(DriverClient("nobody", "client"), seq,
+                                              h.service.codec.encode(1))
+    with pytest.raises(RequestFailed, match="unknown operator 'nobody'") as refused:
+        answer.result()
+    assert not isinstance(refused.value, RunUnavailable)
+
+
+def test_a_client_request_after_the_run_closed_is_to_be_asked_of_the_next_run() -> None:
+    h = running()
+    h.service.close()
+    h.run()
+    with pytest.raises(RunUnavailable, match="is closed"):
         h.ask_as_client(1).result()
 
 
@@ -147,7 +174,8 @@ def test_a_job_failure_answers_a_waiting_client_with_the_cause() -> None:
     waiting = h.ask_as_client("later")
     h.service.fail_job("the runner broke")
     h.run()
-    with pytest.raises(RequestFailed, match="the runner broke"):
+    # the next run takes it (the same number: it takes effect once)
+    with pytest.raises(RunUnavailable, match="the runner broke"):
         waiting.result(timeout=1)
 
 
