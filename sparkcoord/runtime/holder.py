@@ -39,7 +39,7 @@ import traceback
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 from sparkcoord.coordinator import (
     Cancellable,
@@ -65,6 +65,8 @@ from sparkcoord.runtime.mailbox import Mailbox
 from sparkcoord.runtime.workers import ThreadWorkers, Workers
 
 T = TypeVar("T")
+R = TypeVar("R")
+P = ParamSpec("P")
 
 log = logging.getLogger(__name__)
 
@@ -185,7 +187,7 @@ class CoordinatorHolder:
         """Checkpoint ``checkpoint_id`` was aborted: re-hold the cut, notify the coordinator."""
         def run() -> None:
             self.valve.checkpoint_aborted(checkpoint_id)
-            self._callback("notify_checkpoint_aborted", checkpoint_id)
+            self._callback(OperatorCoordinator.notify_checkpoint_aborted, checkpoint_id)
         self._submit(run)
 
     def checkpoint_sealed(self, checkpoint_id: int) -> None:
@@ -199,7 +201,7 @@ class CoordinatorHolder:
         def run() -> None:
             SendFuture.complete_all(self.valve.batch_committed(epoch))
             if notify:
-                self._callback("notify_checkpoint_complete", epoch)
+                self._callback(OperatorCoordinator.notify_checkpoint_complete, epoch)
         self._submit(run)
 
     def deliver_many(self, runs: Sequence[tuple[int, int, list[Any]]]) -> None:
@@ -211,7 +213,7 @@ class CoordinatorHolder:
                     if type(event) is BatchRequested:  # for the runtime, not the coordinator
                         self.batch_requested = True
                         continue
-                    self._callback("handle_event_from_operator", subtask, attempt, event)
+                    self._callback(OperatorCoordinator.handle_event_from_operator, subtask, attempt, event)
         self._submit(run)
 
     def deliver_request(self, subtask: int | None, attempt: int, request: Any,
@@ -233,7 +235,7 @@ class CoordinatorHolder:
         ``taken(True)``, or ``taken(False)`` when it raised or no instance runs (the job
         failed)."""
         def run() -> None:
-            result = self._callback("handle_items_withdrawn", subtask, attempt, items)
+            result = self._callback(OperatorCoordinator.handle_items_withdrawn, subtask, attempt, items)
             taken(result is not _CALLBACK_FAILED)
         self._submit(run)
 
@@ -253,9 +255,9 @@ class CoordinatorHolder:
             coordinator = self.coordinator
             if coordinator is not None and type(coordinator).resets_per_subtask:
                 self._fail_futures(failed, error)
-                self._callback("execution_attempt_failed", subtask, old_attempt, reason)
-                self._callback("subtask_reset", subtask, checkpoint_id)
-                self._callback("execution_attempt_ready", subtask, new_attempt,
+                self._callback(OperatorCoordinator.execution_attempt_failed, subtask, old_attempt, reason)
+                self._callback(OperatorCoordinator.subtask_reset, subtask, checkpoint_id)
+                self._callback(OperatorCoordinator.execution_attempt_ready, subtask, new_attempt,
                                _Gateway(self, self.generation, subtask, new_attempt))
                 return
             self._fail_futures(failed + self.valve.held_events_dropped(), error)
@@ -285,7 +287,7 @@ class CoordinatorHolder:
         done: Future[None] = Future()
 
         def run() -> None:
-            result = self._callback("run_ending")
+            result = self._callback(OperatorCoordinator.run_ending)
             if not isinstance(result, Future):
                 done.set_result(None)
                 return
@@ -352,34 +354,34 @@ class CoordinatorHolder:
                 f"created without OperatorCoordinator.__init__: its own __init__ must call "
                 f"super().__init__(context) first"))
             return
-        self._callback("reset_to_checkpoint", checkpoint_id, state)
+        self._callback(OperatorCoordinator.reset_to_checkpoint, checkpoint_id, state)
         self._context.starting = True
         try:
-            self._callback("start")
+            self._callback(OperatorCoordinator.start)
         finally:
             self._context.starting = False
         for subtask in range(self.parallelism):
             attempt = self.valve.live_attempt(subtask)
-            self._callback("execution_attempt_ready", subtask, attempt,
+            self._callback(OperatorCoordinator.execution_attempt_ready, subtask, attempt,
                            _Gateway(self, self.generation, subtask, attempt))
         for item in replay:
             if item.withdrawn:
-                self._callback("handle_items_withdrawn", item.subtask, item.attempt, item.event)
+                self._callback(OperatorCoordinator.handle_items_withdrawn, item.subtask, item.attempt, item.event)
             elif item.answered is not None:
                 self._ask(None if item.client else item.subtask, item.attempt, item.event,
                           item.answered)
             elif type(item.event) is BatchRequested:
                 self.batch_requested = True
             else:
-                self._callback("handle_event_from_operator", item.subtask, item.attempt, item.event)
+                self._callback(OperatorCoordinator.handle_event_from_operator, item.subtask, item.attempt, item.event)
 
     def _ask(self, subtask: int | None, attempt: int, request: Any, answered: Answered) -> None:
         # Mailbox thread. The answer is pickled where it is produced (here, or in the thread
         # that completes the future), and handed on only while this instance still runs: a
         # fenced instance's answers match no surviving state (the service fails the waiters).
         generation = self.generation
-        result = (self._callback("handle_client_request", request) if subtask is None
-                  else self._callback("handle_request", subtask, attempt, request))
+        result = (self._callback(OperatorCoordinator.handle_client_request, request) if subtask is None
+                  else self._callback(OperatorCoordinator.handle_request, subtask, attempt, request))
         if result is _CALLBACK_FAILED:
             return
         if isinstance(result, Future):
@@ -451,7 +453,7 @@ class CoordinatorHolder:
         if self.coordinator is None:
             result.set_exception(CoordinatorFenced(f"coordinator {self.name!r} is not running"))
             return
-        self._callback("checkpoint_coordinator", checkpoint_id, result)
+        self._callback(OperatorCoordinator.checkpoint_coordinator, checkpoint_id, result)
 
     def _checkpoint_future_done(self, generation: int, checkpoint_id: int, fut: Future[Any]) -> None:
         # Runs in whichever thread completed the future: this is the boundary instant, so the
@@ -519,21 +521,25 @@ class CoordinatorHolder:
             if not fut.done():
                 fut.set_exception(error)
 
-    def _callback(self, method: str, *args: Any) -> Any:
-        """Call the coordinator's ``method``; its result, or ``_CALLBACK_FAILED`` when there is
-        no running instance or it raised (which fails the job)."""
+    def _callback(self, method: Callable[Concatenate[OperatorCoordinator, P], R],
+                  *args: P.args, **kwargs: P.kwargs) -> R | Any:
+        """Call the running instance's override of ``method`` (a callback of
+        :class:`OperatorCoordinator`, named by the base class so that its arguments are
+        type-checked); its result, or ``_CALLBACK_FAILED`` when there is no running instance
+        or it raised (which fails the job). Mailbox thread."""
+        name = method.__name__
         coordinator = self.coordinator
         if coordinator is None or self._globally_failed:
             return _CALLBACK_FAILED
         if not self.mailbox.in_mailbox_thread():
-            raise WrongThread(f"{method}() of coordinator {self.name!r} called outside its mailbox")
+            raise WrongThread(f"{name}() of coordinator {self.name!r} called outside its mailbox")
         generation = self.generation
         self._began += 1
-        self._busy = f"{method}()"
+        self._busy = f"{name}()"
         try:
-            return getattr(coordinator, method)(*args)
+            return getattr(coordinator, name)(*args, **kwargs)
         except Exception as exc:  # noqa: BLE001 - any user exception fails the job
-            self._report_failure(generation, f"coordinator {self.name!r} raised in {method}(): "
+            self._report_failure(generation, f"coordinator {self.name!r} raised in {name}(): "
                                              f"{exc!r}{user_traceback(exc)}")
             return _CALLBACK_FAILED
         finally:

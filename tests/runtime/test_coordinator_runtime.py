@@ -313,7 +313,7 @@ def test_a_callback_run_outside_its_mailbox_raises_wrong_thread() -> None:
     h = started()
     holder = h.service.holders["coordinator"]
     with pytest.raises(WrongThread, match="outside its mailbox"):
-        holder._callback("start")
+        holder._callback(OperatorCoordinator.start)
 
 
 def test_call_periodically_runs_on_the_mailbox_and_stops_when_cancelled() -> None:
