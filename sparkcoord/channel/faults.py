@@ -1,8 +1,11 @@
 """Channel fault plans for tests (issue: channel faults must not cost the normal path).
 
 A plan is a function the channel server calls with each authenticated message when (and only
-when) ``ChannelServer.fault`` is set; it answers what to do to that message. The Spark
-adapter sets one from ``CoordinatedJob(channel_fault_plan=...)``; nothing else does.
+when) ``ChannelServer.fault`` is set; it answers what to do to that message. The messages it
+does not hit go the production way: batched per read, as without a plan; the frames before a
+hit one go as one batch first, then the fault happens (so fault tests run the path a job
+runs). The Spark adapter sets one from ``CoordinatedJob(channel_fault_plan=...)``; nothing
+else does.
 """
 
 from __future__ import annotations

@@ -453,12 +453,18 @@ class ChannelServer:
                     conn.attempt = message.attempt
                     conn.finished = isinstance(message, Finished)
                 if self.fault is not None:  # test hook (channel/faults.py): off, one check
-                    if self._inject(message, conn.sock, conn.writer):
-                        self._end(conn)
-                        return
-                    conn.writer.send(self._answer(self._dispatch_batch([message], conn.writer)))
-                    self.frames_served += 1
-                    continue
+                    action = self.fault(message)
+                    if action is not None:
+                        # the frames before the hit one go the production way (one batch, as
+                        # without a plan), in order; then the fault happens to this one
+                        if batch:
+                            conn.writer.send(self._answer(self._dispatch_batch(batch,
+                                                                               conn.writer)))
+                            self.frames_served += len(batch)
+                            batch = []
+                        if self._inject(action, message, conn.sock, conn.writer):
+                            self._end(conn)
+                            return
                 batch.append(message)
             if batch:
                 conn.writer.send(self._answer(self._dispatch_batch(batch, conn.writer)))
@@ -629,9 +635,11 @@ class ChannelServer:
             writer.send(encode(reply, self.secret), quiet=True)
         self.handler.attempt_finished(message.attempt, seq).add_done_callback(decided)
 
-    def _inject(self, message: Message, sock: socket.socket, writer: _Writer) -> bool:
-        assert self.fault is not None
-        action = self.fault(message)
+    def _inject(self, action: str, message: Message, sock: socket.socket,
+                writer: _Writer) -> bool:
+        """Do the fault plan's ``action`` to ``message`` (the I/O loop; channel/faults.py):
+        True when the connection ended; False when the message goes on the production way
+        (after a delay)."""
         if action == "drop-before":
             sock.close()
             return True

@@ -390,3 +390,41 @@ def test_reading_the_attempt_of_a_lazy_client_that_sent_nothing_registers_it(set
     client.register_with_first_event()
     assert client.registered_attempt() == 0
     assert h.service.inbox.attempt_registered(attempt(h, 0)).verdict.name == "DUPLICATE"
+
+
+@pytest.mark.parametrize("plan", [None, "hits-nothing", "drops-the-third"])
+def test_frames_read_at_once_go_to_the_service_as_one_batch_with_a_fault_plan_too(
+        setup, plan) -> None:
+    # a fault plan runs the production path (frames batched per read): only a frame it hits
+    # is handled apart, after the frames before it went as one batch
+    from sparkcoord.channel import server as server_module
+
+    h, server = setup
+    if plan == "hits-nothing":
+        server.fault = lambda message: None
+    elif plan == "drops-the-third":
+        server.fault = lambda message: ("drop-before" if isinstance(message, Event)
+                                        and message.seq == 2 else None)
+    sizes: list[int] = []
+    dispatch = server._dispatch_batch
+
+    def recorded(batch: Any, writer: Any) -> Any:
+        sizes.append(len(batch))
+        return dispatch(batch, writer)
+
+    server._dispatch_batch = recorded  # type: ignore[method-assign]
+    ours, theirs = socket.socketpair()
+    a = attempt(h, 0)
+    frames = [Register(a), *(Event(a, i, pickle.dumps(i)) for i in range(5))]
+    theirs.sendall(b"".join(encode(f, SECRET) for f in frames))  # all there before the read
+    conn = server_module._Connection(ours, FrameReader(ours, server.max_frame_bytes),
+                                     server_module._Writer(ours, server), float("inf"))
+    server._readable(conn)
+    h.run()
+    if plan == "drops-the-third":
+        assert sizes == [3]  # Register and events 0 and 1, batched; the connection then closed
+        assert h.coordinator.got == [(0, 0), (0, 1)]
+    else:
+        assert sizes == [6]
+        assert h.coordinator.got == [(0, i) for i in range(5)]
+    theirs.close()
