@@ -26,9 +26,9 @@ from bench.common import figure
 
 
 def _io_class() -> Any:
-    from sparkcoord.sources.postgres.chunks import Chunk, ChunkPlanner, PlannerState
+    from sparkcoord.sources.postgres.core.chunks import Chunk, ChunkPlanner, PlannerState
+    from sparkcoord.sources.postgres.core.names import TableName
     from sparkcoord.sources.postgres.enumerator import EnumeratorIO
-    from sparkcoord.sources.postgres.names import TableName
 
     class ConsecutiveKeys(EnumeratorIO):
         """A table whose keys are 0..rows-1: a boundary query is arithmetic."""
@@ -70,9 +70,9 @@ def _io_class() -> Any:
 
 def _snapshot(chunks: int, tmp: str) -> dict[str, Any]:
     from sparkcoord.core.restore import FRESH
+    from sparkcoord.sources.postgres.core.names import TableName
+    from sparkcoord.sources.postgres.core.splits import NextChunk, SnapshotChunk, StreamSplit
     from sparkcoord.sources.postgres.enumerator import PostgresEnumerator
-    from sparkcoord.sources.postgres.names import TableName
-    from sparkcoord.sources.postgres.splits import NextChunk, SnapshotChunk, StreamSplit
     from sparkcoord.sources.splits import NoSplitNow
     from sparkcoord.testing import CoordinatorHarness, ManualWorkers
 

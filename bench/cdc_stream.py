@@ -177,7 +177,7 @@ def _main(preset: str) -> None:  # noqa: PLR0915 - one measured scenario, in ord
                      for key in sorted({k for p in with_rows for k in p.durationMs})}
             rows_per_batch = stats([p.numInputRows for p in with_rows])["median"]
             # the WAL a quiet publication holds while another table is busy
-            from sparkcoord.sources.postgres.pgoutput import lsn_from_text
+            from sparkcoord.sources.postgres.core.pgoutput import lsn_from_text
 
             def position() -> int:
                 return lsn_from_text(conn.execute(

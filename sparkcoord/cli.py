@@ -77,7 +77,7 @@ def _cdc(args: argparse.Namespace) -> int:
     prints holds the URL's password."""
     from sparkcoord.core.errors import SparkCoordError
     from sparkcoord.sources.postgres.command import cdc_options, run_cdc
-    from sparkcoord.sources.postgres.connection import redacted
+    from sparkcoord.sources.postgres.io.connection import redacted
 
     options = {}
     for item in args.option:

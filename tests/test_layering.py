@@ -201,6 +201,41 @@ def test_the_postgres_builder_imports_pyspark_only_inside_functions_and_no_file_
                     and parts[2] in FILE_SOURCE), f"sources/postgres/{name}.py imports {module}"
 
 
+#: what the PostgreSQL source's sans-IO core (sources/postgres/core/) never imports: I/O,
+#: threads, clocks, the source's I/O package and the runtime around it
+FORBIDDEN_IN_POSTGRES_CORE = {"pyspark", "psycopg", "socket", "threading", "asyncio", "time",
+                              "os", "subprocess", "select", "selectors", "signal", "queue",
+                              "logging", "fsspec"}
+POSTGRES_MOVED = {"core": ("pgoutput", "values", "names", "chunks", "watermarks", "splits"),
+                  "io": ("connection", "replication", "catalog")}
+
+
+@pytest.mark.parametrize("path", sorted((POSTGRES_SOURCE / "core").glob("*.py")),
+                         ids=lambda p: p.name)
+def test_the_postgres_source_s_core_does_no_io(path: pathlib.Path) -> None:
+    for module in imported_modules(path, nested=True):
+        parts = module.split(".")
+        if path.name == "values.py" and parts[0] == "psycopg":
+            continue  # psycopg's text[] parser (a pure function of text; no connection)
+        assert parts[0] not in FORBIDDEN_IN_POSTGRES_CORE, (
+            f"sources/postgres/core/{path.name} imports {module}")
+        assert parts[:2] != ["sparkcoord", "runtime"] and parts[:2] != ["sparkcoord", "spark"]
+        assert parts[:4] != ["sparkcoord", "sources", "postgres", "io"], (
+            f"sources/postgres/core/{path.name} imports {module}: the core does no I/O")
+        assert not (parts[:3] == ["sparkcoord", "sources", "postgres"] and len(parts) == 4
+                    and parts[3] not in ("core", "errors")), (
+            f"sources/postgres/core/{path.name} imports {module}, outside the core")
+
+
+@pytest.mark.parametrize("package,name", [(k, n) for k, v in POSTGRES_MOVED.items() for n in v])
+def test_a_postgres_module_s_old_path_is_the_same_module(package: str, name: str) -> None:
+    import importlib
+
+    assert (importlib.import_module(f"sparkcoord.sources.postgres.{name}")
+            is importlib.import_module(f"sparkcoord.sources.postgres.{package}.{name}"))
+    assert {"importlib", "sys"} == imported_modules(POSTGRES_SOURCE / f"{name}.py")
+
+
 def test_the_no_spark_checks_see_the_postgres_source_and_the_sinks() -> None:
     # guard against a glob that silently finds nothing
     names = {p.name for p in no_spark_modules()}

@@ -239,7 +239,7 @@ def test_every_library_encoding_lists_its_version_and_fields_as_released() -> No
     import sparkcoord.sources  # noqa: F401
     import sparkcoord.sources.alignment  # noqa: F401
     import sparkcoord.sources.postgres  # noqa: F401
-    import sparkcoord.sources.postgres.chunks  # noqa: F401
+    import sparkcoord.sources.postgres.core.chunks  # noqa: F401
     import sparkcoord.sources.postgres.enumerator  # noqa: F401
     import sparkcoord.sources.postgres.reader  # noqa: F401
     import sparkcoord.spark.spec  # noqa: F401

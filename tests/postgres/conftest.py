@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from sparkcoord.sources.postgres.connection import ConnectionOptions
+from sparkcoord.sources.postgres.io.connection import ConnectionOptions
 from tests import postgres_server as server_module
 from tests.postgres_server import (
     ADMIN_PASSWORD,

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from sparkcoord.sources.postgres import PostgresCDC
+from sparkcoord.sources.postgres.core.names import TableName
 from sparkcoord.sources.postgres.enumerator import INITIAL, LATEST
-from sparkcoord.sources.postgres.names import TableName
 from sparkcoord.sources.postgres.stream import default_slot_name, parse_cdc_options
 from tests.postgres_server import ADMIN_PASSWORD, ADMIN_USER, PostgresServer
 

@@ -18,20 +18,20 @@ import pytest
 
 from sparkcoord.core.errors import RequestFailed
 from sparkcoord.core.restore import RestorePoint
-from sparkcoord.sources.postgres.chunks import Chunk, ChunkPlanner, PlannerState
-from sparkcoord.sources.postgres.enumerator import (
-    PLANNING,
-    SLOT,
-    EnumeratorIO,
-    PostgresEnumerator,
-)
-from sparkcoord.sources.postgres.names import TableName
-from sparkcoord.sources.postgres.splits import (
+from sparkcoord.sources.postgres.core.chunks import Chunk, ChunkPlanner, PlannerState
+from sparkcoord.sources.postgres.core.names import TableName
+from sparkcoord.sources.postgres.core.splits import (
     NextChunk,
     NextStreamRead,
     SnapshotChunk,
     StreamBound,
     StreamSplit,
+)
+from sparkcoord.sources.postgres.enumerator import (
+    PLANNING,
+    SLOT,
+    EnumeratorIO,
+    PostgresEnumerator,
 )
 from sparkcoord.sources.splits import NoSplitNow
 from sparkcoord.testing import CoordinatorHarness, ManualLane, ManualWorkers

@@ -22,16 +22,17 @@ import pytest
 
 from sparkcoord.core.errors import RequestFailed
 from sparkcoord.operator import SubtaskContext
-from sparkcoord.sources.postgres import catalog, replication
-from sparkcoord.sources.postgres.connection import ConnectionOptions
+from sparkcoord.sources.postgres.core.names import TableName
+from sparkcoord.sources.postgres.core.pgoutput import lsn_from_text
+from sparkcoord.sources.postgres.core.splits import SnapshotChunk, TableShape
 from sparkcoord.sources.postgres.enumerator import (
     PLANNING,
     PostgresEnumerator,
     PostgresEnumeratorIO,
 )
 from sparkcoord.sources.postgres.errors import ConnectionRefused, ValueConversionError
-from sparkcoord.sources.postgres.names import TableName
-from sparkcoord.sources.postgres.pgoutput import lsn_from_text
+from sparkcoord.sources.postgres.io import catalog, replication
+from sparkcoord.sources.postgres.io.connection import ConnectionOptions
 from sparkcoord.sources.postgres.reader import (
     KeyOrder,
     PostgresReader,
@@ -41,7 +42,6 @@ from sparkcoord.sources.postgres.reader import (
     SchemaChanged,
     read_chunk_watermarked,
 )
-from sparkcoord.sources.postgres.splits import SnapshotChunk, TableShape
 from sparkcoord.testing import CoordinatorHarness, ManualLane, ManualWorkers
 from tests.postgres.test_cdc_enumerator import lanes
 from tests.postgres_server import ADMIN_PASSWORD
@@ -350,7 +350,7 @@ def test_an_executor_without_the_password_is_refused_with_how_to_supply_it(
 
 
 def test_a_value_that_cannot_be_converted_names_its_table_and_column() -> None:
-    from sparkcoord.sources.postgres.splits import ShapeColumn
+    from sparkcoord.sources.postgres.core.splits import ShapeColumn
 
     shape = TableShape(TableName("public", "events"),
                        (ShapeColumn("id", 23, -1), ShapeColumn("at", 1082, -1)), ("id",), "id")

@@ -1,4 +1,4 @@
-"""Snapshot chunk planning (sparkcoord/sources/postgres/chunks.py and catalog.py): on real
+"""Snapshot chunk planning (sparkcoord/sources/postgres/core/chunks.py and io/catalog.py): on real
 tables of 10,000 rows, by integer and text keys (an ICU collation whose order is not
 Python's), every row is in exactly one chunk and every chunk but the last has the asked size;
 chunks come one at a time from a state of a few dozen bytes that a restored planner continues
@@ -18,8 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sparkcoord.sources.postgres import catalog
-from sparkcoord.sources.postgres.chunks import (
+from sparkcoord.sources.postgres.core.chunks import (
     BoundaryQuery,
     Chunk,
     ChunkPlanner,
@@ -27,8 +26,9 @@ from sparkcoord.sources.postgres.chunks import (
     choose_chunk_key,
     chunk_sql,
 )
+from sparkcoord.sources.postgres.core.names import TableName
 from sparkcoord.sources.postgres.errors import ChunkKeyError
-from sparkcoord.sources.postgres.names import TableName
+from sparkcoord.sources.postgres.io import catalog
 
 _names = itertools.count()
 

@@ -29,9 +29,9 @@ from typing import Any
 
 import pytest
 
-from sparkcoord.sources.postgres.connection import ConnectionOptions, transient_refusal
 from sparkcoord.sources.postgres.enumerator import PostgresEnumeratorIO
 from sparkcoord.sources.postgres.errors import ConnectionRefused
+from sparkcoord.sources.postgres.io.connection import ConnectionOptions, transient_refusal
 from sparkcoord.sources.postgres.reader import PostgresReader, ReaderConfig
 from sparkcoord.testing import postgres
 from tests.postgres_server import ADMIN_PASSWORD, ADMIN_USER, PostgresServer, Role
@@ -232,7 +232,7 @@ def test_confirming_the_slot_after_a_crash_waits_for_the_recovering_server(
         admin: Any) -> None:
     """The issue's run: the coordinator's slot connection breaks (the server crashed), and
     confirming the slot meets the server replaying its WAL: it waits, then confirms."""
-    from sparkcoord.sources.postgres import replication
+    from sparkcoord.sources.postgres.io import replication
 
     replication.ensure_slot(admin, "recovery_slot")
     admin.execute("CREATE TABLE recovery_t (id int PRIMARY KEY)")
@@ -352,7 +352,7 @@ def test_a_real_server_not_yet_accepting_connections_while_it_replays_its_wal_is
             assert time.monotonic() < deadline, standby.answer()
             time.sleep(0.05)
         handler = FinishOnWarning(standby)
-        logger = logging.getLogger("sparkcoord.sources.postgres.connection")
+        logger = logging.getLogger("sparkcoord.sources.postgres.io.connection")
         logger.addHandler(handler)
         try:
             options = ConnectionOptions.parse(

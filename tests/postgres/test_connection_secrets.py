@@ -1,4 +1,4 @@
-"""Connection options (sparkcoord/sources/postgres/connection.py) against a real server with
+"""Connection options (sparkcoord/sources/postgres/io/connection.py) against a real server with
 password authentication: the URL, the options and libpq's environment (PGPASSWORD, a
 passfile) combine as libpq documents, and no password ever shows: not in a repr, a pickle, a
 log line, an error or its traceback; a refused connection names host, port, database and
@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from sparkcoord.sources.postgres import replication
-from sparkcoord.sources.postgres.connection import ConnectionOptions, Secret, redacted
 from sparkcoord.sources.postgres.errors import ConnectionRefused
+from sparkcoord.sources.postgres.io import replication
+from sparkcoord.sources.postgres.io.connection import ConnectionOptions, Secret, redacted
 from tests.postgres_server import ADMIN_PASSWORD, ADMIN_USER, PostgresServer
 
 WRONG = "s3cr3t-pw-wrong"

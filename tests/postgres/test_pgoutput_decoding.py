@@ -1,4 +1,4 @@
-"""The pgoutput decoder (sparkcoord/sources/postgres/pgoutput.py) against the bytes a real
+"""The pgoutput decoder (sparkcoord/sources/postgres/core/pgoutput.py) against the bytes a real
 PostgreSQL 15 sends: every change kind, old tuples under each replica identity, NULLs and
 unchanged TOAST values, several tables and transactions with their commit LSN, time and xid;
 and malformed messages, whose errors name the message type and the byte offset."""
@@ -13,10 +13,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sparkcoord.sources.postgres import replication
-from sparkcoord.sources.postgres.errors import PgOutputError
-from sparkcoord.sources.postgres.names import TableName
-from sparkcoord.sources.postgres.pgoutput import (
+from sparkcoord.sources.postgres.core.names import TableName
+from sparkcoord.sources.postgres.core.pgoutput import (
     POSTGRES_EPOCH_UNIX_US,
     Begin,
     Commit,
@@ -37,6 +35,8 @@ from sparkcoord.sources.postgres.pgoutput import (
     pg_time_to_datetime,
     pg_time_to_unix_micros,
 )
+from sparkcoord.sources.postgres.errors import PgOutputError
+from sparkcoord.sources.postgres.io import replication
 
 _names = itertools.count()
 

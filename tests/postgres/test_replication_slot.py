@@ -1,4 +1,4 @@
-"""The slot and the publication (sparkcoord/sources/postgres/replication.py) on a real server:
+"""The slot and the publication (sparkcoord/sources/postgres/io/replication.py) on a real server:
 created when missing and reused when present, a peek that consumes nothing, an advance that
 confirms exactly what it is given, the idle-publication rule that lets a quiet slot release
 WAL, errors that name the role and the right it lacks, and a randomized run of peeks, batch
@@ -13,15 +13,15 @@ from typing import Any
 
 import pytest
 
-from sparkcoord.sources.postgres import replication
-from sparkcoord.sources.postgres.connection import ConnectionOptions
+from sparkcoord.sources.postgres.core.names import TableName
+from sparkcoord.sources.postgres.core.pgoutput import Insert, Transaction
 from sparkcoord.sources.postgres.errors import (
     MissingRights,
     PublicationProblem,
     SlotProblem,
 )
-from sparkcoord.sources.postgres.names import TableName
-from sparkcoord.sources.postgres.pgoutput import Insert, Transaction
+from sparkcoord.sources.postgres.io import replication
+from sparkcoord.sources.postgres.io.connection import ConnectionOptions
 
 _names = itertools.count()
 

@@ -1,4 +1,4 @@
-"""Column values from their text form (sparkcoord/sources/postgres/values.py), for every type
+"""Column values from their text form (sparkcoord/sources/postgres/core/values.py), for every type
 it maps, against the text a real server writes, both in a query and in pgoutput's messages;
 and the Arrow type of each, which holds the converted value."""
 
@@ -12,10 +12,11 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from sparkcoord.sources.postgres import replication, values
+from sparkcoord.sources.postgres.core import values
+from sparkcoord.sources.postgres.core.names import TableName
+from sparkcoord.sources.postgres.core.pgoutput import column_values
 from sparkcoord.sources.postgres.errors import ValueConversionError
-from sparkcoord.sources.postgres.names import TableName
-from sparkcoord.sources.postgres.pgoutput import column_values
+from sparkcoord.sources.postgres.io import replication
 
 UTC = timezone.utc
 UUID = "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11"
@@ -191,8 +192,8 @@ def test_an_array_of_other_dimensions_than_its_column_declares_is_an_error_namin
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+from sparkcoord.sources.postgres.core.splits import SnapshotChunk, TableShape  # noqa: E402
 from sparkcoord.sources.postgres.reader import ReaderConfig, read_chunk_watermarked  # noqa: E402
-from sparkcoord.sources.postgres.splits import SnapshotChunk, TableShape  # noqa: E402
 
 
 def _one_by_one(oid: int, modifier: int, texts: list[str | None]) -> list[Any]:
@@ -219,7 +220,7 @@ def test_a_chunk_read_a_column_at_a_time_holds_what_each_value_read_alone_holds(
     table = TableName("public", "chunk_types")
     replication.ensure_publication(admin, "chunk_types_pub", [table])
     replication.ensure_slot(admin, "chunk_types_slot")
-    from sparkcoord.sources.postgres import catalog
+    from sparkcoord.sources.postgres.io import catalog
 
     shape = TableShape.of(catalog.table_info(admin, table))
     config = ReaderConfig(admin_options, "chunk_types_slot", "chunk_types_pub", (shape,))
@@ -371,7 +372,7 @@ ARRAY_COLUMNS: list[tuple[str, Any, Any, pa.DataType]] = [
 
 
 def _array_table(admin: Any, name: str) -> tuple[TableName, Any]:
-    from sparkcoord.sources.postgres import catalog
+    from sparkcoord.sources.postgres.io import catalog
 
     admin.execute(f"CREATE TABLE {name} (id int PRIMARY KEY, "
                   + ", ".join(f"c{i} {t}" for i, (t, _, _, _) in enumerate(ARRAY_COLUMNS)) + ")")
@@ -423,7 +424,7 @@ def test_an_array_with_a_lower_bound_other_than_one_keeps_its_elements_in_order(
 
 def test_an_array_of_more_dimensions_than_its_column_stops_with_table_column_value_and_way_on(
         admin: Any, admin_options: Any) -> None:
-    from sparkcoord.sources.postgres import catalog
+    from sparkcoord.sources.postgres.io import catalog
     from sparkcoord.sources.postgres.reader import RowDecoder
 
     admin.execute("CREATE TABLE arrays_bad (id int PRIMARY KEY, v int[])")

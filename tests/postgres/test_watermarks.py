@@ -1,4 +1,4 @@
-"""The snapshot-to-stream core (sparkcoord/sources/postgres/watermarks.py) against a model: random
+"""The snapshot-to-stream core (sparkcoord/sources/postgres/core/watermarks.py) against a model: random
 tables, random concurrent transactions (some written to the WAL but not yet visible when a chunk
 takes its snapshot), chunk reads at random moments, then the stream: the snapshot rows plus the
 emitted changes, applied by key in (lsn, seq) order, are exactly the table's final state, and no
@@ -17,9 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sparkcoord.core.stored import StoredOnce, dump_snapshot
-from sparkcoord.sources.postgres import watermarks as wm
-from sparkcoord.sources.postgres.names import TableName
-from sparkcoord.sources.postgres.watermarks import (
+from sparkcoord.sources.postgres.core import watermarks as wm
+from sparkcoord.sources.postgres.core.names import TableName
+from sparkcoord.sources.postgres.core.watermarks import (
     ChunkMap,
     ChunkProgress,
     OutRow,

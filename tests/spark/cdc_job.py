@@ -184,7 +184,7 @@ def _wait_for(path: str, timeout_s: float = 600.0) -> None:
 
 
 def _insert_position(conn: Any) -> int:
-    from sparkcoord.sources.postgres.pgoutput import lsn_from_text
+    from sparkcoord.sources.postgres.core.pgoutput import lsn_from_text
 
     row = conn.execute("SELECT pg_current_wal_insert_lsn()::text").fetchone()
     assert row is not None
@@ -384,7 +384,7 @@ def tables_now(conn: Any) -> dict[tuple[str, int], tuple[Any, ...]]:
 
 
 def slot_confirmed(conn: Any, slot: str) -> int | None:
-    from sparkcoord.sources.postgres.pgoutput import lsn_from_text
+    from sparkcoord.sources.postgres.core.pgoutput import lsn_from_text
 
     row = conn.execute("SELECT confirmed_flush_lsn::text FROM pg_replication_slots "
                        "WHERE slot_name = %s", (slot,)).fetchone()
@@ -634,7 +634,7 @@ def main() -> None:
         return
     failure = sys.argv[3] if len(sys.argv) > 3 else "none"
     seed = int(sys.argv[4]) if len(sys.argv) > 4 else 0
-    from sparkcoord.sources.postgres.connection import ConnectionOptions
+    from sparkcoord.sources.postgres.io.connection import ConnectionOptions
 
     secrets = dict((k, s.reveal()) for k, s in ConnectionOptions.parse(url).secrets)
     os.environ["PGPASSWORD"] = secrets["password"]  # before Spark starts: its processes inherit it

@@ -220,7 +220,7 @@ def done(job: Any, workdir: str, kind: str, conn: Any) -> bool:
 
 def main() -> None:
     from bench.common import spark_session
-    from sparkcoord.sources.postgres.connection import ConnectionOptions
+    from sparkcoord.sources.postgres.io.connection import ConnectionOptions
 
     workdir, kind = sys.argv[1], sys.argv[2]
     url = os.environ["CDC_URL"]

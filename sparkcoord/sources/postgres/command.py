@@ -7,7 +7,7 @@ Rules:
   1. The arguments are checked before Spark starts (:func:`cdc_options`): a bad option is an
      error naming it within a second, not after a session came up.
   2. Nothing shown holds a password: the URL is always shown through
-     :func:`~sparkcoord.sources.postgres.connection.redacted`, the options never.
+     :func:`~sparkcoord.sources.postgres.io.connection.redacted`, the options never.
   3. The rows count is the sum of the batches' input rows over the whole run
      (:class:`sparkcoord.sources.console.RowCount`), not only over the newest progress
      reports Spark keeps (100).
@@ -27,7 +27,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from sparkcoord.sources.postgres.connection import redacted
+from sparkcoord.sources.postgres.io.connection import redacted
 
 #: the coordinated source's (and its operator's) name: ``job.request(SOURCE, "status")``
 SOURCE = "postgres"
@@ -48,7 +48,7 @@ def cdc_options(url: str | None, tables: str | Sequence[str],
     merged = {"tables": names, **given}
     _, connection = parse_cdc_options(merged)
     try:
-        from sparkcoord.sources.postgres.connection import ConnectionOptions
+        from sparkcoord.sources.postgres.io.connection import ConnectionOptions
 
         ConnectionOptions.parse(url, connection)
     except ImportError:
@@ -88,7 +88,7 @@ def run_cdc(url: str | None, tables: str | Sequence[str], out: str, checkpoint: 
 
 
 def _given_password(url: str | None, connection: dict[str, str]) -> str | None:
-    from sparkcoord.sources.postgres.connection import ConnectionOptions
+    from sparkcoord.sources.postgres.io.connection import ConnectionOptions
 
     secrets = dict(ConnectionOptions.parse(url, connection).secrets)
     return secrets["password"].reveal() if "password" in secrets else None
@@ -126,7 +126,7 @@ def parsed_names(options: dict[str, str]) -> str:
     """The captured tables as the source names them (``public.orders, public.customers``), for
     the header and the progress line. Called by :func:`run_cdc` on the command's main
     thread."""
-    from sparkcoord.sources.postgres.names import parse_tables
+    from sparkcoord.sources.postgres.core.names import parse_tables
 
     return ", ".join(str(t) for t in parse_tables(options["tables"]))
 
@@ -148,7 +148,7 @@ def progress_text(tables: str, out: str, rows: int, status: dict[str, Any],
     """The progress line: tables, sink, rows so far, and the source's phase from its status
     (``job.request("postgres", "status")``: enumerator.py). Called on the command's main
     thread."""
-    from sparkcoord.sources.postgres.pgoutput import lsn_to_text
+    from sparkcoord.sources.postgres.core.pgoutput import lsn_to_text
 
     phase = status.get("phase")
     if not status:
@@ -178,7 +178,7 @@ def pgpassword_note(url: str | None, options: dict[str, str]) -> str | None:
     """A hint when a password was given but Spark's processes will have none (they connect with
     libpq's environment: connection.py rule 2): None when ``PGPASSWORD`` or a passfile is
     there. Called by ``sparkcoord cdc`` on its main thread, before Spark starts."""
-    from sparkcoord.sources.postgres.connection import ConnectionOptions
+    from sparkcoord.sources.postgres.io.connection import ConnectionOptions
     from sparkcoord.sources.postgres.stream import parse_cdc_options
 
     _, connection = parse_cdc_options(options)

@@ -112,16 +112,16 @@ from typing import Any
 
 from sparkcoord.coordinator import CoordinatorContext, OperatorCoordinator, Withdrawn
 from sparkcoord.core.encoding import encoded
-from sparkcoord.sources.postgres.chunks import Chunk, PlannerState
-from sparkcoord.sources.postgres.names import TableName
-from sparkcoord.sources.postgres.splits import (
+from sparkcoord.sources.postgres.core.chunks import Chunk, PlannerState
+from sparkcoord.sources.postgres.core.names import TableName
+from sparkcoord.sources.postgres.core.splits import (
     NextChunk,
     NextStreamRead,
     SnapshotChunk,
     StreamBound,
     StreamSplit,
 )
-from sparkcoord.sources.postgres.watermarks import ChunkProgress, StreamFilter
+from sparkcoord.sources.postgres.core.watermarks import ChunkProgress, StreamFilter
 from sparkcoord.sources.splits import NoSplitNow
 
 log = logging.getLogger("sparkcoord.sources.postgres")
@@ -729,7 +729,7 @@ class PostgresEnumeratorIO(EnumeratorIO):
     def __init__(self, options: Any, slot: str, publication: str, chunk_size: int,
                  chunk_key_columns: dict[TableName, str] | None = None, *,
                  slot_wait_warn_s: float | None = None) -> None:
-        from sparkcoord.sources.postgres.replication import SLOT_WAIT_WARN_S
+        from sparkcoord.sources.postgres.io.replication import SLOT_WAIT_WARN_S
 
         self.options = options
         self.slot = slot
@@ -746,7 +746,7 @@ class PostgresEnumeratorIO(EnumeratorIO):
 
     def _watch_slot_creation(self, creator_pid: int) -> Any:
         """Rule 8: the slot's creation watched from a connection of its own."""
-        from sparkcoord.sources.postgres.replication import SlotCreationWatch
+        from sparkcoord.sources.postgres.io.replication import SlotCreationWatch
 
         return SlotCreationWatch(
             lambda: self.options.connect(application_name="sparkcoord-cdc-watch", retry_s=0.0),
@@ -758,7 +758,7 @@ class PostgresEnumeratorIO(EnumeratorIO):
         new connection if the server closed this one."""
         import psycopg
 
-        from sparkcoord.sources.postgres.connection import RECONNECT_S
+        from sparkcoord.sources.postgres.io.connection import RECONNECT_S
 
         for attempt in (1, 2):
             conn = self._conns.get(role)
@@ -785,8 +785,8 @@ class PostgresEnumeratorIO(EnumeratorIO):
                 log.debug("closing a PostgreSQL connection failed", exc_info=True)
 
     def set_up(self, tables: Sequence[TableName], snapshot: bool) -> dict[TableName, PlannerState]:
-        from sparkcoord.sources.postgres import catalog, replication
-        from sparkcoord.sources.postgres.splits import TableShape
+        from sparkcoord.sources.postgres.core.splits import TableShape
+        from sparkcoord.sources.postgres.io import catalog, replication
 
         def work(conn: Any) -> dict[TableName, PlannerState]:
             planners: dict[TableName, PlannerState] = {}
@@ -803,8 +803,8 @@ class PostgresEnumeratorIO(EnumeratorIO):
 
     def plan(self, planners: dict[TableName, PlannerState], want: int
              ) -> tuple[list[Chunk], dict[TableName, PlannerState]]:
-        from sparkcoord.sources.postgres import catalog
-        from sparkcoord.sources.postgres.chunks import ChunkPlanner
+        from sparkcoord.sources.postgres.core.chunks import ChunkPlanner
+        from sparkcoord.sources.postgres.io import catalog
 
         def work(conn: Any) -> tuple[list[Chunk], dict[TableName, PlannerState]]:
             out: list[Chunk] = []
@@ -827,7 +827,7 @@ class PostgresEnumeratorIO(EnumeratorIO):
         return result
 
     def advance(self, lsn: int) -> int:
-        from sparkcoord.sources.postgres import replication
+        from sparkcoord.sources.postgres.io import replication
         from sparkcoord.sources.postgres.reader import while_slot_busy
 
         def work(conn: Any) -> int:
@@ -839,13 +839,13 @@ class PostgresEnumeratorIO(EnumeratorIO):
         return result
 
     def insert_position(self) -> int:
-        from sparkcoord.sources.postgres import replication
+        from sparkcoord.sources.postgres.io import replication
 
         result: int = self._call("slot", replication.current_insert_lsn)
         return result
 
     def unpublished(self, tables: Sequence[TableName]) -> tuple[TableName, ...]:
-        from sparkcoord.sources.postgres import replication
+        from sparkcoord.sources.postgres.io import replication
 
         present = self._call("slot", lambda conn: replication.published_tables(
             conn, self.publication))

@@ -67,17 +67,10 @@ import pyarrow as pa
 
 from sparkcoord.core.encoding import encoded
 from sparkcoord.operator import SubtaskContext, SubtaskOperator
-from sparkcoord.sources.postgres import values
-from sparkcoord.sources.postgres.catalog import composed
-from sparkcoord.sources.postgres.chunks import Chunk, chunk_sql
-from sparkcoord.sources.postgres.errors import (
-    PostgresSourceError,
-    SchemaChanged,
-    SlotProblem,
-    ValueConversionError,
-)
-from sparkcoord.sources.postgres.names import TableName, quote_ident
-from sparkcoord.sources.postgres.pgoutput import (
+from sparkcoord.sources.postgres.core import values
+from sparkcoord.sources.postgres.core.chunks import Chunk, chunk_sql
+from sparkcoord.sources.postgres.core.names import TableName, quote_ident
+from sparkcoord.sources.postgres.core.pgoutput import (
     POSTGRES_EPOCH_UNIX_US,
     Delete,
     Insert,
@@ -89,7 +82,7 @@ from sparkcoord.sources.postgres.pgoutput import (
     Update,
     lsn_from_text,
 )
-from sparkcoord.sources.postgres.splits import (
+from sparkcoord.sources.postgres.core.splits import (
     NextChunk,
     NextStreamRead,
     SnapshotChunk,
@@ -97,7 +90,7 @@ from sparkcoord.sources.postgres.splits import (
     StreamSplit,
     TableShape,
 )
-from sparkcoord.sources.postgres.watermarks import (
+from sparkcoord.sources.postgres.core.watermarks import (
     UNCHANGED,
     Key,
     OutRow,
@@ -111,10 +104,17 @@ from sparkcoord.sources.postgres.watermarks import (
     stream_rows,
     window_values,
 )
+from sparkcoord.sources.postgres.errors import (
+    PostgresSourceError,
+    SchemaChanged,
+    SlotProblem,
+    ValueConversionError,
+)
+from sparkcoord.sources.postgres.io.catalog import composed
 from sparkcoord.sources.splits import NoSplitNow
 
 if TYPE_CHECKING:
-    from sparkcoord.sources.postgres.connection import ConnectionOptions
+    from sparkcoord.sources.postgres.io.connection import ConnectionOptions
 
 log = logging.getLogger("sparkcoord.sources.postgres")
 
@@ -461,7 +461,7 @@ def read_chunk_watermarked(conn: Any, config: ReaderConfig, chunk: SnapshotChunk
     with ``COPY ... TO STDOUT (FORMAT csv)`` and converted a column at a time (values.py rule
     5); the window's changes are merged into the rows whose keys they touch, which alone go
     through Python values. ``conn``: an autocommit connection of the reader's thread."""
-    from sparkcoord.sources.postgres import replication
+    from sparkcoord.sources.postgres.io import replication
 
     shape = config.shape(chunk.table)
     statement, params = chunk_sql(chunk.chunk, list(shape.column_names))
@@ -606,7 +606,7 @@ def read_stream(conn: Any, config: ReaderConfig, position: StreamPosition, upto:
     """The transactions ending after ``position`` and at or before ``upto``, in commit order,
     whole ones while they keep the read within ``max_changes_per_batch`` changes (at least
     one): a function of the position, ``upto`` and the WAL (rule 2)."""
-    from sparkcoord.sources.postgres import replication
+    from sparkcoord.sources.postgres.io import replication
 
     if upto <= position.after:
         return StreamRead([], position, False, 0)
@@ -690,7 +690,7 @@ class PostgresReader(SubtaskOperator):
 
     def _connection(self) -> Any:
         if self._conn is None:
-            from sparkcoord.sources.postgres.connection import RECONNECT_S
+            from sparkcoord.sources.postgres.io.connection import RECONNECT_S
 
             self._conn = (self._connect() if self._connect is not None
                           else self.config.options.connect(application_name="sparkcoord-cdc",

@@ -43,13 +43,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sparkcoord.sources.postgres.names import TableName, check_simple_name, parse_tables
+from sparkcoord.sources.postgres.core.names import TableName, check_simple_name, parse_tables
 from sparkcoord.sources.values import parse_int, parse_seconds
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from sparkcoord.sources.postgres.connection import ConnectionOptions
+    from sparkcoord.sources.postgres.io.connection import ConnectionOptions
     from sparkcoord.spark.job import CoordinatedJob
     from sparkcoord.spark.spec import OperatorSpec
 
@@ -182,11 +182,11 @@ class PostgresCDC:
         program thread)."""
         from pyspark.sql.pandas.types import from_arrow_schema
 
-        from sparkcoord.sources.postgres.connection import ConnectionOptions
         from sparkcoord.sources.postgres.enumerator import (
             PostgresEnumerator,
             PostgresEnumeratorIO,
         )
+        from sparkcoord.sources.postgres.io.connection import ConnectionOptions
         from sparkcoord.sources.postgres.reader import PostgresReader, ReaderConfig, arrow_schema
         from sparkcoord.spark.spec import OperatorSpec
 
@@ -218,8 +218,8 @@ class PostgresCDC:
     @staticmethod
     def _shapes(conn_options: ConnectionOptions, opts: CdcOptions) -> tuple[Any, ...]:
         """Each captured table's shape, read from the catalog now (driver program)."""
-        from sparkcoord.sources.postgres import catalog
-        from sparkcoord.sources.postgres.splits import TableShape
+        from sparkcoord.sources.postgres.core.splits import TableShape
+        from sparkcoord.sources.postgres.io import catalog
 
         keys = dict(opts.chunk_key_columns)
         conn = conn_options.connect(application_name="sparkcoord-cdc-driver", retry_s=0.0)

@@ -1,0 +1,5 @@
+"""The PostgreSQL source's sans-IO parts: no connection, socket, thread or clock; inputs in,
+decisions out (issue 44). ``pgoutput.py`` decodes the replication messages; ``values.py``
+turns text forms into values and Arrow types; ``names.py`` quotes names; ``chunks.py`` plans
+snapshot chunks; ``watermarks.py`` merges a watermarked chunk read and filters the stream;
+``splits.py`` holds the splits, the readers' requests and reports, and table shapes."""
