@@ -207,7 +207,8 @@ def test_the_own_source_example_of_the_docs_runs_as_written(spark, tmp_path) -> 
     import sparkcoord.examples.ranges as ranges
     from tests.test_docs_examples import python_blocks
 
-    *_, module_block, block = python_blocks("sources.md")
+    # blocks 2 and 3 of sources.md (tests/test_docs_examples.py's EXECUTED): the module, the job
+    module_block, block = python_blocks("sources.md")[2:4]
     source = inspect.getsource(ranges)
     assert module_block == source[source.index("from __future__"):]  # the module, as shown
     job = CoordinatedJob(spark, str(tmp_path / "ckpt"))
