@@ -47,6 +47,15 @@ Rules:
      reported finished in the batch
      that read its last rows or a later one, so a commit never names a split whose rows are
      not committed yet.
+  7. A finished report may come with what the reader said about the split (``NextSplit.
+     reports``, reader.py rule 6): each names one of the request's finished splits (anything
+     else fails the request, naming the split). The enumerator hands it to
+     :meth:`SplitEnumerator.split_finished` after its own bookkeeping of the split, in log
+     order, and to :meth:`SplitEnumerator.finished_report_withdrawn` when a task retry
+     withdraws the request that carried it (rule 3), so a subclass that keeps per-split
+     progress in its state (a chunk's high watermark, the offset a split ended at) changes
+     it only through logged inputs (rule 2), as Flink CDC's enumerator learns a snapshot
+     split's high watermark from its reader's finished report.
 
 Theory of operation: a fresh source discovers once in ``start`` (so its first batch has
 splits); after that (and after a restore) discovery runs off the mailbox (``call_async``, lane
@@ -417,6 +426,11 @@ class SplitEnumerator(OperatorCoordinator):
         if not isinstance(request, NextSplit):
             raise TypeError(f"enumerator {self.context.operator_id!r}: subtask {subtask} sent "
                             f"{request!r}; readers ask with NextSplit")
+        unfinished = {split_id for split_id, _ in request.reports} - set(request.finished)
+        if unfinished:
+            raise ValueError(f"enumerator {self.context.operator_id!r}: subtask {subtask} "
+                             f"reports on split(s) {', '.join(sorted(map(repr, unfinished)))} "
+                             f"without reporting them finished (rule 7)")
         for split_id in request.finished:
             if self.state.in_flight.pop(split_id, None) is None:
                 raise ValueError(f"enumerator {self.context.operator_id!r}: subtask {subtask} "
@@ -427,6 +441,7 @@ class SplitEnumerator(OperatorCoordinator):
             self.state.finished += 1
             if not self.state.in_flight:
                 self._drained = self._epoch
+            self.split_finished(subtask, split_id, request.report_of(split_id))  # rule 7
         if request.watermarks is not None:
             self._observe(subtask, request.watermarks)
         if self.alignment is not None:
@@ -511,12 +526,28 @@ class SplitEnumerator(OperatorCoordinator):
                     self.state.in_flight_splits[split_id] = split
                 self.state.finished -= 1
                 again += 1
+                self.finished_report_withdrawn(subtask, split_id, request.report_of(split_id))
         self._pending.prepend(back[::-1])  # back is last-out first: reversed, the hand-out order
         if back or again:
             log.info("enumerator %s: subtask %d's retry withdrew %d answer(s) and %d finished "
                      "report(s); the splits go out again", self.context.operator_id, subtask,
                      len(back), again)
             self.context.request_batch()
+
+    def split_finished(self, subtask: int, split_id: str, report: Any) -> None:
+        """``subtask``'s reader reported ``split_id`` finished, with what it said about the
+        split (``report``; ``None``: nothing): rule 7. Called by the enumerator itself on the
+        coordinator's mailbox, in log order (a restore replays it at the same place), after
+        its own bookkeeping and before the request is answered. The default does nothing; a
+        source that keeps per-split progress overrides it and keeps what it learns in its
+        checkpointed state."""
+
+    def finished_report_withdrawn(self, subtask: int, split_id: str, report: Any) -> None:
+        """A task retry of ``subtask`` withdrew the request that reported ``split_id``
+        finished with ``report`` (rules 3 and 7): undo what :meth:`split_finished` did with
+        it; the split is in flight to ``subtask`` again, and the retry reports it again.
+        Called by the enumerator itself on the coordinator's mailbox, inside
+        ``handle_items_withdrawn``, last report first. The default does nothing."""
 
     def _produced_split(self, split_id: str) -> Split:
         # the split the running batch produced under ``split_id`` (rule 6; mailbox thread)

@@ -22,6 +22,11 @@ Rules:
      watermark; what the reader saw travels with its next ``NextSplit`` request, and what is
      left at the end of ``process`` as an event. Both are logged, so a retry or a replay
      reports the same.
+  6. What a reader says about a split it finished (:meth:`SplitReader.finished_report`:
+     where it ended, a high watermark) is kept in its state with the split's id until the
+     next request carries both (``NextSplit.reports``), so the enumerator learns it in the
+     log, in order, with the finished report itself (rule 1); a retry or a replay reports
+     the same.
 """
 
 from __future__ import annotations
@@ -45,17 +50,25 @@ from sparkcoord.sources.splits import NextSplit, NoSplitNow, Split
 _FINISHED, _KEPT, _STOPPED = "finished", "kept", "stopped"
 
 
-@encoded("sources.ReaderState")
+def _no_reports(fields: dict[str, Any]) -> dict[str, Any]:
+    """ReaderState version 1 -> 2: a state of version 1 holds no finished reports."""
+    return {**fields, "reports": {}}
+
+
+@encoded("sources.ReaderState", version=2, upgrades={1: _no_reports},
+         first_fields=("unfinished", "unreported", "event_times"))
 @dataclass
 class ReaderState:
     """A reader's checkpointed state: splits it has not finished, with their positions, and
-    finished splits it has not reported yet (reported with its next request); with alignment,
-    the greatest event time read of each unfinished split (so a resumed split keeps its
-    watermark and pauses as it did)."""
+    finished splits it has not reported yet (reported with its next request) with what the
+    reader says about them (rule 6); with alignment, the greatest event time read of each
+    unfinished split (so a resumed split keeps its watermark and pauses as it did)."""
 
     unfinished: list[tuple[Split, Any]] = field(default_factory=list)
     unreported: list[str] = field(default_factory=list)
     event_times: dict[str, int] = field(default_factory=dict)
+    #: version 2: split id -> its finished report, for those of ``unreported`` that have one
+    reports: dict[str, Any] = field(default_factory=dict)
 
 
 class SplitReader(SubtaskOperator):
@@ -103,6 +116,16 @@ class SplitReader(SubtaskOperator):
         ``(None, position)`` and stops (rule 4); returning means the split is finished.
         """
 
+    def finished_report(self, split: Split, position: Any) -> Any:
+        """What the enumerator should learn about ``split``, just read to its end at
+        ``position`` (the last position ``read_split`` yielded with a record batch, or the
+        one it was resumed from when it yielded none; ``None`` for a fresh split that
+        yielded nothing): rule 6. ``None`` (the default) reports nothing but that it finished. Task
+        thread, once per split, right after its last record batch; the value is pickled into
+        the reader's state and the next request, so keep it small and deterministic (an
+        offset, a log position)."""
+        return None
+
     def event_time_ms(self, split: Split, batch: Any) -> int | None:
         """The greatest event time in ``batch`` (epoch ms; ``None``: no row has one). Called
         with alignment on, after each record batch with rows (task thread). The default reads
@@ -139,8 +162,9 @@ class SplitReader(SubtaskOperator):
                 return
         while True:
             report = self.watermarks.take_report() if self.watermarks is not None else None
-            answer = self.context.request(NextSplit(tuple(self.state.unreported), report or None))
+            answer = self.context.request(self._next_split(report or None))
             self.state.unreported = []
+            self.state.reports = {}
             if isinstance(answer, NoSplitNow) or answer is None:
                 return
             if (yield from self._read(answer, None)) == _STOPPED:
@@ -188,7 +212,18 @@ class SplitReader(SubtaskOperator):
             # forgets a lane itself, docs/decisions/043-watermark-alignment.md)
             marks.finished(key)
         self.state.unreported.append(split.split_id)
+        finished = self.finished_report(split, position)
+        if finished is not None:
+            self.state.reports[split.split_id] = finished  # rule 6
         return _FINISHED
+
+    def _next_split(self, watermarks: Any) -> NextSplit:
+        """The next request (rule 1): the finished splits, their reports (rule 6) and the
+        watermarks. Task thread."""
+        reports = self.state.reports
+        return NextSplit(tuple(self.state.unreported), watermarks,
+                         tuple((split_id, reports[split_id]) for split_id in self.state.unreported
+                               if split_id in reports))
 
     def snapshot_state(self) -> Any:
         if self.watermarks is not None:

@@ -68,7 +68,13 @@ class Split(PicklesLikeBefore):
         return self.split_id
 
 
-@encoded("sources.NextSplit")
+def _no_reports(fields: dict[str, Any]) -> dict[str, Any]:
+    """NextSplit version 1 -> 2: a request of version 1 carried no finished reports."""
+    return {**fields, "reports": ()}
+
+
+@encoded("sources.NextSplit", version=2, upgrades={1: _no_reports},
+         first_fields=("finished", "watermarks"))
 @dataclass(frozen=True)
 class NextSplit(PicklesLikeBefore):
     """A reader's request: the splits it finished since it last asked, and "give me another".
@@ -79,12 +85,26 @@ class NextSplit(PicklesLikeBefore):
     ``watermarks``: with watermark alignment on, the reader's
     :class:`~sparkcoord.sources.alignment.WatermarkReport` since its last report (``None``
     otherwise, so an unaligned source's requests are what they were).
+
+    ``reports`` (version 2): ``(split_id, report)`` for those of ``finished`` whose reader
+    said something about how they ended (``SplitReader.finished_report``: the offset a
+    split ended at, a snapshot chunk's high watermark); the enumerator gets each in
+    ``split_finished``. Logged with the request, so a replay reports the same.
     """
 
     finished: tuple[str, ...] = ()
     watermarks: Any = None
+    reports: tuple[tuple[str, Any], ...] = ()
 
-    added_fields: ClassVar[tuple[str, ...]] = ("watermarks",)
+    added_fields: ClassVar[tuple[str, ...]] = ("watermarks", "reports")
+
+    def report_of(self, split_id: str) -> Any:
+        """The report that came with ``split_id`` finished (``None``: none). Called by the
+        enumerator on the coordinator's mailbox."""
+        for reported, report in self.reports:
+            if reported == split_id:
+                return report
+        return None
 
 
 @encoded("sources.NoSplitNow")
