@@ -96,7 +96,7 @@ def _snapshot(chunks: int, tmp: str) -> dict[str, Any]:
             report = tuple(unreported[subtask])
             unreported[subtask] = []
             while True:
-                answer = h.request_from_subtask(subtask, NextChunk(report))
+                answer = h.request_from_subtask(subtask, NextChunk.of(report))
                 report = ()
                 if isinstance(answer, StreamSplit):
                     stream = answer

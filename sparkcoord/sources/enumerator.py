@@ -55,7 +55,21 @@ Rules:
      withdraws the request that carried it (rule 3), so a subclass that keeps per-split
      progress in its state (a chunk's high watermark, the offset a split ended at) changes
      it only through logged inputs (rule 2), as Flink CDC's enumerator learns a snapshot
-     split's high watermark from its reader's finished report.
+     split's high watermark from its reader's finished report. The hooks get the split
+     itself: an enumerator that has them (``keeps_splits_in_flight``) or a committer keeps
+     every split in flight in its state (``in_flight_splits``).
+  8. Discovery on demand (``discover_ahead=N``; Flink CDC's snapshot split assigner plans
+     chunks the same way): no timer and no listing in ``start``; a cycle runs off the
+     mailbox whenever fewer than ``N`` splits are pending or waiting to join (checked at
+     ``start`` and after each boundary; after a hand-out, below ``N // 2``), asks the
+     discovery for the ones missing (``SplitDiscovery.discover_some``), and joins at the
+     next boundary as any cycle does (rule 2), until the discovery says it is exhausted
+     (``SplitDiscovery.exhausted``). So a source of any size keeps a bounded number of
+     splits pending and its discovery follows the readers. The first boundary waits for the
+     first cycle while it runs, for up to ``first_boundary_wait_s``, so the run's first
+     batch has splits (docs/decisions/077-cdc-fewer-batches.md); it completes from the
+     mailbox when the cycle's result or the timer comes, and a slower cycle joins at the
+     next boundary. An ``availableNow`` run (rule 5) discovers on until exhausted.
 
 Theory of operation: a fresh source discovers once in ``start`` (so its first batch has
 splits); after that (and after a restore) discovery runs off the mailbox (``call_async``, lane
@@ -75,7 +89,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from sparkcoord.committer import CommitFunction, CommitLedger, CommitWorker, LedgerState
 from sparkcoord.coordinator import Cancellable, CoordinatorContext, OperatorCoordinator, Withdrawn
@@ -113,6 +127,18 @@ class SplitDiscovery(abc.ABC):
         """How many entries ``state`` holds (reported by ``status``: it must stay bounded)."""
         return 0
 
+    def discover_some(self, state: Any, want: int) -> tuple[list[Split], Any]:
+        """With discovery on demand (enumerator rule 8): about ``want`` next splits from
+        ``state`` (fewer when there are no more now), and the state after them. Discovery
+        thread, like :meth:`discover`; the default ignores ``want``."""
+        return self.discover(state)
+
+    def exhausted(self, state: Any) -> bool:
+        """With discovery on demand (enumerator rule 8): nothing is left to discover after
+        ``state``, so no further cycle runs. Called by the enumerator on the mailbox; the
+        default is never."""
+        return False
+
 
 @encoded("sources.EnumeratorState")
 @dataclass
@@ -133,7 +159,8 @@ class EnumeratorState:
     alignment: AlignmentState | None = None
     #: with alignment: split id -> alignment key (its lane) of every split in flight
     in_flight_keys: dict[str, str] = field(default_factory=dict)
-    #: with a committer: every split in flight, and the commits not reported done (rule 6)
+    #: with a committer or ``keeps_splits_in_flight``: every split in flight (rules 6, 7),
+    #: and with a committer the commits not reported done (rule 6)
     in_flight_splits: dict[str, Split] | None = None
     commits: LedgerState | None = None
 
@@ -150,8 +177,17 @@ class SplitEnumerator(OperatorCoordinator):
 
     ``alignment``: watermark alignment options (``None``: off, and nothing of rule 4 happens);
     ``clock``: wall time in seconds, read only at a checkpoint boundary (the decision's
-    ``now``) and by the timer that asks for a batch while a split waits.
+    ``now``) and by the timer that asks for a batch while a split waits;
+    ``discover_ahead`` and ``first_boundary_wait_s``: discovery on demand (rule 8).
     """
+
+    #: keep every split in flight in the state, for the hooks of rule 7
+    keeps_splits_in_flight: ClassVar[bool] = False
+    #: keep each cycle's splits until the boundary, for :meth:`discovery_applied`
+    keeps_discovered_splits: ClassVar[bool] = False
+    #: the ``call_async`` lane discovery runs on, and what a failure there is called
+    discovery_lane: ClassVar[str] = "discovery"
+    discovery_name: ClassVar[str] = "discovery"
 
     def __init__(self, context: CoordinatorContext, discovery: SplitDiscovery, *,
                  bounded: bool = False, discovery_interval_s: float = 1.0,
@@ -159,10 +195,17 @@ class SplitEnumerator(OperatorCoordinator):
                  alignment: AlignmentOptions | None = None,
                  clock: Callable[[], float] = time.time,
                  committer: CommitFunction | None = None,
-                 commit_drain_s: float = 60.0) -> None:
+                 commit_drain_s: float = 60.0, discover_ahead: int | None = None,
+                 first_boundary_wait_s: float = 0.0) -> None:
         super().__init__(context)
         if discovery_interval_s <= 0:
             raise ValueError(f"discovery_interval_s must be > 0, got {discovery_interval_s}")
+        if discover_ahead is not None and (discover_ahead < 1 or bounded):
+            raise ValueError(f"discover_ahead must be >= 1 and the source not bounded (it "
+                             f"discovers until exhausted), got {discover_ahead}")
+        #: rule 8: discovery on demand, keeping this many splits pending (None: off)
+        self.discover_ahead = discover_ahead
+        self.first_boundary_wait_s = first_boundary_wait_s
         self.discovery = discovery
         self.bounded = bounded
         self.discovery_interval_s = discovery_interval_s
@@ -182,6 +225,14 @@ class SplitEnumerator(OperatorCoordinator):
         self._ready: list[list[Chunk]] = []
         self._ready_state: Any = None
         self._ready_count = 0
+        #: how many splits wait in ``_ready``, and (``keeps_discovered_splits``) the splits of
+        #: each cycle with the state after it
+        self._ready_splits = 0
+        self._ready_found: list[tuple[list[Split], Any]] = []
+        #: splits reported finished in the running batch, for a withdrawal (rules 3 and 7)
+        self._finished_now: dict[str, Split] = {}
+        #: rule 8: the first boundary, waiting for the first cycle: id, future, timer
+        self._deferred: tuple[int, Future[Any], Cancellable] | None = None
         self._discovering = False
         #: how long recent discovery cycles took (seconds; reported by "status")
         self._discovery_times: deque[float] = deque(maxlen=64)
@@ -208,7 +259,7 @@ class SplitEnumerator(OperatorCoordinator):
     def reset_to_checkpoint(self, checkpoint_id: int, state: Any) -> None:
         self._fresh = state is None
         if state is None:
-            state = EnumeratorState(discovery=self.discovery.initial_state())
+            state = self.fresh_state()
         if not isinstance(state, EnumeratorState):
             raise TypeError(f"enumerator {self.context.operator_id!r}: checkpointed state is a "
                             f"{type(state).__name__}, not an EnumeratorState")
@@ -220,9 +271,10 @@ class SplitEnumerator(OperatorCoordinator):
             state.alignment = self.alignment.state
             if getattr(state, "in_flight_keys", None) is None:
                 state.in_flight_keys = {}
-        if self.committer is not None:
+        if self.committer is not None or self.keeps_splits_in_flight:
             if getattr(state, "in_flight_splits", None) is None:
                 state.in_flight_splits = {}  # checkpointed before the committer was given
+        if self.committer is not None:
             self._ledger = CommitLedger(getattr(state, "commits", None))
         self._pending = Backlog.restored(state.pending, lanes=self.alignment_options is not None)
         self._assigner = self.make_assigner()
@@ -230,6 +282,13 @@ class SplitEnumerator(OperatorCoordinator):
         # conservative: a restore point may be a batch that has not committed (a re-run)
         self._committed = checkpoint_id - 1
         self._epoch = self._drained = checkpoint_id
+        self._finished_now = {}
+
+    def fresh_state(self) -> EnumeratorState:
+        """The state of a source that has no checkpoint yet. Called by the enumerator itself
+        in ``reset_to_checkpoint`` (mailbox); a source with a state of its own (a subclass of
+        :class:`EnumeratorState`) overrides it."""
+        return EnumeratorState(discovery=self.discovery.initial_state())
 
     def make_assigner(self) -> SplitAssigner:
         """The hand-out order for the state in force (``assigners.py``): in pending order, or
@@ -257,6 +316,9 @@ class SplitEnumerator(OperatorCoordinator):
             self.context.request_batch()
         if self.bounded and self.state.discovered_once:
             self._run_listed = True
+            return
+        if self.discover_ahead is not None:
+            self._discover_now()  # rule 8: off the mailbox, also for a fresh source
             return
         if self._fresh or self._lists_once:
             # a fresh source lists here, before its first checkpoint, so that the first batch
@@ -299,20 +361,33 @@ class SplitEnumerator(OperatorCoordinator):
         for timer in (self._timer, self._alignment_timer):
             if timer is not None:
                 timer.cancel()
+        if self._deferred is not None:
+            self._deferred[2].cancel()
+            self._deferred = None
 
     # ---------------------------------------------------------------- discovery
     def _discover_now(self) -> None:
         """Start a discovery cycle unless one runs (mailbox thread)."""
         if self._discovering or self._closed:
             return
-        if self._lists_once and (self._run_listed or self._ready_count):
+        since = self._ready_state if self._ready_count else self.state.discovery
+        want = 0
+        if self.discover_ahead is not None:
+            # rule 8: on demand, until exhausted (also in a run that lists once)
+            waiting = len(self._pending) + self._ready_splits
+            if self.discovery.exhausted(since) or waiting >= self.discover_ahead:
+                return
+            want = self.discover_ahead - waiting
+        elif self._lists_once and (self._run_listed or self._ready_count):
             return
         self._discovering = True
-        since = self._ready_state if self._ready_count else self.state.discovery
 
         def work() -> tuple[list[Split], list[Chunk], Any, float]:
             started = time.perf_counter()
-            found, after = self.discovery.discover(since)
+            if self.discover_ahead is not None:
+                found, after = self.discovery.discover_some(since, want)
+            else:
+                found, after = self.discovery.discover(since)
             chunks = self._chunked(found)  # pickled and hashed here, off the mailbox
             return found, chunks, after, time.perf_counter() - started
 
@@ -324,7 +399,7 @@ class SplitEnumerator(OperatorCoordinator):
             else:
                 self._discovered(*result)
 
-        self.context.call_async(work, done, lane="discovery")
+        self.context.call_async(work, done, lane=self.discovery_lane)
 
     def _chunked(self, found: list[Split]) -> list[Chunk]:
         # a discovery lists new splits oldest first; newest first, they go to the front
@@ -340,32 +415,78 @@ class SplitEnumerator(OperatorCoordinator):
         self._ready.append(chunks)
         self._ready_state = after
         self._ready_count += 1
-        if found or (self._lists_once and not self._run_listed):
+        self._ready_splits += len(found)
+        if self.keeps_discovered_splits:
+            self._ready_found.append((found, after))
+        if found or (self._lists_once and not self._run_listed) or self.discover_ahead:
+            # on demand (rule 8) every cycle changes the state (its discovery state at least)
             log.info("enumerator %s: discovered %d split(s)", self.context.operator_id,
                      len(found))
             self.context.request_batch()
+        self._complete_deferred()  # rule 8: the first boundary waited for this cycle
 
     def _discovery_failed(self, error: BaseException) -> None:
         self._discovering = False
         if self._closed:
             return
+        self._complete_deferred()
         # a listing that fails (a network error, a deleted directory) fails the job: the
         # restart strategy decides, and the error names the source
         self.context.fail_job(RuntimeError(
-            f"enumerator {self.context.operator_id!r}: discovery failed: "
+            f"{self.describe()}: {self.discovery_name} failed: "
             f"{type(error).__name__}: {error}"))
+
+    def describe(self) -> str:
+        """How errors and logs name this source (any thread)."""
+        return f"enumerator {self.context.operator_id!r}"
 
     # ---------------------------------------------------------------- checkpoints
     def checkpoint_coordinator(self, checkpoint_id: int, result: Future[Any]) -> None:
+        if self._deferred is not None:
+            # a later checkpoint while the first boundary waits (the runtime seals one epoch
+            # at a time, so not expected): the earlier one completes first, in order
+            self._complete_deferred()
+        if (self._deferred is None and self._discovering and self.first_boundary_wait_s > 0
+                and self.discover_ahead is not None and not self.state.discovered_once
+                and not self._ready_count):
+            # rule 8: the first cycle runs, and the first batch would find no split
+            timer = self.context.call_periodically(self.first_boundary_wait_s,
+                                                   self._complete_deferred)
+            self._deferred = (checkpoint_id, result, timer)
+            return
+        self._checkpoint(checkpoint_id, result)
+
+    def _complete_deferred(self) -> None:
+        """Rule 8: the first boundary, once the first cycle arrived or the wait ran out
+        (mailbox thread)."""
+        deferred, self._deferred = self._deferred, None
+        if deferred is None:
+            return
+        checkpoint_id, result, timer = deferred
+        timer.cancel()
+        if not self._closed and not result.done():
+            self._checkpoint(checkpoint_id, result)
+
+    def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
+        if self._deferred is not None and self._deferred[0] == checkpoint_id:
+            self._deferred[2].cancel()
+            self._deferred = None
+
+    def _checkpoint(self, checkpoint_id: int, result: Future[Any]) -> None:
         if self._ready_count:
             # rule 2: discoveries join the state at the boundary, inside the snapshot
             for chunks in self._ready:
                 self._apply(chunks)
+            for found, after in self._ready_found:
+                self.discovery_applied(found, after)
             self.state.discovery = self._ready_state
-            if self.bounded:
+            if self.bounded or self.discover_ahead is not None:
                 self.state.discovered_once = True
             self._run_listed = True
             self._ready, self._ready_state, self._ready_count = [], None, 0
+            self._ready_splits, self._ready_found = 0, []
+        self._finished_now = {}
+        self.boundary_reached(checkpoint_id)
         self.state.pending = self._pending.snapshot()
         if self._ledger is not None:
             self.state.commits = self._ledger.checkpoint_taken(checkpoint_id)
@@ -379,7 +500,27 @@ class SplitEnumerator(OperatorCoordinator):
             decision = self.alignment.decide(self._now_ms())
             for _, gateway in self.ready_gateways():
                 gateway.send_event(decision)
+        if self.discover_ahead is not None:
+            self._discover_now()  # rule 8: below discover_ahead, a cycle goes to the lane
         result.set_result(self.state)
+
+    def discovery_applied(self, found: list[Split], after: Any) -> None:
+        """A discovery cycle's splits joined the pending ones at this boundary, and ``after``
+        is the discovery state after them (rule 2). Called by the enumerator itself on the
+        mailbox inside ``checkpoint_coordinator``, cycle by cycle in order, before
+        :meth:`boundary_reached`, for an enumerator with ``keeps_discovered_splits``; a
+        source that keeps per-split progress records the new splits here."""
+
+    def boundary_reached(self, checkpoint_id: int) -> None:
+        """A checkpoint boundary, after the discoveries joined and before the snapshot is
+        taken (rule 2). Called by the enumerator itself on the mailbox inside
+        ``checkpoint_coordinator``; a source whose state changes at boundaries (a split built
+        from what its readers reported: :meth:`add_splits`) overrides it."""
+
+    def add_splits(self, splits: list[Split]) -> None:
+        """Add ``splits`` to the pending ones, as a discovery would. Called by a subclass on
+        the mailbox, only at a boundary (:meth:`boundary_reached`, rule 2)."""
+        self._apply(chunked(splits))
 
     def _settle_quiet_lanes(self) -> None:
         """Before a decision (mailbox thread, at the boundary): a lane with no split pending
@@ -435,13 +576,18 @@ class SplitEnumerator(OperatorCoordinator):
             if self.state.in_flight.pop(split_id, None) is None:
                 raise ValueError(f"enumerator {self.context.operator_id!r}: subtask {subtask} "
                                  f"reports split {split_id!r} finished, which is not in flight")
+            known = (self.state.in_flight_splits.pop(split_id, None)
+                     if self.state.in_flight_splits is not None else None)
             if self._ledger is not None:
-                assert self.state.in_flight_splits is not None
-                self._ledger.item_produced(self.state.in_flight_splits.pop(split_id))
+                if known is None:
+                    raise KeyError(split_id)  # rule 6 keeps every split in flight
+                self._ledger.item_produced(known)
+            split = known if known is not None else Split(split_id)  # kept before rule 7
+            self._finished_now[split_id] = split
             self.state.finished += 1
             if not self.state.in_flight:
                 self._drained = self._epoch
-            self.split_finished(subtask, split_id, request.report_of(split_id))  # rule 7
+            self.split_finished(subtask, split, request.report_of(split_id))  # rule 7
         if request.watermarks is not None:
             self._observe(subtask, request.watermarks)
         if self.alignment is not None:
@@ -450,6 +596,11 @@ class SplitEnumerator(OperatorCoordinator):
                 self.state.in_flight_keys.pop(split_id, None)
         if not self._pending:
             return self._no_split(subtask, done=self._all_handed_out())
+        return self._hand_out(subtask)
+
+    def _hand_out(self, subtask: int) -> Split | NoSplitNow:
+        """The next pending split for ``subtask``'s reader, if the assigner and the batch's
+        read limit let one go (mailbox thread, answering a request)."""
         handle = self._assigner.next_split(self._pending)
         if handle is None:
             # every pending split's lane is paused, or has its one split in flight (rule 4).
@@ -465,12 +616,21 @@ class SplitEnumerator(OperatorCoordinator):
         self._pending.take(handle[0])
         self._budget.took(split)
         self.state.in_flight[split.split_id] = subtask
-        if self.state.in_flight_splits is not None and self._ledger is not None:
+        if self.state.in_flight_splits is not None:
             self.state.in_flight_splits[split.split_id] = split
         if self.alignment is not None:
             self.state.in_flight_keys[split.split_id] = split.alignment_key
         self.state.handed_out += 1
+        self.split_handed_out(subtask, split)
+        if (self.discover_ahead is not None
+                and len(self._pending) + self._ready_splits < self.discover_ahead // 2):
+            self._discover_now()  # rule 8: only starts a cycle; it joins at a boundary
         return split
+
+    def split_handed_out(self, subtask: int, split: Split) -> None:
+        """``split`` is the answer to ``subtask``'s request (rule 1). Called by the
+        enumerator itself on the mailbox, in log order (a restore replays it at the same
+        place); the default does nothing."""
 
     def _no_split(self, subtask: int, done: bool = False) -> NoSplitNow:
         """The answer that ends a reader's batch (mailbox thread). Rule 5: the reader asks
@@ -478,9 +638,17 @@ class SplitEnumerator(OperatorCoordinator):
         a live split with nothing now) and what is pending wait for the next batch, which a
         bounded source asks for here. Its other readers do the same with their last request,
         so the last one of the batch decides; a deterministic function of the state."""
-        if self._lists_once and (self._pending or subtask in self.state.in_flight.values()):
+        if self.another_batch_wanted(subtask):
             self.context.request_batch()
         return NoSplitNow(done=done)
+
+    def another_batch_wanted(self, subtask: int) -> bool:
+        """Whether ``subtask``'s reader, told there is nothing more in this batch, leaves
+        work that needs another batch (rule 5): in a run that lists once, a split pending or
+        one kept by that reader. Called by the enumerator itself on the mailbox; a source
+        that knows better when a run is done overrides it."""
+        return self._lists_once and bool(self._pending
+                                         or subtask in self.state.in_flight.values())
 
     def handle_items_withdrawn(self, subtask: int, attempt: int,
                                withdrawn: list[Withdrawn]) -> None:
@@ -519,14 +687,15 @@ class SplitEnumerator(OperatorCoordinator):
             for split_id in request.finished:
                 # the failed attempt reported it; the retry keeps it until its next request
                 self.state.in_flight[split_id] = subtask
+                split = self._finished_now.pop(split_id, None) or Split(split_id)
                 if self._ledger is not None:
-                    assert self.state.in_flight_splits is not None
                     split = self._produced_split(split_id)
                     self._ledger.item_withdrawn(split)
+                if self.state.in_flight_splits is not None:
                     self.state.in_flight_splits[split_id] = split
                 self.state.finished -= 1
                 again += 1
-                self.finished_report_withdrawn(subtask, split_id, request.report_of(split_id))
+                self.finished_report_withdrawn(subtask, split, request.report_of(split_id))
         self._pending.prepend(back[::-1])  # back is last-out first: reversed, the hand-out order
         if back or again:
             log.info("enumerator %s: subtask %d's retry withdrew %d answer(s) and %d finished "
@@ -534,16 +703,16 @@ class SplitEnumerator(OperatorCoordinator):
                      len(back), again)
             self.context.request_batch()
 
-    def split_finished(self, subtask: int, split_id: str, report: Any) -> None:
-        """``subtask``'s reader reported ``split_id`` finished, with what it said about the
+    def split_finished(self, subtask: int, split: Split, report: Any) -> None:
+        """``subtask``'s reader reported ``split`` finished, with what it said about the
         split (``report``; ``None``: nothing): rule 7. Called by the enumerator itself on the
         coordinator's mailbox, in log order (a restore replays it at the same place), after
         its own bookkeeping and before the request is answered. The default does nothing; a
         source that keeps per-split progress overrides it and keeps what it learns in its
         checkpointed state."""
 
-    def finished_report_withdrawn(self, subtask: int, split_id: str, report: Any) -> None:
-        """A task retry of ``subtask`` withdrew the request that reported ``split_id``
+    def finished_report_withdrawn(self, subtask: int, split: Split, report: Any) -> None:
+        """A task retry of ``subtask`` withdrew the request that reported ``split``
         finished with ``report`` (rules 3 and 7): undo what :meth:`split_finished` did with
         it; the split is in flight to ``subtask`` again, and the retry reports it again.
         Called by the enumerator itself on the coordinator's mailbox, inside

@@ -34,7 +34,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from sparkcoord.core.encoding import encoded
 from sparkcoord.operator import SubtaskContext, SubtaskOperator
@@ -79,10 +79,16 @@ class SplitReader(SubtaskOperator):
 
     #: stop reading in a batch after this many rows (``None``: read every split to its end)
     max_rows_per_batch: int | None = None
+    #: ask for no more new splits in a batch once this many were taken (``None``: until
+    #: told none): the batch ends there and asks for the next (rule 1)
+    max_splits_per_batch: int | None = None
     #: record batches smaller than this are joined before they go to Spark
     coalesce_rows: int = 1 << 16
     #: watermark alignment (``None``: off); the same options as the enumerator's
     alignment: AlignmentOptions | None = None
+    #: the request the reader asks with: ``NextSplit``, or a subclass a source names (one a
+    #: released version logged under a name of its own: the PostgreSQL source's ``NextChunk``)
+    request_class: ClassVar[type[NextSplit]] = NextSplit
 
     def open(self, context: SubtaskContext, state: Any) -> None:
         super().open(context, state)
@@ -160,6 +166,7 @@ class SplitReader(SubtaskOperator):
             if (yield from self._read(split, position)) == _STOPPED:
                 self.state.unfinished.extend(unfinished[index + 1:])
                 return
+        taken = 0
         while True:
             report = self.watermarks.take_report() if self.watermarks is not None else None
             answer = self.context.request(self._next_split(report or None))
@@ -168,6 +175,10 @@ class SplitReader(SubtaskOperator):
             if isinstance(answer, NoSplitNow) or answer is None:
                 return
             if (yield from self._read(answer, None)) == _STOPPED:
+                return
+            taken += 1
+            if self.max_splits_per_batch is not None and taken >= self.max_splits_per_batch:
+                self.context.request_batch()  # what is left goes to the next batch
                 return
 
     def _read(self, split: Split, position: Any) -> Generator[Any, None, str]:
@@ -221,7 +232,7 @@ class SplitReader(SubtaskOperator):
         """The next request (rule 1): the finished splits, their reports (rule 6) and the
         watermarks. Task thread."""
         reports = self.state.reports
-        return NextSplit(tuple(self.state.unreported), watermarks,
+        return self.request_class(tuple(self.state.unreported), watermarks,
                          tuple((split_id, reports[split_id]) for split_id in self.state.unreported
                                if split_id in reports))
 

@@ -127,7 +127,7 @@ class Readers:
             report = tuple(self.unreported[subtask])
             self.unreported[subtask] = []
             for _ in range(chunks_each):
-                answer = h.request_from_subtask(subtask, NextChunk(report))
+                answer = h.request_from_subtask(subtask, NextChunk.of(report))
                 report = ()
                 answers.append(answer)
                 if not isinstance(answer, SnapshotChunk):
@@ -587,7 +587,7 @@ def test_a_retry_that_asks_less_puts_its_chunks_back_and_its_finished_reports_in
     runner.run_all()
     h.run()
     h.checkpoint()
-    report = NextChunk(((first.split_id, 1234),))
+    report = NextChunk.of(((first.split_id, 1234),))
     assert h.request_from_subtask(0, report).split_id == "public.orders#1"
     assert h.request_from_subtask(0, NextChunk()).split_id == "public.orders#2"
     # the task fails; its retry asks the first request again (answered from the log) and ends

@@ -36,11 +36,11 @@ from sparkcoord.sources.postgres.io.connection import ConnectionOptions
 from sparkcoord.sources.postgres.reader import (
     KeyOrder,
     PostgresReader,
-    PostgresReaderState,
     ReaderConfig,
     RowDecoder,
     SchemaChanged,
     read_chunk_watermarked,
+    stream_position,
 )
 from sparkcoord.testing import CoordinatorHarness, ManualLane, ManualWorkers
 from tests.postgres.test_cdc_enumerator import lanes
@@ -189,8 +189,7 @@ def test_a_20000_row_table_written_during_its_snapshot_ends_equal_to_the_snapsho
                 stopped_at = lsn_from_text(admin.execute(
                     "SELECT pg_current_wal_flush_lsn()::text").fetchone()[0])
             if stopped_at is not None:
-                position = next(s.position for s in states.values()
-                                if isinstance(s, PostgresReaderState) and s.position)
+                position = next(p for s in states.values() if (p := stream_position(s)))
                 if position.after >= stopped_at and position.filter is None:
                     break
         else:
@@ -218,8 +217,7 @@ def test_a_20000_row_table_written_during_its_snapshot_ends_equal_to_the_snapsho
         # the slot was confirmed, and never ahead of what the readers read
         info = replication.slot_info(admin, slot)
         assert info is not None and info.confirmed_flush_lsn is not None
-        position = next(s.position for s in states.values()
-                        if isinstance(s, PostgresReaderState) and s.position)
+        position = next(p for s in states.values() if (p := stream_position(s)))
         assert 0 < info.confirmed_flush_lsn <= position.after
     finally:
         writer.stop.set()

@@ -95,11 +95,15 @@ class Tracking(SplitEnumerator):
         super().__init__(*args, **kwargs)
         self.calls: list[tuple[str, int, str, Any]] = []
 
-    def split_finished(self, subtask: int, split_id: str, report: Any) -> None:
-        self.calls.append(("finished", subtask, split_id, report))
+    keeps_splits_in_flight = True
 
-    def finished_report_withdrawn(self, subtask: int, split_id: str, report: Any) -> None:
-        self.calls.append(("withdrawn", subtask, split_id, report))
+    def split_finished(self, subtask: int, split: Split, report: Any) -> None:
+        assert split == Split(split.split_id)  # the split itself, as handed out
+        self.calls.append(("finished", subtask, split.split_id, report))
+
+    def finished_report_withdrawn(self, subtask: int, split: Split, report: Any) -> None:
+        assert split == Split(split.split_id)
+        self.calls.append(("withdrawn", subtask, split.split_id, report))
 
 
 def harness(url: str | None = None) -> CoordinatorHarness:

@@ -500,16 +500,17 @@ def failing_reader(config: Any, marker_dir: str, at: int) -> Any:
 def killing_reader(config: Any) -> Any:
     """A reader that reaches the source's kill points (module docstring)."""
     from sparkcoord.runtime.kills import kill_point
-    from sparkcoord.sources.postgres.reader import PostgresReader
+    from sparkcoord.sources.postgres.core.splits import StagedChunk
+    from sparkcoord.sources.postgres.reader import PostgresReader, stream_position
 
     class Reader(PostgresReader):
         def process(self) -> Any:
-            streaming = self.state.position is not None
+            streaming = stream_position(self.state) is not None
             yield from super().process()
-            if self.state.position is not None:
+            if stream_position(self.state) is not None:
                 kill_point("cdc-stream" if streaming else "cdc-handover", self.context.epoch)
-            elif self.state.unreported:
-                kill_point("cdc-snapshot", self.context.epoch)
+            elif any(isinstance(p, StagedChunk) for _, p in self.state.unfinished):
+                kill_point("cdc-snapshot", self.context.epoch)  # chunks read, not yet emitted
 
     return Reader(config)
 

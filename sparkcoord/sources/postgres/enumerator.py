@@ -3,13 +3,22 @@ readers, records each chunk's high watermark, hands out the stream once the snap
 complete and checkpointed, and confirms the slot only after the batch holding the changes
 committed.
 
+It is a :class:`~sparkcoord.sources.enumerator.SplitEnumerator` (Flink CDC's
+``IncrementalSourceEnumerator`` over a hybrid assigner is the model): the chunks are its
+pending splits, planning is its discovery on demand (sources/enumerator.py rule 8: a
+:class:`ChunkPlanning` whose state is the tables' planners), a chunk's high watermark is the
+reader's finished report (enumerator.py rule 7), and the stream split joins the pending
+splits at the boundary that holds the complete snapshot. What is the source's own is here:
+the chunks' progress, the stream's hand-over, the slot, the stream's bound and its stops.
+
 Rules:
   1. Every piece of I/O (creating the slot and the publication, asking the catalog, planning
      chunk boundaries, advancing the slot) runs off the mailbox (``call_async``, on the lanes
-     ``planning`` and ``slot``, a connection each), one cycle at a time each: a table of any size
-     never delays a checkpoint. A planning cycle plans at most as many chunks as keep
-     ``plan_ahead`` chunks pending (chunks.py rule 1: one boundary query per chunk), so the
-     pending list stays small and planning follows the readers.
+     ``planning`` and ``slot``, a connection each: io/enumeration.py), one cycle at a time
+     each: a table of any size never delays a checkpoint. A planning cycle plans at most as
+     many chunks as keep ``plan_ahead`` chunks pending (chunks.py rule 1: one boundary query
+     per chunk; the split framework's ``discover_ahead``), so the pending list stays small and
+     planning follows the readers. The first cycle sets up the publication and the slot.
   2. What a worker found joins the state only at a checkpoint boundary
      (``checkpoint_coordinator``), as the split framework's discovery does (sources/
      enumerator.py rule 2): answers to requests are a function of the checkpointed state and
@@ -19,22 +28,22 @@ Rules:
      again from the state, chunks in flight stay with the readers that have them (their
      state), planning resumes at the frontier. One boundary waits for a worker: the first
      one while the set-up's cycle (publication, slot, the first chunks) runs, for up to
-     ``first_boundary_wait_s`` (1 s), so the run's first batch reads chunks instead of
-     finding none (docs/decisions/077-cdc-fewer-batches.md); it completes from the mailbox
-     when the cycle's result or the timer comes, and a slower set-up joins at the next boundary
-     as any cycle does.
+     ``first_boundary_wait_s`` (1 s; sources/enumerator.py rule 8), so the run's first batch
+     reads chunks instead of finding none (docs/decisions/077-cdc-fewer-batches.md).
   3. A reader reports a finished chunk with its high watermark in a later batch's request
      (splits.py rule 3); the enumerator records it in the table's :class:`ChunkProgress`
      (watermarks.py rule 6). At the first boundary ``k`` after every chunk of every table is
      planned and reported, the state builds the :class:`StreamSplit` (the map, and the least
-     high watermark as the start) and drops the per-chunk progress; the stream goes out to
-     the first reader that asks in the batch of ``k`` or a later one (``epoch >= k``): the
+     high watermark as the start), adds it to the pending splits and drops the per-chunk
+     progress; the stream goes out to the first reader that asks in the batch of ``k`` or a
+     later one (``epoch >= k``): the
      reports arrived in requests of batches before ``k``, and Spark runs batch ``k`` only
      after those batches committed, so every snapshot row is in the sink and every report
      is in a completed checkpoint before the stream is read (Flink CDC waits for the same;
      before docs/decisions/077-cdc-fewer-batches.md the stream waited for batch ``k + 1``, a
      batch that did nothing). Once handed out, the map lives in the reader only; the
-     enumerator's state is a few numbers (watermarks.py rule 5).
+     enumerator's state is a few numbers (watermarks.py rule 5; the split it keeps in flight
+     is a bare :class:`StreamSplit`).
      Startup mode ``latest`` reads no snapshot: the stream (no map, from the slot's confirmed
      position) goes out in the batch of the first boundary at which the slot exists.
   4. The slot is confirmed (``replication.advance``) only in ``notify_checkpoint_complete``:
@@ -67,9 +76,10 @@ Rules:
      after its read, rule 4), so a run that ends has read every transaction committed before
      it started. The confirmation of the run's last batch then waits for the next run.
   6. A task retry that withdraws requests (``handle_items_withdrawn``) puts what their
-     answers handed out back: chunks to the front of the pending list, the stream split to be
-     handed out again; finished reports it withdrew are undone (the chunk is in flight to the
-     subtask again, which reports it again). A withdrawn stream report is forgotten (its
+     answers handed out back, as the split framework does (enumerator.py rule 3): chunks and
+     the stream split to the front of the pending splits; finished reports it withdrew are
+     undone (the chunk is in flight to the subtask again, which reports it again, and its
+     high watermark leaves the progress). A withdrawn stream report is forgotten (its
      epoch's position is then confirmed by a later report: never too far).
   7. The stream stops at a position ``P`` with an error: the source fails the job when the
      stream reader reports it read to ``P`` or past it. That report comes in the batch after
@@ -95,26 +105,27 @@ Rules:
      mailbox.
 
 Thread model: every callback on the coordinator's mailbox; the :class:`EnumeratorIO`'s
-``set_up``/``plan`` on the lane ``planning`` and ``advance``, ``unpublished`` and
-``insert_position`` on the lane ``slot`` (``call_async``), each one call at a time, their
-results posted back to the mailbox.
+``set_up``/``plan`` on the lane ``planning`` (through :class:`ChunkPlanning`) and
+``advance``, ``unpublished`` and ``insert_position`` on the lane ``slot`` (``call_async``),
+each one call at a time, their results posted back to the mailbox.
 """
+
 
 from __future__ import annotations
 
-import abc
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from sparkcoord.coordinator import CoordinatorContext, OperatorCoordinator, Withdrawn
+from sparkcoord.coordinator import CoordinatorContext, Withdrawn
 from sparkcoord.core.encoding import encoded
-from sparkcoord.sources.postgres.core.chunks import Chunk, PlannerState
+from sparkcoord.sources.enumerator import EnumeratorState, SplitDiscovery, SplitEnumerator
+from sparkcoord.sources.postgres.core.chunks import PlannerState
 from sparkcoord.sources.postgres.core.names import TableName
 from sparkcoord.sources.postgres.core.splits import (
+    STREAM_SPLIT_ID,
     NextChunk,
     NextStreamRead,
     SnapshotChunk,
@@ -122,15 +133,21 @@ from sparkcoord.sources.postgres.core.splits import (
     StreamSplit,
 )
 from sparkcoord.sources.postgres.core.watermarks import ChunkProgress, StreamFilter
-from sparkcoord.sources.splits import NoSplitNow
+from sparkcoord.sources.postgres.io.enumeration import (
+    EnumeratorIO as EnumeratorIO,
+)
+from sparkcoord.sources.postgres.io.enumeration import (
+    PostgresEnumeratorIO as PostgresEnumeratorIO,
+)
+from sparkcoord.sources.postgres.io.enumeration import (
+    WaitReport as WaitReport,
+)
+from sparkcoord.sources.splits import ReadLimit, Split
 
 log = logging.getLogger("sparkcoord.sources.postgres")
 
 INITIAL, LATEST = "initial", "latest"
 STARTUP_MODES = (INITIAL, LATEST)
-
-#: what the set-up's I/O reports of a wait (rule 8): its text and the pids waited for
-WaitReport = Callable[[str | None, tuple[int, ...]], None]
 
 #: the ``call_async`` lanes (rule 1): each keeps a connection of its own
 PLANNING, SLOT = "planning", "slot"
@@ -143,67 +160,102 @@ def _ignored(result: Any, error: BaseException | None) -> None:
     """The handler of a release on close: nothing is left to do with its outcome."""
 
 
-class EnumeratorIO(abc.ABC):
-    """The enumerator's I/O (rule 1). Thread model: ``set_up`` and ``plan`` on the planning
-    lane, ``advance``, ``unpublished`` and ``insert_position`` on the slot lane; never two
-    calls of one lane at once."""
-
-    @abc.abstractmethod
-    def set_up(self, tables: Sequence[TableName], snapshot: bool) -> dict[TableName, PlannerState]:
-        """Make sure the publication and the slot exist (replication.py rule 6); with
-        ``snapshot``, each table's fresh planner state (its chunk key checked)."""
-
-    @abc.abstractmethod
-    def plan(self, planners: dict[TableName, PlannerState], want: int
-             ) -> tuple[list[Chunk], dict[TableName, PlannerState]]:
-        """Up to ``want`` next chunks, the tables in order, and the planners after them."""
-
-    @abc.abstractmethod
-    def advance(self, lsn: int) -> int:
-        """Confirm the slot at ``lsn``; the confirmed position afterwards."""
-
-    @abc.abstractmethod
-    def insert_position(self) -> int:
-        """The WAL insert position now: the stream's next bound (rule 5)."""
-
-    @abc.abstractmethod
-    def unpublished(self, tables: Sequence[TableName]) -> tuple[TableName, ...]:
-        """Those of ``tables`` the publication no longer publishes (dropped, or taken out of
-        it; all of them when the publication was dropped): rule 7."""
-
-    def report_waits(self, report: WaitReport) -> None:  # noqa: B027 - optional
-        """Have ``report`` called (on any thread) with what the set-up waits for and the pids
-        of the backends it waits for, and ``(None, ())`` once it no longer waits
-        (replication.py rule 7); optional: an I/O that never waits has nothing to report.
-        Called by the enumerator's worker that makes the I/O."""
-
-    def close(self) -> None:  # noqa: B027 - optional: an I/O without connections has none
-        """Release connections (any thread)."""
-
-
-@encoded("postgres.CdcEnumeratorState")
+@encoded("postgres.PlanningState")
 @dataclass
-class CdcEnumeratorState:
-    """The enumerator's checkpointed state."""
+class PlanningState:
+    """Chunk planning's state (the enumerator's discovery state): whether the set-up ran, and
+    each table's planner, in table order (a planner that is done stays, so the boundary that
+    applies a cycle knows every table's chunk key column)."""
 
-    tables: tuple[TableName, ...]
-    startup: str
     set_up: bool = False
-    #: tables still being planned, in order
     planners: dict[TableName, PlannerState] = field(default_factory=dict)
+
+
+class ChunkPlanning(SplitDiscovery):
+    """Planning the snapshot's chunks as the enumerator's discovery on demand (rule 1;
+    sources/enumerator.py rule 8). Thread model: ``discover_some`` on the planning lane, one
+    cycle at a time; ``exhausted`` and ``size_of`` on the mailbox."""
+
+    def __init__(self, io: Callable[[], EnumeratorIO], tables: Sequence[TableName],
+                 snapshot: bool) -> None:
+        self._io = io
+        self.tables = tuple(tables)
+        self.snapshot = snapshot
+
+    def initial_state(self) -> PlanningState:
+        return PlanningState()
+
+    def discover(self, state: Any) -> tuple[list[Split], Any]:
+        return self.discover_some(state, 1)
+
+    def discover_some(self, state: Any, want: int) -> tuple[list[Split], Any]:
+        io = self._io()
+        planners = dict(state.planners)
+        if not state.set_up:
+            planners = io.set_up(self.tables, self.snapshot)
+            if not self.snapshot:
+                planners = {}
+        chunks: list[Split] = []
+        if any(not p.done for p in planners.values()):
+            planned, after = io.plan({t: p for t, p in planners.items() if not p.done}, want)
+            planners.update(after)
+            chunks = [SnapshotChunk.of(chunk) for chunk in planned]
+        return chunks, PlanningState(True, planners)
+
+    def exhausted(self, state: Any) -> bool:
+        return bool(state.set_up) and all(p.done for p in state.planners.values())
+
+    def size_of(self, state: Any) -> int:
+        return len(state.planners)
+
+
+def _from_version_1(fields: dict[str, Any]) -> dict[str, Any]:
+    """CdcEnumeratorState version 1 (sparkcoord 0.1.0, an enumerator of its own) -> 2 (a
+    :class:`SplitEnumerator`'s state): the pending chunks, the stream built and not handed
+    out, and what is in flight become the framework's pending and in-flight splits; the set-up
+    and the planners the discovery state."""
+    pending: list[Split] = list(fields.get("pending", []))
+    chunks_pending = len(pending)
+    in_flight: dict[str, int] = {}
+    in_flight_splits: dict[str, Split] = {}
+    for split_id, (subtask, chunk) in dict(fields.get("in_flight", {})).items():
+        in_flight[split_id], in_flight_splits[split_id] = subtask, chunk
+    if fields.get("stream") is not None:
+        pending.append(fields["stream"])
+    owner = fields.get("stream_owner")
+    if owner is not None:
+        in_flight[STREAM_SPLIT_ID], in_flight_splits[STREAM_SPLIT_ID] = owner, StreamSplit()
+    set_up = bool(fields.get("set_up", False))
+    planned = int(fields.get("chunks_planned", 0))
+    return {"tables": fields["tables"], "startup": fields["startup"], "pending": pending,
+            "in_flight": in_flight, "in_flight_splits": in_flight_splits,
+            "discovery": PlanningState(set_up, dict(fields.get("planners", {}))),
+            "discovered_once": set_up, "handed_out": planned - chunks_pending
+            + (owner is not None), "finished": int(fields.get("chunks_finished", 0)),
+            "progress": dict(fields.get("progress", {})), "chunks_planned": planned,
+            "snapshot_done_at": fields.get("snapshot_done_at"),
+            "reported": dict(fields.get("reported", {})),
+            "confirmed": int(fields.get("confirmed", 0)),
+            "stream_bound": int(fields.get("stream_bound", 0))}
+
+
+@encoded("postgres.CdcEnumeratorState", version=2, upgrades={1: _from_version_1},
+         first_fields=("tables", "startup", "set_up", "planners", "progress", "pending",
+                       "in_flight", "chunks_planned", "chunks_finished", "snapshot_done_at",
+                       "stream", "stream_owner", "reported", "confirmed", "stream_bound"))
+@dataclass(kw_only=True)
+class CdcEnumeratorState(EnumeratorState):
+    """The enumerator's checkpointed state: the split framework's (pending chunks and the
+    stream split before it goes out, what is in flight, the planners as the discovery state)
+    and the source's own."""
+
+    tables: tuple[TableName, ...] = ()
+    startup: str = INITIAL
     #: per table while the snapshot runs: boundaries and high watermarks (rule 3)
     progress: dict[TableName, ChunkProgress] = field(default_factory=dict)
-    #: planned, not handed out, in key order
-    pending: list[SnapshotChunk] = field(default_factory=list)
-    #: split id -> (subtask, chunk), handed out and not reported finished
-    in_flight: dict[str, tuple[int, SnapshotChunk]] = field(default_factory=dict)
     chunks_planned: int = 0
-    chunks_finished: int = 0
     #: the checkpoint whose state first held the complete snapshot (rule 3)
     snapshot_done_at: int | None = None
-    #: built, not handed out yet
-    stream: StreamSplit | None = None
-    stream_owner: int | None = None
     #: epoch -> the stream position reported in its batch, not yet confirmed (rule 4)
     reported: dict[int, int] = field(default_factory=dict)
     #: the slot's position as last confirmed (for status; rule 4)
@@ -212,26 +264,24 @@ class CdcEnumeratorState:
     stream_bound: int = 0
 
 
-@dataclass
-class _Planned:
-    set_up: bool
-    planners: dict[TableName, PlannerState]
-    chunks: list[Chunk]
-
-
-class PostgresEnumerator(OperatorCoordinator):
+class PostgresEnumerator(SplitEnumerator):
     """The coordinator of a PostgreSQL source (module rules).
 
     Client requests: ``"status"`` (phase, chunks planned/finished/pending/in flight, whether the
     stream is out, the confirmed slot position, what the set-up waits for (rule 8), the
     state's size in entries)."""
 
+    state: CdcEnumeratorState
+    keeps_splits_in_flight = True
+    keeps_discovered_splits = True
+    discovery_lane = PLANNING
+    discovery_name = "planning the snapshot"
+
     def __init__(self, context: CoordinatorContext, io: Callable[[], EnumeratorIO],
                  tables: Sequence[TableName], *, startup: str = INITIAL,
                  plan_ahead: int | None = None, max_chunks_per_batch: int | None = None,
                  poll_interval_s: float = 0.1,
                  first_boundary_wait_s: float = FIRST_BOUNDARY_WAIT_S) -> None:
-        super().__init__(context)
         if startup not in STARTUP_MODES:
             raise ValueError(f"startup mode {startup!r}: expected one of "
                              f"{', '.join(STARTUP_MODES)}")
@@ -242,9 +292,6 @@ class PostgresEnumerator(OperatorCoordinator):
                              f"{max_chunks_per_batch}")
         if poll_interval_s <= 0:
             raise ValueError(f"poll_interval_s must be positive, got {poll_interval_s}")
-        self._make_io = io
-        self.poll_interval_s = poll_interval_s
-        self.first_boundary_wait_s = first_boundary_wait_s
         self.tables = tuple(tables)
         self.startup = startup
         # enough pending for two batches at the per-batch limit: planning joins at boundaries
@@ -252,18 +299,15 @@ class PostgresEnumerator(OperatorCoordinator):
         self.plan_ahead = plan_ahead or max(16, 4 * context.parallelism,
                                             2 * (max_chunks_per_batch or 0))
         self.max_chunks_per_batch = max_chunks_per_batch
-        self.state = CdcEnumeratorState(self.tables, startup)
+        self._make_io = io
         self._io: EnumeratorIO | None = None
         self._io_lock = threading.Lock()
-        self._closed = False
-        self._planning = False
-        self._ready: list[_Planned] = []
-        self._epoch = -1
-        self._committed = -1
-        #: chunks handed out in the running batch (``max_chunks_per_batch``)
-        self._batch_chunks = 0
-        #: chunks reported finished in the running batch, for a withdrawal (rule 6)
-        self._finished_now: dict[str, SnapshotChunk] = {}
+        super().__init__(context, ChunkPlanning(self._get_io, self.tables, startup == INITIAL),
+                         limit=ReadLimit(max_units=max_chunks_per_batch),
+                         discover_ahead=self.plan_ahead,
+                         first_boundary_wait_s=first_boundary_wait_s)
+        self.poll_interval_s = poll_interval_s
+        self.state = self.fresh_state()
         self._advancing = False
         self._advance_target = 0
         self._confirmed = 0
@@ -275,45 +319,43 @@ class PostgresEnumerator(OperatorCoordinator):
         self._run_end: int | None = None
         #: where the stream stops, and the error the job then fails with (rule 7)
         self._stop: tuple[int, Exception] | None = None
-        #: the first boundary, waiting for the set-up's cycle (rule 2): id, future, timer
-        self._deferred: tuple[int, Future[Any], Any] | None = None
         #: what the set-up waits for and the pids it waits for (rule 8), as the I/O reported
         self._waiting: tuple[str | None, tuple[int, ...]] = (None, ())
 
+    def describe(self) -> str:
+        return f"PostgreSQL source {self.context.operator_id!r}"
+
     # ------------------------------------------------------------------ lifecycle (mailbox)
+    def fresh_state(self) -> CdcEnumeratorState:
+        return CdcEnumeratorState(tables=self.tables, startup=self.startup,
+                                  discovery=PlanningState())
+
     def reset_to_checkpoint(self, checkpoint_id: int, state: Any) -> None:
-        if state is None:
-            state = CdcEnumeratorState(self.tables, self.startup)
-        if not isinstance(state, CdcEnumeratorState):
+        if state is not None and not isinstance(state, CdcEnumeratorState):
             raise TypeError(f"enumerator {self.context.operator_id!r}: checkpointed state is a "
                             f"{type(state).__name__}, not a CdcEnumeratorState")
-        if state.tables != self.tables or state.startup != self.startup:
+        if state is not None and (state.tables != self.tables or state.startup != self.startup):
             raise ValueError(
                 f"enumerator {self.context.operator_id!r}: the checkpoint captures "
                 f"{', '.join(map(str, state.tables))} (startup {state.startup!r}), the source "
                 f"now {', '.join(map(str, self.tables))} (startup {self.startup!r}): start "
                 "with a new checkpoint location, or name the same tables")
-        self.state = state
-        self._epoch = checkpoint_id
-        self._committed = checkpoint_id - 1  # a restore point may be a batch that runs again
-        self._confirmed = state.confirmed
+        super().reset_to_checkpoint(checkpoint_id, state)
+        self._confirmed = self.state.confirmed
 
     def start(self) -> None:
         if self._work_left():
             self.context.request_batch()
-        self._plan_more()
+        super().start()  # the first planning cycle goes to its lane (rule 1)
         if self.context.available_now:
             self._learn_bound()
         else:
             self._poll = self.context.call_periodically(self.poll_interval_s, self._polled)
 
     def close(self) -> None:
-        self._closed = True
+        super().close()
         if self._poll is not None:
             self._poll.cancel()
-        if self._deferred is not None:
-            self._deferred[2].cancel()
-            self._deferred = None
         io = self._io
 
         def release() -> None:
@@ -335,54 +377,53 @@ class PostgresEnumerator(OperatorCoordinator):
         """What the set-up waits for, for the status (rule 8). Mailbox thread."""
         self._waiting = (None, ()) if self._closed or text is None else (text, pids)
 
-    # ------------------------------------------------------------------ planning (rule 1)
-    def _wants_planning(self) -> bool:
-        if not self.state.set_up:
-            return not any(r.set_up for r in self._ready)
-        planners = self._ready[-1].planners if self._ready else self.state.planners
-        waiting = len(self.state.pending) + sum(len(r.chunks) for r in self._ready)
-        return bool(planners) and waiting < self.plan_ahead
+    # ------------------------------------------------------------------ boundaries (rule 2)
+    def discovery_applied(self, found: list[Split], after: Any) -> None:
+        progress = self.state.progress
+        for table, planner in after.planners.items():
+            if table not in progress and self.state.snapshot_done_at is None:
+                progress[table] = ChunkProgress(planner.key_column, integer_keys=False)
+        for chunk in found:
+            assert isinstance(chunk, SnapshotChunk)
+            table = progress[chunk.table]
+            if chunk.index == 0 and not table.planned:
+                table.integer_keys = isinstance(chunk.end, int)
+            table.chunk_planned(chunk.index, chunk.end)
+            self.state.chunks_planned += 1
 
-    def _plan_more(self) -> None:
-        """Start a planning cycle if one is due and none runs (mailbox thread)."""
-        if self._closed or self._planning or not self._wants_planning():
-            return
-        self._planning = True
-        set_up = self.state.set_up or any(r.set_up for r in self._ready)
-        planners = dict(self._ready[-1].planners if self._ready else self.state.planners)
-        waiting = len(self.state.pending) + sum(len(r.chunks) for r in self._ready)
-        want = max(1, self.plan_ahead - waiting)
-        snapshot = self.startup == INITIAL
+    def boundary_reached(self, checkpoint_id: int) -> None:
+        state = self.state
+        if state.discovered_once and state.snapshot_done_at is None and self._snapshot_complete():
+            state.snapshot_done_at = checkpoint_id
+            if self.startup == INITIAL:
+                flt = StreamFilter.of({t: p.chunk_map() for t, p in state.progress.items()})
+                stream = StreamSplit(start=flt.min_hw, filter=flt)
+                log.info("PostgreSQL source %s: the snapshot is complete (%d chunks); the "
+                         "stream goes out in the batch of checkpoint %d",
+                         self.context.operator_id, state.finished, checkpoint_id)
+            else:
+                stream = StreamSplit()
+            state.progress = {}
+            self.add_splits([stream])
+            # no request_batch: this boundary's own batch hands the stream out (rule 3)
+        state.stream_bound = max(state.stream_bound, self._learned_bound)
+        state.reported = {e: p for e, p in state.reported.items() if e > self._committed}
+        state.confirmed = self._confirmed
+        if self._stream_behind_run_end():
+            self.context.request_batch()
 
-        def work() -> _Planned:
-            io = self._get_io()
-            fresh = not set_up
-            found = planners
-            if fresh:
-                found = io.set_up(self.tables, snapshot)
-                if not snapshot:
-                    found = {}
-            chunks: list[Chunk] = []
-            if found:
-                chunks, found = io.plan(found, want)
-            return _Planned(fresh, found, chunks)
+    def _snapshot_complete(self) -> bool:
+        s = self.state
+        if self.startup == LATEST:
+            return True
+        return (self.discovery.exhausted(s.discovery) and not self._pending
+                and not self._chunks_in_flight() and all(p.done for p in s.progress.values()))
 
-        self.context.call_async(work, self._planned, lane=PLANNING)
-
-    def _planned(self, result: _Planned | None, error: BaseException | None = None) -> None:
-        if result is None:
-            assert error is not None
-            self._failed("planning the snapshot", error)
-            return
-        self._planning = False
-        if self._closed:
-            return
-        self._ready.append(result)
-        self.context.request_batch()  # a boundary applies it (rule 2); its batch hands it out
-        self._complete_deferred()  # the first boundary waited for this cycle
+    def _chunks_in_flight(self) -> int:
+        return sum(1 for split_id in self.state.in_flight if split_id != STREAM_SPLIT_ID)
 
     def _failed(self, what: str, error: BaseException) -> None:
-        self._planning = False
+        """Work on a lane failed (mailbox thread): the job fails, naming the source."""
         if self._closed:
             return
         self._complete_deferred()
@@ -390,85 +431,13 @@ class PostgresEnumerator(OperatorCoordinator):
             f"PostgreSQL source {self.context.operator_id!r}: {what} failed: "
             f"{type(error).__name__}: {error}"))
 
-    # ------------------------------------------------------------------ checkpoints (rule 2)
-    def checkpoint_coordinator(self, checkpoint_id: int, result: Future[Any]) -> None:
-        if self._deferred is not None:
-            # a later checkpoint while the first boundary waits (the runtime seals one epoch
-            # at a time, so not expected): the earlier one completes first, in order
-            self._complete_deferred()
-        if (self._deferred is None and self._planning and self.first_boundary_wait_s > 0
-                and not self.state.set_up and not any(r.set_up for r in self._ready)):
-            # the set-up's cycle runs: the first batch would find no chunk (rule 2)
-            timer = self.context.call_periodically(self.first_boundary_wait_s,
-                                                   self._complete_deferred)
-            self._deferred = (checkpoint_id, result, timer)
-            return
-        self._checkpoint(checkpoint_id, result)
-
-    def _complete_deferred(self) -> None:
-        """The first boundary, once the set-up's cycle arrived or the wait ran out (mailbox)."""
-        deferred, self._deferred = self._deferred, None
-        if deferred is None:
-            return
-        checkpoint_id, result, timer = deferred
-        timer.cancel()
-        if not self._closed and not result.done():
-            self._checkpoint(checkpoint_id, result)
+    def _stream_owner(self) -> int | None:
+        return self.state.in_flight.get(STREAM_SPLIT_ID)
 
     def notify_checkpoint_aborted(self, checkpoint_id: int) -> None:
-        if self._deferred is not None and self._deferred[0] == checkpoint_id:
-            self._deferred[2].cancel()
-            self._deferred = None
+        super().notify_checkpoint_aborted(checkpoint_id)
         if not self._closed and self._work_left():
             self.context.request_batch()  # that boundary's batch does not run: another one
-
-    def _checkpoint(self, checkpoint_id: int, result: Future[Any]) -> None:
-        state = self.state
-        for planned in self._ready:
-            if planned.set_up:
-                state.set_up = True
-                for table, planner in planned.planners.items():
-                    state.progress[table] = ChunkProgress(
-                        planner.key_column, integer_keys=False)
-                    state.planners[table] = planner
-            for chunk in planned.chunks:
-                progress = state.progress[chunk.table]
-                if chunk.index == 0 and not progress.planned:
-                    progress.integer_keys = isinstance(chunk.end, int)
-                progress.chunk_planned(chunk.index, chunk.end)
-                state.pending.append(SnapshotChunk.of(chunk))
-                state.chunks_planned += 1
-            state.planners = {t: p for t, p in planned.planners.items() if not p.done}
-        self._ready = []
-        if state.set_up and state.snapshot_done_at is None and self._snapshot_complete():
-            state.snapshot_done_at = checkpoint_id
-            if self.startup == INITIAL:
-                flt = StreamFilter.of({t: p.chunk_map() for t, p in state.progress.items()})
-                state.stream = StreamSplit(start=flt.min_hw, filter=flt)
-                log.info("PostgreSQL source %s: the snapshot is complete (%d chunks); the "
-                         "stream goes out in the batch of checkpoint %d",
-                         self.context.operator_id, state.chunks_finished, checkpoint_id)
-            else:
-                state.stream = StreamSplit()
-            state.progress = {}
-            # no request_batch: this boundary's own batch hands the stream out (rule 3)
-        state.stream_bound = max(state.stream_bound, self._learned_bound)
-        state.reported = {e: p for e, p in state.reported.items() if e > self._committed}
-        state.confirmed = self._confirmed
-        self._epoch = checkpoint_id
-        self._batch_chunks = 0
-        self._finished_now = {}
-        self._plan_more()
-        if self._stream_behind_run_end():
-            self.context.request_batch()
-        result.set_result(state)
-
-    def _snapshot_complete(self) -> bool:
-        s = self.state
-        if self.startup == LATEST:
-            return True
-        return (not s.planners and not s.pending and not s.in_flight
-                and all(p.done for p in s.progress.values()))
 
     # ------------------------------------------------------------------ requests (rules 3, 6)
     def handle_request(self, subtask: int, attempt: int, request: Any) -> Any:
@@ -477,42 +446,43 @@ class PostgresEnumerator(OperatorCoordinator):
         if not isinstance(request, NextChunk):
             raise TypeError(f"PostgreSQL source {self.context.operator_id!r}: subtask {subtask} "
                             f"sent {request!r}; readers ask with NextChunk or NextStreamRead")
-        state = self.state
-        for split_id, hw in request.finished:
-            entry = state.in_flight.pop(split_id, None)
-            if entry is None or entry[0] != subtask:
+        for split_id in request.finished:
+            if self.state.in_flight.get(split_id) != subtask:
                 raise ValueError(f"PostgreSQL source {self.context.operator_id!r}: subtask "
                                  f"{subtask} reports chunk {split_id!r} finished, which is not "
                                  f"in flight to it")
-            chunk = entry[1]
-            state.progress[chunk.table].chunk_finished(chunk.index, hw)
-            state.chunks_finished += 1
-            self._finished_now[split_id] = chunk
+        answer = super().handle_request(subtask, attempt, request)
         if request.finished and self._work_left():
             self.context.request_batch()  # e.g. the last report: a boundary completes the snapshot
-        stream = state.stream
-        if (stream is not None and state.snapshot_done_at is not None
-                and self._epoch >= state.snapshot_done_at):
-            state.stream, state.stream_owner = None, subtask
-            if stream.start:
-                # rule 4: every transaction ending at or before the start is in the snapshot,
-                # whose batches committed before this one ran
-                previous = state.reported.get(self._epoch, 0)
-                state.reported[self._epoch] = max(previous, stream.start)
-            log.info("PostgreSQL source %s: the stream goes to subtask %d from %s",
-                     self.context.operator_id, subtask, stream.start)
-            return stream
-        if state.pending and (self.max_chunks_per_batch is None
-                              or self._batch_chunks < self.max_chunks_per_batch):
-            chunk = state.pending.pop(0)
-            state.in_flight[chunk.split_id] = (subtask, chunk)
-            self._batch_chunks += 1
-            if len(state.pending) < self.plan_ahead // 2:
-                self._plan_more()  # only starts a worker: its result waits for a boundary
-            return chunk
-        if self._work_left():
-            self.context.request_batch()
-        return NoSplitNow()
+        return answer
+
+    def split_finished(self, subtask: int, split: Split, report: Any) -> None:
+        if not isinstance(split, SnapshotChunk) or not isinstance(report, int):
+            raise ValueError(f"PostgreSQL source {self.context.operator_id!r}: subtask "
+                             f"{subtask} reports {split.split_id!r} finished with {report!r}, "
+                             "not a snapshot chunk with its high watermark")
+        self.state.progress[split.table].chunk_finished(split.index, report)
+
+    def finished_report_withdrawn(self, subtask: int, split: Split, report: Any) -> None:
+        assert isinstance(split, SnapshotChunk)
+        self.state.progress[split.table].chunk_unfinished(split.index)
+
+    def split_handed_out(self, subtask: int, split: Split) -> None:
+        if not isinstance(split, StreamSplit):
+            return
+        # rule 3: once handed out, the map lives in the reader only
+        assert self.state.in_flight_splits is not None
+        self.state.in_flight_splits[STREAM_SPLIT_ID] = StreamSplit()
+        if split.start:
+            # rule 4: every transaction ending at or before the start is in the snapshot,
+            # whose batches committed before this one ran
+            previous = self.state.reported.get(self._epoch, 0)
+            self.state.reported[self._epoch] = max(previous, split.start)
+        log.info("PostgreSQL source %s: the stream goes to subtask %d from %s",
+                 self.context.operator_id, subtask, split.start)
+
+    def another_batch_wanted(self, subtask: int) -> bool:
+        return self._work_left()
 
     def _work_left(self) -> bool:
         """Whether another batch is needed: chunks to plan, hand out or hear back from, a
@@ -520,17 +490,28 @@ class PostgresEnumerator(OperatorCoordinator):
         batch, and only the next boundary builds the stream), the stream to hand out, or an
         availableNow run's stream short of its end. Mailbox thread."""
         s = self.state
-        return bool(s.pending or s.planners or not s.set_up or s.in_flight
+        return bool(self._pending or not self.discovery.exhausted(s.discovery)
+                    or self._chunks_in_flight()
                     or (s.snapshot_done_at is None and self.startup == INITIAL)
-                    or s.stream is not None or self._ready or self._stream_behind_run_end())
+                    or self._ready_count or self._stream_behind_run_end())
+
+    def handle_items_withdrawn(self, subtask: int, attempt: int,
+                               withdrawn: list[Withdrawn]) -> None:
+        for item in withdrawn:
+            if isinstance(item.item, NextStreamRead) and item.item.read_to is not None:
+                self.state.reported.pop(self._epoch, None)  # rule 6
+        super().handle_items_withdrawn(subtask, attempt, withdrawn)
+        if withdrawn:
+            self.context.request_batch()
 
     # ------------------------------------------------------------------ the stream (rule 5)
     def _stream_read(self, subtask: int, request: NextStreamRead) -> StreamBound:
         state = self.state
-        if subtask != state.stream_owner:
+        owner = self._stream_owner()
+        if subtask != owner:
             raise ValueError(f"PostgreSQL source {self.context.operator_id!r}: subtask "
                              f"{subtask} reads the stream, but the stream is subtask "
-                             f"{state.stream_owner}'s")
+                             f"{owner}'s")
         if request.read_to is not None:
             previous = state.reported.get(self._epoch, 0)
             state.reported[self._epoch] = max(previous, request.read_to)
@@ -566,7 +547,7 @@ class PostgresEnumerator(OperatorCoordinator):
     def _polled(self) -> None:
         """A poll tick (mailbox): once the stream is built, learn a new bound; a batch
         follows."""
-        if self.state.stream_owner is not None or self.state.stream is not None:
+        if self.state.snapshot_done_at is not None:  # the stream is built
             self._learn_bound()
 
     def _learn_bound(self) -> None:
@@ -575,7 +556,7 @@ class PostgresEnumerator(OperatorCoordinator):
         self._learning = True
         # rule 7 once the stream is built: before, the publication may not exist yet (the
         # set-up creating it runs on the other worker at the same time)
-        check = self.state.stream is not None or self.state.stream_owner is not None
+        check = self.state.snapshot_done_at is not None
 
         def work() -> tuple[int, tuple[TableName, ...]]:
             io = self._get_io()
@@ -611,14 +592,14 @@ class PostgresEnumerator(OperatorCoordinator):
                      self.context.operator_id, position)
         # an unmoved insert position: nothing new to read; but once tables left (rule 7), the
         # batch carrying the report past them must come even if nothing is written any more
-        if self._work_left() or (self.state.stream_owner is not None
+        if self._work_left() or (self._stream_owner() is not None
                                  and (moved or self._stop is not None)):
             self.context.request_batch()
 
     def _stream_behind_run_end(self) -> bool:
         """An availableNow run's stream has not yet been reported past the run's end (or the
         end is not known yet)."""
-        if not self.context.available_now or self.state.stream_owner is None:
+        if not self.context.available_now or self._stream_owner() is None:
             return False
         if self._run_end is None:
             return True
@@ -632,34 +613,6 @@ class PostgresEnumerator(OperatorCoordinator):
     def handle_event_from_operator(self, subtask: int, attempt: int, event: Any) -> None:
         raise TypeError(f"PostgreSQL source {self.context.operator_id!r}: subtask {subtask} "
                         f"sent event {event!r}; its readers send requests only")
-
-    def handle_items_withdrawn(self, subtask: int, attempt: int,
-                               withdrawn: list[Withdrawn]) -> None:
-        state = self.state
-        back: list[SnapshotChunk] = []
-        for item in reversed(withdrawn):
-            request = item.item
-            if isinstance(request, NextStreamRead):
-                if request.read_to is not None:
-                    state.reported.pop(self._epoch, None)
-                continue
-            if not item.is_request or not isinstance(request, NextChunk):
-                continue
-            answer = item.answer
-            if item.answered and isinstance(answer, SnapshotChunk):
-                state.in_flight.pop(answer.split_id, None)
-                self._batch_chunks = max(0, self._batch_chunks - 1)
-                back.append(answer)
-            elif item.answered and isinstance(answer, StreamSplit):
-                state.stream, state.stream_owner = answer, None
-            for split_id, _ in request.finished:
-                chunk = self._finished_now.pop(split_id)
-                state.progress[chunk.table].chunk_unfinished(chunk.index)
-                state.chunks_finished -= 1
-                state.in_flight[split_id] = (subtask, chunk)
-        state.pending[:0] = back[::-1]
-        if back or withdrawn:
-            self.context.request_batch()
 
     # ------------------------------------------------------------------ the slot (rule 4)
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
@@ -704,153 +657,18 @@ class PostgresEnumerator(OperatorCoordinator):
     def handle_client_request(self, request: Any) -> Any:
         if request == "status":
             s = self.state
-            phase = ("setting up" if not s.set_up else
+            owner = self._stream_owner()
+            phase = ("setting up" if not s.discovered_once else
                      "snapshot" if s.snapshot_done_at is None else
-                     "hand-over" if s.stream is not None else "stream")
+                     "hand-over" if owner is None else "stream")
+            pending = len(self._pending) - (phase == "hand-over")  # chunks, not the stream
             return {"phase": phase, "chunks_planned": s.chunks_planned,
-                    "chunks_finished": s.chunks_finished, "pending": len(s.pending),
-                    "in_flight": len(s.in_flight), "planning_done": not s.planners,
-                    "stream_owner": s.stream_owner, "confirmed_lsn": self._confirmed,
+                    "chunks_finished": s.finished, "pending": pending,
+                    "in_flight": self._chunks_in_flight(),
+                    "planning_done": self.discovery.exhausted(s.discovery),
+                    "stream_owner": owner, "confirmed_lsn": self._confirmed,
                     "waiting": self._waiting[0], "blocking_pids": list(self._waiting[1]),
-                    "state_entries": len(s.pending) + len(s.in_flight) + len(s.reported)
+                    "state_entries": pending + self._chunks_in_flight() + len(s.reported)
                     + sum(p.planned for p in s.progress.values())}
         raise ValueError(f"PostgreSQL source {self.context.operator_id!r}: unknown client "
                          f"request {request!r} (ask 'status')")
-
-
-class PostgresEnumeratorIO(EnumeratorIO):
-    """The enumerator's I/O against a server: one connection for planning and one for the
-    slot, each opened on first use in the worker that uses it (rule 1). A connection the
-    server closed (a restart) is opened again and the call made again, once: every call here
-    is idempotent (ensure, read, advance never backwards), and opening waits for the server
-    (connection.py rule 4). Where the options were unpickled (Spark's source runner) they hold
-    no password: libpq's environment supplies it (connection.py rule 2)."""
-
-    def __init__(self, options: Any, slot: str, publication: str, chunk_size: int,
-                 chunk_key_columns: dict[TableName, str] | None = None, *,
-                 slot_wait_warn_s: float | None = None) -> None:
-        from sparkcoord.sources.postgres.io.replication import SLOT_WAIT_WARN_S
-
-        self.options = options
-        self.slot = slot
-        self.publication = publication
-        self.chunk_size = chunk_size
-        self.chunk_key_columns = dict(chunk_key_columns or {})
-        #: how long the slot's creation waits before it is named a wait (rule 8)
-        self.slot_wait_warn_s = SLOT_WAIT_WARN_S if slot_wait_warn_s is None else slot_wait_warn_s
-        self._report_wait: WaitReport | None = None
-        self._conns: dict[str, Any] = {}
-
-    def report_waits(self, report: WaitReport) -> None:
-        self._report_wait = report
-
-    def _watch_slot_creation(self, creator_pid: int) -> Any:
-        """Rule 8: the slot's creation watched from a connection of its own."""
-        from sparkcoord.sources.postgres.io.replication import SlotCreationWatch
-
-        return SlotCreationWatch(
-            lambda: self.options.connect(application_name="sparkcoord-cdc-watch", retry_s=0.0),
-            self.slot, creator_pid, warn_after_s=self.slot_wait_warn_s,
-            report=self._report_wait)
-
-    def _call(self, role: str, action: Callable[[Any], Any]) -> Any:
-        """``action(connection)`` on the ``role`` connection ("planner" or "slot"), again on a
-        new connection if the server closed this one."""
-        import psycopg
-
-        from sparkcoord.sources.postgres.io.connection import RECONNECT_S
-
-        for attempt in (1, 2):
-            conn = self._conns.get(role)
-            if conn is None or conn.closed:
-                conn = self._conns[role] = self.options.connect(
-                    application_name=f"sparkcoord-cdc-{role}", retry_s=RECONNECT_S)
-            try:
-                return action(conn)
-            except psycopg.OperationalError as e:
-                self._drop(role)
-                if attempt == 2:
-                    raise
-                log.warning("PostgreSQL source: the %s connection to %s was lost (%s); "
-                            "connecting again", role, self.options.describe(),
-                            self.options.scrub(str(e)).strip().splitlines()[0])
-        raise AssertionError("unreachable")
-
-    def _drop(self, role: str) -> None:
-        conn = self._conns.pop(role, None)
-        if conn is not None:
-            try:
-                conn.close()
-            except Exception:  # noqa: BLE001 - closing is best effort
-                log.debug("closing a PostgreSQL connection failed", exc_info=True)
-
-    def set_up(self, tables: Sequence[TableName], snapshot: bool) -> dict[TableName, PlannerState]:
-        from sparkcoord.sources.postgres.core.splits import TableShape
-        from sparkcoord.sources.postgres.io import catalog, replication
-
-        def work(conn: Any) -> dict[TableName, PlannerState]:
-            planners: dict[TableName, PlannerState] = {}
-            for table in tables:
-                shape = TableShape.of(catalog.table_info(conn, table),
-                                      self.chunk_key_columns.get(table))
-                planners[table] = PlannerState(table, shape.chunk_key_column, self.chunk_size)
-            replication.ensure_publication(conn, self.publication, list(tables))
-            replication.ensure_slot(conn, self.slot, watch=self._watch_slot_creation)
-            return planners if snapshot else {}
-
-        result: dict[TableName, PlannerState] = self._call("planner", work)
-        return result
-
-    def plan(self, planners: dict[TableName, PlannerState], want: int
-             ) -> tuple[list[Chunk], dict[TableName, PlannerState]]:
-        from sparkcoord.sources.postgres.core.chunks import ChunkPlanner
-        from sparkcoord.sources.postgres.io import catalog
-
-        def work(conn: Any) -> tuple[list[Chunk], dict[TableName, PlannerState]]:
-            out: list[Chunk] = []
-            after = dict(planners)
-            for table, state in planners.items():
-                if state.done:
-                    continue
-                planner = ChunkPlanner.restored(state)
-                while len(out) < want:
-                    chunk = catalog.next_chunk(conn, planner)
-                    if chunk is None:
-                        break
-                    out.append(chunk)
-                after[table] = planner.state
-                if len(out) >= want:
-                    break
-            return out, after
-
-        result: tuple[list[Chunk], dict[TableName, PlannerState]] = self._call("planner", work)
-        return result
-
-    def advance(self, lsn: int) -> int:
-        from sparkcoord.sources.postgres.io import replication
-        from sparkcoord.sources.postgres.reader import while_slot_busy
-
-        def work(conn: Any) -> int:
-            confirmed: int = while_slot_busy(
-                lambda: replication.advance(conn, self.slot, lsn), 60.0, "confirming the slot")
-            return confirmed
-
-        result: int = self._call("slot", work)
-        return result
-
-    def insert_position(self) -> int:
-        from sparkcoord.sources.postgres.io import replication
-
-        result: int = self._call("slot", replication.current_insert_lsn)
-        return result
-
-    def unpublished(self, tables: Sequence[TableName]) -> tuple[TableName, ...]:
-        from sparkcoord.sources.postgres.io import replication
-
-        present = self._call("slot", lambda conn: replication.published_tables(
-            conn, self.publication))
-        return tuple(t for t in tables if present is None or t not in present)
-
-    def close(self) -> None:
-        for role in list(self._conns):
-            self._drop(role)

@@ -2,17 +2,19 @@
 replication stream, and emits Arrow record batches.
 
 Rules:
-  1. A batch of a reader that has no stream: emit the rows of the chunks the previous batch
-     read (kept in the checkpointed state as Arrow IPC bytes: splits.py rule 5) and report
-     those chunks with their high watermarks (the first :class:`NextChunk`: splits.py rule
-     3), then take chunks until the answer is :class:`NoSplitNow` (or
-     ``max_chunks_per_batch``), reading each whole (watermarks.py rules 1 and 2:
-     :func:`read_chunk_watermarked`) into the state, to be emitted and reported by the next
-     batch. A reader that read chunks asks for that batch.
-  2. The stream: the reader that got the :class:`StreamSplit` keeps a
-     :class:`StreamPosition` in its state (the split itself is not kept: its map lives in the
-     position until the stream is past it, watermarks.py rule 5). Each batch that reads the
-     stream first asks :class:`NextStreamRead` with the position its previous batch read to
+  1. The reader is a :class:`~sparkcoord.sources.reader.SplitReader` (the split framework's
+     rules hold). A chunk is read by the batch that got it, whole (watermarks.py rules 1 and
+     2: :func:`read_chunk_watermarked`), into the reader's state as the chunk's position (a
+     :class:`StagedChunk`: its rows as Arrow IPC bytes and its high watermark; splits.py rule
+     5), and that batch asks for the next; the next batch resumes the chunk: emits its rows
+     and finishes it, and its first :class:`NextChunk` reports it with its high watermark
+     (the finished report, sources/reader.py rule 6; splits.py rule 3). Then it takes chunks
+     until the answer is :class:`NoSplitNow` or it took ``max_chunks_per_batch`` (the
+     enumerator holds the same limit for the whole batch).
+  2. The stream: the reader that got the :class:`StreamSplit` keeps it unfinished, with a
+     :class:`StreamPosition` as its position (the split's map lives in the position until
+     the stream is past it, watermarks.py rule 5). Each batch resumes it and first asks
+     :class:`NextStreamRead` with the position its previous batch read to
      (the enumerator confirms the slot there once this batch commits) and gets the
      :class:`StreamBound` ``U``; it waits until the WAL is flushed to ``U`` and reads the
      transactions ending after its position and at or before ``U``, in commit order, whole
@@ -23,7 +25,8 @@ Rules:
      batch or two, so it is asked for three times the limit, and for four times as many
      again while it was cut short before the reader's limit or ``U``. A peek that finds the
      slot held by another session (readers peek it at once; the enumerator advances it)
-     tries again after a short random pause, for up to ``flush_wait_s``.
+     tries again after a short random pause, for up to ``flush_wait_s``. A state of
+     sparkcoord 0.1.0 (:class:`PostgresReaderState`) goes on as the same reader would have.
   3. Rows are converted from their text form by values.py (a chunk is read as text too,
      COPY's CSV converted a column at a time by values.py rule 5, so both halves convert
      alike; only the rows a chunk's window touches go through Python values) and become
@@ -66,7 +69,7 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from sparkcoord.core.encoding import encoded
-from sparkcoord.operator import SubtaskContext, SubtaskOperator
+from sparkcoord.operator import SubtaskContext
 from sparkcoord.sources.postgres.core import values
 from sparkcoord.sources.postgres.core.chunks import Chunk, chunk_sql
 from sparkcoord.sources.postgres.core.names import TableName, quote_ident
@@ -86,6 +89,7 @@ from sparkcoord.sources.postgres.core.splits import (
     NextChunk,
     NextStreamRead,
     SnapshotChunk,
+    StagedChunk,
     StreamBound,
     StreamSplit,
     TableShape,
@@ -111,7 +115,8 @@ from sparkcoord.sources.postgres.errors import (
     ValueConversionError,
 )
 from sparkcoord.sources.postgres.io.catalog import composed
-from sparkcoord.sources.splits import NoSplitNow
+from sparkcoord.sources.reader import ReaderState, SplitReader
+from sparkcoord.sources.splits import Split
 
 if TYPE_CHECKING:
     from sparkcoord.sources.postgres.io.connection import ConnectionOptions
@@ -662,6 +667,9 @@ def read_stream(conn: Any, config: ReaderConfig, position: StreamPosition, upto:
 @encoded("postgres.PostgresReaderState")
 @dataclass
 class PostgresReaderState:
+    """A reader's state as sparkcoord 0.1.0 checkpointed it (before the reader was a
+    :class:`SplitReader`); a reader restored from one goes on from it (:func:`_upgraded`)."""
+
     #: chunks read by the previous batch, to be reported: (split id, high watermark)
     unreported: list[tuple[str, int]] = field(default_factory=list)
     #: their rows, to be emitted with the report (Arrow IPC streams; splits.py rule 5)
@@ -670,23 +678,49 @@ class PostgresReaderState:
     position: StreamPosition | None = None
 
 
-class PostgresReader(SubtaskOperator):
-    """The reader of one subtask (module rules). Thread model: the Spark task's thread."""
+def _upgraded(state: PostgresReaderState) -> tuple[ReaderState, list[bytes]]:
+    """A 0.1.0 reader state as the split reader's, and the rows its previous batch staged
+    (emitted first, as the 0.1.0 reader did, before the report that follows them)."""
+    if state.position is not None:
+        return ReaderState(unfinished=[(StreamSplit(), state.position)]), []
+    return (ReaderState(unreported=[split_id for split_id, _ in state.unreported],
+                        reports=dict(state.unreported)), list(state.staged))
+
+
+def stream_position(state: Any) -> StreamPosition | None:
+    """Where the stream reader's state says its stream is (``None``: this reader has no
+    stream). Any thread; for tests and tools that look into a reader's checkpointed state."""
+    if isinstance(state, PostgresReaderState):
+        return state.position
+    if isinstance(state, ReaderState):
+        for _, position in state.unfinished:
+            if isinstance(position, StreamPosition):
+                return position
+    return None
+
+
+class PostgresReader(SplitReader):
+    """The reader of one subtask (module rules), a :class:`SplitReader`: a chunk is read whole
+    by one batch and kept in the state (:class:`StagedChunk`), then emitted and reported with
+    its high watermark by the next (rule 1); the stream split is never finished, each batch
+    reads on from its position (rule 2). Thread model: the Spark task's thread."""
+
+    request_class = NextChunk
 
     def __init__(self, config: ReaderConfig, connect: Callable[[], Any] | None = None) -> None:
         self.config = config
         self._connect = connect
         self.schema = arrow_schema(config.shapes)
         self._conn: Any = None
+        self._staged: list[bytes] = []
+        self.max_splits_per_batch = config.max_chunks_per_batch
 
     def open(self, context: SubtaskContext, state: Any) -> None:
         """Spark task's thread, before the batch's rows: the state of the previous epoch."""
+        self._staged = []
+        if isinstance(state, PostgresReaderState):
+            state, self._staged = _upgraded(state)
         super().open(context, state)
-        if state is not None and not isinstance(state, PostgresReaderState):
-            raise TypeError(f"reader {context.operator_id}[{context.subtask}]: restored state is "
-                            f"a {type(state).__name__}, not a PostgresReaderState")
-        self.state = state if state is not None else PostgresReaderState()
-        self.rows = 0
 
     def _connection(self) -> Any:
         if self._conn is None:
@@ -699,46 +733,46 @@ class PostgresReader(SubtaskOperator):
 
     def process(self) -> Iterator[Any]:
         """The batch's rows (Spark task's thread): rules 1 and 2."""
-        state = self.state
-        if state.position is not None:
-            yield from self._stream(state.position.after)
-            return
-        for staged in state.staged:  # rule 1: what the previous batch read
+        for staged in self._staged:  # a 0.1.0 state's staged rows, before its report
             for batch in pa.ipc.open_stream(staged):
                 self.rows += batch.num_rows
                 yield batch
-        report = tuple(state.unreported)
-        state.unreported, state.staged = [], []
-        taken = 0
-        while True:
-            answer = self.context.request(NextChunk(report))
-            report = ()
-            if isinstance(answer, NoSplitNow) or answer is None:
-                break
-            if isinstance(answer, StreamSplit):
-                state.position = StreamPosition(answer.start, answer.filter)
-                yield from self._stream(None)
-                break
-            if not isinstance(answer, SnapshotChunk):
-                raise TypeError(f"reader {self.context.operator_id}: the enumerator answered "
-                                f"{answer!r}")
-            read = read_chunk_watermarked(self._connection(), self.config, answer)
+        self._staged = []
+        yield from super().process()
+
+    def read_split(self, split: Split, position: Any) -> Iterator[tuple[Any, Any]]:
+        """Rule 1 for a chunk, rule 2 for the stream (Spark task's thread)."""
+        if isinstance(split, StreamSplit):
+            yield from self._stream(split, position)
+            return
+        if not isinstance(split, SnapshotChunk):
+            raise TypeError(f"reader {self.context.operator_id}: the enumerator answered "
+                            f"{split!r}")
+        if position is None:
+            # read whole now, emitted by the next batch with its report (splits.py rule 5)
+            read = read_chunk_watermarked(self._connection(), self.config, split)
+            rows = b""
             if read.batch.num_rows:
                 sink = pa.BufferOutputStream()
                 with pa.ipc.new_stream(sink, self.schema) as writer:
                     writer.write_batch(read.batch)
-                state.staged.append(sink.getvalue().to_pybytes())
-            state.unreported.append((answer.split_id, read.high))
-            taken += 1
-            if (self.config.max_chunks_per_batch is not None
-                    and taken >= self.config.max_chunks_per_batch):
-                break
-        if state.unreported:
-            self.context.request_batch()  # rule 1: emit and report them
+                rows = sink.getvalue().to_pybytes()
+            self.context.request_batch()  # rule 1: that batch emits and reports it
+            yield None, StagedChunk(read.high, rows)
+            return
+        if position.rows:
+            for batch in pa.ipc.open_stream(position.rows):
+                yield batch, position
 
-    def _stream(self, read_to: int | None) -> Iterator[Any]:
-        position = self.state.position
-        assert position is not None
+    def finished_report(self, split: Split, position: Any) -> Any:
+        """A chunk's report is its high watermark (rule 1; splits.py rule 3)."""
+        return position.high if isinstance(position, StagedChunk) else None
+
+    def _stream(self, split: StreamSplit, position: StreamPosition | None
+                ) -> Iterator[tuple[Any, Any]]:
+        read_to = None if position is None else position.after
+        if position is None:
+            position = StreamPosition(split.start, split.filter)
         bound = self.context.request(NextStreamRead(read_to, position.stopped))
         if not isinstance(bound, StreamBound):
             raise TypeError(f"reader {self.context.operator_id}: the enumerator answered "
@@ -747,19 +781,11 @@ class PostgresReader(SubtaskOperator):
             # rule 4: the enumerator fails the job at this report; never read past the stop
             raise SchemaChanged(position.stopped)
         read = read_stream(self._connection(), self.config, position, bound.upto)
-        self.state.position = read.position
-        self.rows += len(read.rows)
         if read.rows:
-            yield record_batch(read.rows, self.schema)
+            yield record_batch(read.rows, self.schema), read.position
         if read.more:
             self.context.request_batch()
-
-    def snapshot_state(self) -> Any:
-        """Spark task's thread, after the batch's rows: what the next batch starts from."""
-        state = self.state
-        if not state.unreported and not state.staged and state.position is None:
-            return None
-        return state
+        yield None, read.position  # the stream never ends: kept, with its position
 
     def close(self) -> None:
         """Spark task's thread, at the task's end."""

@@ -8,8 +8,9 @@ Rules:
      ``latest`` startup mode): it carries where the stream starts (every transaction ending
      at or before ``start`` is in the snapshot) and the high-watermark map the stream filters
      with until it is past it (watermarks.py rules 4 and 5; None without a snapshot).
-  3. A reader asks with :class:`NextChunk`, carrying the chunks it finished *in an earlier
-     batch* with their high watermarks, read from its checkpointed state. A chunk read is not
+  3. A reader asks with :class:`NextChunk` (the split framework's ``NextSplit``), carrying the
+     chunks it finished *in an earlier batch* with their high watermarks as their finished
+     reports (sources/reader.py rule 6), read from its checkpointed state. A chunk read is not
      repeatable (a task retry reads the chunk again, at a later high watermark), and
      every item a subtask sends is compared with the logged one when a retry sends it again
      (docs/protocol.md [resent-item-equals-logged]): so nothing a read returns is sent in the
@@ -24,7 +25,8 @@ Rules:
      restart (Spark re-runs the last batch whose commit it did not log, also when the sink
      had already committed it) emits exactly what it emitted before: a chunk's rows are
      emitted by the batch *after* the one that read them, from the reader's checkpointed
-     state, together with the chunk's high-watermark report; the stream is read after the
+     state (a :class:`StagedChunk`: the chunk's position in the reader's state), together
+     with the chunk's high-watermark report; the stream is read after the
      position in that state and up to the :class:`StreamBound` the enumerator answered
      (logged), at most ``max_changes_per_batch`` changes in whole transactions, in order.
 
@@ -33,7 +35,9 @@ Thread model: none (immutable values).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from sparkcoord.core.encoding import encoded
 from sparkcoord.sources.postgres.core import chunks
@@ -42,7 +46,7 @@ from sparkcoord.sources.postgres.core.names import TableName
 from sparkcoord.sources.postgres.core.tables import TableInfo
 from sparkcoord.sources.postgres.core.watermarks import StreamFilter
 from sparkcoord.sources.postgres.errors import ChunkKeyError
-from sparkcoord.sources.splits import Split
+from sparkcoord.sources.splits import NextSplit, Split
 
 STREAM_SPLIT_ID = "stream"
 
@@ -79,13 +83,40 @@ class StreamSplit(Split):
     filter: StreamFilter | None = None
 
 
-@encoded("postgres.NextChunk")
-@dataclass(frozen=True)
-class NextChunk:
-    """A reader's request (rule 3): ``(split id, high watermark)`` of each chunk it finished in
-    an earlier batch, and "give me a chunk, or the stream"."""
+def _reports_apart(fields: dict[str, Any]) -> dict[str, Any]:
+    """NextChunk version 1 -> 2: ``(split id, high watermark)`` pairs become the finished ids
+    and their reports (docs/decisions/103-postgres-on-the-split-framework.md)."""
+    pairs = tuple(tuple(pair) for pair in fields.get("finished", ()))
+    return {"finished": tuple(split_id for split_id, _ in pairs), "watermarks": None,
+            "reports": pairs}
 
-    finished: tuple[tuple[str, int], ...] = ()
+
+@encoded("postgres.NextChunk", version=2, upgrades={1: _reports_apart},
+         first_fields=("finished",))
+@dataclass(frozen=True)
+class NextChunk(NextSplit):
+    """A reader's request (rule 3): the chunks it finished in an earlier batch, each with its
+    high watermark as its report, and "give me a chunk, or the stream". A ``NextSplit`` of
+    its own name, so that a request logged by sparkcoord 0.1.0 (version 1: ``finished`` as
+    ``(split id, high watermark)`` pairs) reads as the same request."""
+
+    @classmethod
+    def of(cls, finished: Iterable[tuple[str, int]] = ()) -> NextChunk:
+        """The request reporting ``(split id, high watermark)`` of each finished chunk. Any
+        thread."""
+        pairs = tuple(finished)
+        return cls(tuple(split_id for split_id, _ in pairs), None, pairs)
+
+
+@encoded("postgres.StagedChunk")
+@dataclass(frozen=True)
+class StagedChunk:
+    """A chunk read whole by a batch, to be emitted and reported by the next one (rule 5):
+    the reader keeps it as the chunk's position in its state. ``high``: the chunk's high
+    watermark; ``rows``: its rows as an Arrow IPC stream (empty when it had none)."""
+
+    high: int
+    rows: bytes = b""
 
 
 @encoded("postgres.NextStreamRead")
