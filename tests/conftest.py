@@ -35,7 +35,9 @@ GUARDED_NAMES = frozenset({"sparkcoord-channel", "sparkcoord-job"})
 #: closed service gives up within about 1.3 s; a server's accept thread ends at close())
 JOIN_S = 15.0
 _CLIENT_FILE = os.path.join("sparkcoord", "channel", "client.py")
-_JOB_FILE = os.path.join("sparkcoord", "spark", "job.py")
+#: where ``CoordinatedJob.request`` runs: its public face, and the client side that waits
+_REQUEST_FILES = (os.path.join("sparkcoord", "spark", "job.py"),
+                  os.path.join("sparkcoord", "spark", "requests.py"))
 
 
 def in_channel_client(thread: threading.Thread) -> bool:
@@ -45,7 +47,7 @@ def in_channel_client(thread: threading.Thread) -> bool:
     while frame is not None:
         code = frame.f_code
         if code.co_filename.endswith(_CLIENT_FILE) or (
-                code.co_filename.endswith(_JOB_FILE) and code.co_name == "request"):
+                code.co_filename.endswith(_REQUEST_FILES) and code.co_name == "request"):
             return True
         frame = frame.f_back
     return False

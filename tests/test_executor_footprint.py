@@ -14,7 +14,9 @@ import textwrap
 
 DRIVER_ONLY = ["fsspec", "asyncio", "sparkcoord.runtime.service", "sparkcoord.runtime.inbox",
                "sparkcoord.runtime.storage",
-               "sparkcoord.spark.driver", "sparkcoord.spark.job", "sparkcoord.runtime.holder"]
+               "sparkcoord.spark.driver", "sparkcoord.spark.job", "sparkcoord.spark.supervisor",
+               "sparkcoord.spark.handle", "sparkcoord.spark.requests", "sparkcoord.spark.failures",
+               "sparkcoord.spark.progress", "sparkcoord.runtime.holder"]
 
 
 def modules_after(script: str) -> set[str]:

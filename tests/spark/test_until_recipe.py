@@ -78,7 +78,7 @@ def test_the_documented_until_recipe_survives_a_fail_job_and_ends_the_job_when_d
     assert "injected failure before item 12" in failures[0], failures
     items = Counter(r.item for r in sink_rows(spark, str(tmp_path / "out")))
     assert sorted(items) == list(range(N)) and set(items.values()) == {1}, items
-    assert job._clients == {}  # the connection to the ended run is closed with the job
+    assert job._requests._clients == {}  # the connection to the ended run is closed with the job
 
 
 def test_a_failure_the_strategy_gives_up_on_ends_the_until_recipe_job_with_its_own_cause(
