@@ -245,6 +245,104 @@ def test_the_no_spark_checks_see_the_postgres_source_and_the_sinks() -> None:
     assert "sparkcoord.spark.spec" in imported_modules(POSTGRES_SOURCE / "stream.py")
 
 
+#: the lake sink's table formats (sinks/formats/, decision 101): a package per format, and
+#: what a format may import of the sink (the modules below the formats; its own package)
+FORMATS = SINKS / "formats"
+BELOW_FORMATS = ("changes", "fencing", "files", "mergefiles", "mergefold", "tables")
+#: the modules that moved into sinks/formats/, by their old path (each an alias of the module)
+MOVED_TO_FORMATS = {"delta": "formats.delta.commit", "iceberg": "formats.iceberg.commit",
+                    "icebergmerge": "formats.iceberg.rewrite"}
+#: in a format, which of its modules each may import (formats/__init__.py rule 3)
+WITHIN_A_FORMAT = {"commit": {"merge", "actions", "names", "rewrite"},
+                   "merge": {"actions", "names", "rewrite"},
+                   "actions": set(), "names": set(), "rewrite": set()}
+
+
+def format_modules() -> list[pathlib.Path]:
+    return sorted(p for p in FORMATS.rglob("*.py") if p.stem != "__init__")
+
+
+def imported_sparkcoord_modules(path: pathlib.Path) -> set[str]:
+    """:func:`imported_modules`, with ``from package import module`` as the module."""
+    names = set(imported_modules(path))
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            base = PACKAGE.parent.joinpath(*node.module.split("."))
+            names.update(f"{node.module}.{a.name}" for a in node.names
+                         if (base / f"{a.name}.py").is_file() or (base / a.name).is_dir())
+            if base.is_dir() and all((base / f"{a.name}.py").is_file() for a in node.names):
+                names.discard(node.module)
+    return names
+
+
+@pytest.mark.parametrize("path", format_modules(), ids=lambda p: str(p.relative_to(FORMATS)))
+def test_a_format_imports_of_the_sink_only_what_lies_below_the_formats(
+        path: pathlib.Path) -> None:
+    # formats/__init__.py rules 1 and 3: no other format, nothing of the sink above the formats
+    # (the coordinator, the target that picks a format, the builder), so no circle can form
+    own = path.parent.name
+    assert path.stem in WITHIN_A_FORMAT, (
+        f"formats/{own}/{path.name}: add it to WITHIN_A_FORMAT (and docs/layout.md)")
+    for module in imported_sparkcoord_modules(path):
+        parts = module.split(".")
+        if parts[:2] != ["sparkcoord", "sinks"]:
+            continue
+        where = f"sinks/formats/{own}/{path.name} imports {module}"
+        if parts[2:3] == ["formats"]:
+            assert parts[3:4] == [own], f"{where}: a format imports no other format"
+            assert len(parts) == 5 and parts[4] in WITHIN_A_FORMAT[path.stem], (
+                f"{where}: in a format, {path.stem}.py imports only "
+                f"{sorted(WITHIN_A_FORMAT[path.stem])} (formats/__init__.py rule 3)")
+        else:
+            assert len(parts) == 3 and parts[2] in BELOW_FORMATS, (
+                f"{where}: a format imports of the sink only {BELOW_FORMATS}")
+
+
+@pytest.mark.parametrize("path", sorted(FORMATS.rglob("__init__.py")),
+                         ids=lambda p: str(p.relative_to(FORMATS)))
+def test_the_format_packages_import_nothing(path: pathlib.Path) -> None:
+    # formats/__init__.py rule 2: a format's library is loaded only with its committer
+    assert imported_modules(path) == set(), f"{path.relative_to(PACKAGE)} imports something"
+
+
+@pytest.mark.parametrize("path", sorted(p for p in SINKS.rglob("*.py")
+                                        if FORMATS not in p.parents),
+                         ids=lambda p: str(p.relative_to(SINKS)))
+def test_of_the_sink_only_the_target_imports_a_format(path: pathlib.Path) -> None:
+    # formats/__init__.py rule 1: the target picks a format; the modules below the formats
+    # (and the coordinator, which is handed a committer) know none
+    if path.name == "target.py":
+        return
+    for module in imported_sparkcoord_modules(path):
+        assert not module.startswith("sparkcoord.sinks.formats"), (
+            f"sinks/{path.relative_to(SINKS)} imports {module}; only target.py picks a format")
+
+
+@pytest.mark.parametrize("old", sorted(MOVED_TO_FORMATS))
+def test_a_format_module_s_old_path_is_the_same_module(old: str) -> None:
+    # issue 44 item 3: imports, monkeypatches and pickles of the old paths reach the moved
+    # module itself, never a twin
+    import importlib
+
+    assert (importlib.import_module(f"sparkcoord.sinks.{old}")
+            is importlib.import_module(f"sparkcoord.sinks.{MOVED_TO_FORMATS[old]}"))
+    assert {"importlib", "sys"} == imported_modules(SINKS / f"{old}.py")
+
+
+def test_the_format_checks_see_the_formats() -> None:
+    # guard against a glob that silently finds nothing
+    names = {str(p.relative_to(FORMATS)) for p in format_modules()}
+    assert {"delta/commit.py", "delta/merge.py", "iceberg/commit.py", "iceberg/merge.py",
+            "iceberg/rewrite.py"} <= names
+    assert "sparkcoord.sinks.formats.delta.merge" in imported_modules(FORMATS / "delta" /
+                                                                      "commit.py")
+    assert "sparkcoord.sinks.formats.iceberg.rewrite" in imported_sparkcoord_modules(
+        FORMATS / "iceberg" / "merge.py")
+    assert "sparkcoord.sinks.formats.delta.commit" in imported_modules(SINKS / "target.py")
+    assert {str(p.relative_to(SINKS)) for p in no_spark_modules() if FORMATS in p.parents} >= {
+        "formats/delta/commit.py", "formats/iceberg/commit.py"}
+
+
 def test_every_package_and_module_of_sparkcoord_has_a_layer_rule() -> None:
     entries = {p.name.removesuffix(".py") for p in PACKAGE.iterdir()
                if p.name not in ROOT_MODULES and not p.name.startswith(("_", "."))}

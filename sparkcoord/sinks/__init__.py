@@ -5,8 +5,8 @@ The builder is :class:`LakeSink` (``stream.py``, the only module that reaches Sp
 Below it, knowing no Spark: the coordinator that commits (``coordinator.py``) and the subtask
 that writes (``task.py``), the table they write (``target.py``), the task-side writer and its
 file reports (``files.py``), the fence between a job and its table (``fencing.py``), the Delta
-and Iceberg committers (``delta.py``, ``iceberg.py``; their libraries are the ``lake`` extra,
-imported only when used) and the cleanup decision (``cleanup.py``).
+and Iceberg committers (the package ``formats/``, a package per format; their libraries are the
+``lake`` extra, imported only when used) and the cleanup decision (``cleanup.py``).
 """
 
 from sparkcoord.sinks.fencing import (

@@ -3,7 +3,8 @@
 A lake sink in ``merge`` mode takes the PostgreSQL source's rows (docs/cdc.md, "Applying the
 changes": ``op``, ``lsn``, ``seq``, a ``key`` struct, ``after`` struct, ``unchanged``) of one
 captured table. Its tasks stage each epoch's rows as parquet files; its coordinator reduces
-them here and merges the result into the table in one transaction (``delta.py``).
+them here and merges the result into the table in one transaction (``formats/``: Delta's
+``merge.py``, Iceberg's ``merge.py``).
 
 Rules:
   1. The changes of one epoch apply in ``(lsn, seq)`` order, a snapshot row (``seq`` null)

@@ -29,10 +29,11 @@ Rules:
      its batch, so the stream waits for a compaction at most the batch that does it. A bin
      one of whose files cannot be read (deleted behind the table's back) is reported with
      no outputs: nothing is swapped and its files are not planned again.
-  4. The swap is part of the epoch's commit (``delta.py``, ``iceberg.py``): the inputs
-     removed and the outputs added (neither a change of the table's data) with the epoch's
-     files, in one transaction that fails rather than lands over a commit it did not read
-     (the commit worker's retry reads the table again). A swap one of whose inputs is no
+  4. The swap is part of the epoch's commit (``formats/delta/commit.py`` rule 5,
+     ``formats/iceberg/commit.py`` rule 6): the inputs removed and the outputs added
+     (neither a change of the table's data) with the epoch's files, in one transaction that
+     fails rather than lands over a commit it did not read (the commit worker's retry reads
+     the table again). A swap one of whose inputs is no
      longer in the table's current files is left out (rows would be duplicated), and so is
      every swap of a table that may hold deletes outside data files (Iceberg delete files,
      Delta deletion vectors: the rewrite reads the raw files and would bring deleted rows

@@ -14,8 +14,8 @@ Rules:
      to cleanup (rule 5); the retry writes files of its own under other names.
   3. ``notify_checkpoint_complete(N)``: the batch of N committed in Spark; its files become the
      pending commit of N (ledger rule 2), run by the commit worker off the mailbox: one table
-     transaction per epoch, fenced by the table (``fencing.py``; ``delta.py``,
-     ``iceberg.py``). An epoch without files has no commit.
+     transaction per epoch, fenced by the table (``fencing.py``; ``formats/delta/``,
+     ``formats/iceberg/``). An epoch without files has no commit.
   4. The checkpointed state is the ledger's pending commits and the newest epoch whose commit
      was reported done, so a restore commits what the table lacks (a commit the table already
      holds is skipped by the fence: the epoch was pending in the restored checkpoint) and the
@@ -35,8 +35,8 @@ Rules:
      the commit stays pending in the checkpoint.
   7. Mode ``merge``: the reported files are the epoch's staged change rows; the commit reads
      them, reduces them by key (``changes.py``) and merges the result into the table in one
-     transaction (``delta.py`` rule 4). The staged files are never in the table, so the
-     cleanup after the commit deletes them.
+     transaction (``formats/delta/commit.py`` rule 4). The staged files are never in the
+     table, so the cleanup after the commit deletes them.
   8. Option ``compaction`` (mode ``append``): the coordinator plans bins of small committed
      files at each checkpoint and sends each subtask its bin (:class:`CompactionAssigned`)
      before the checkpoint completes; a task's :class:`FilesCompacted` report is an item of

@@ -2,10 +2,10 @@
 
 A task of a lake sink writes parquet files into the table's location and reports each file to
 the coordinator; the coordinator commits an epoch's reported files in one table transaction
-(``delta.py``, ``iceberg.py``). The report carries everything both table formats need to add
-the file without opening it again on the driver: the path relative to the table, the row
-count, the size, and per-column statistics (Delta's ``minValues``/``maxValues``/``nullCount``
-in an add action's ``stats``; Iceberg's ``lower_bounds``/``upper_bounds``/
+(``formats/delta/``, ``formats/iceberg/``). The report carries everything both table formats
+need to add the file without opening it again on the driver: the path relative to the table,
+the row count, the size, and per-column statistics (Delta's ``minValues``/``maxValues``/
+``nullCount`` in an add action's ``stats``; Iceberg's ``lower_bounds``/``upper_bounds``/
 ``null_value_counts``/``value_counts``/``column_sizes`` of a ``DataFile``).
 
 Rules:

@@ -14,16 +14,18 @@ Rules:
      ``sc-<job>.e<epoch>.`` and never sees them; only the sweep at start (whole directory,
      table references held) decides on them (``cleanup.py`` rule 1).
   2. Iceberg: pyiceberg writes the files (its delete and upsert); it asks the table's location
-     provider for each name. ``iceberg.with_merge_names`` gives the committer's in-memory
-     copy of the table's metadata a provider (``write.py-location-provider.impl``,
-     ``iceberg.MergeLocationProvider``) and the job and epoch to name by; the table's stored
-     properties are untouched (the catalog applies the transaction's updates, not our copy).
+     provider for each name. ``with_merge_names`` (``formats/iceberg/names.py``) gives the
+     committer's in-memory copy of the table's metadata a provider
+     (``write.py-location-provider.impl``, ``MergeLocationProvider``) and the job and epoch
+     to name by; the table's stored properties are untouched (the catalog applies the
+     transaction's updates, not our copy).
   3. Delta: delta-rs's merge names its files ``part-<n>-<uuid>...`` with no hook to change
-     that, so the committer merges by copy-on-write itself (``delta.py`` rule 4): the files
-     that may hold a changed key by their add actions' statistics (:func:`files_to_rewrite`,
-     no I/O), then, of those, the ones that do by their key columns; each is rewritten
-     without the changed keys' rows and the rows put are written new, all by
-     :class:`MergeFileWriter`, and the removes and adds go in the epoch's one transaction.
+     that, so the committer merges by copy-on-write itself (``formats/delta/commit.py`` rule
+     4, done in ``formats/delta/merge.py``): the files that may hold a changed key by their
+     add actions' statistics (:func:`files_to_rewrite`, no I/O), then, of those, the ones
+     that do by their key columns; each is rewritten without the changed keys' rows and the
+     rows put are written new, all by :class:`MergeFileWriter`, and the removes and adds go
+     in the epoch's one transaction.
 
 Thread model: the sink coordinator's commit worker thread (the committers' ``merge``);
 :func:`files_to_rewrite` and the name functions are pure.

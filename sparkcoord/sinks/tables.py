@@ -1,6 +1,7 @@
 """What both table formats share, and what the sink's coordinator asks of a format: the
 storage options each library names its own way, the check of an existing table's shape, and
-the :class:`TableCommitter` protocol that ``delta.py`` and ``iceberg.py`` implement.
+the :class:`TableCommitter` protocol that the formats implement (``formats/delta/``,
+``formats/iceberg/``).
 
 It imports neither format, and both import it, so ``target.py`` (which picks a format) sits
 above the formats and the formats above this module: no import circle.

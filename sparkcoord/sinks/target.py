@@ -120,15 +120,15 @@ class SinkTarget:
         return f"{self.kind} table {self.table}"
 
     def committer(self, run_id: str | None = None) -> TableCommitter:
-        """A committer of the table (``delta.py``, ``iceberg.py``) for one coordinator start
-        (its ``run_id``; fresh by default)."""
+        """A committer of the table (``formats/delta/``, ``formats/iceberg/``) for one
+        coordinator start (its ``run_id``; fresh by default)."""
         if self.kind == "delta":
-            from sparkcoord.sinks.delta import DeltaCommitter
+            from sparkcoord.sinks.formats.delta.commit import DeltaCommitter
 
             return DeltaCommitter(self.location, self.job_id, self.schema, run_id=run_id,
                                   storage_options=dict(self.delta_options) or None,
                                   fsspec_options=dict(self.storage_options))
-        from sparkcoord.sinks.iceberg import IcebergCommitter
+        from sparkcoord.sinks.formats.iceberg.commit import IcebergCommitter
 
         return IcebergCommitter(self.load_catalog(), self.table, self.job_id, self.schema,
                                 run_id=run_id)

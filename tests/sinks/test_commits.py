@@ -1,5 +1,5 @@
 """Committing epochs to Delta and Iceberg tables once, and refusing what would break that
-(sparkcoord/sinks/delta.py, iceberg.py, fencing.py), on real tables in tmp_path."""
+(sparkcoord/sinks/formats/delta/, formats/iceberg/, fencing.py), on real tables in tmp_path."""
 
 from __future__ import annotations
 

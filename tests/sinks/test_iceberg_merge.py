@@ -1,7 +1,7 @@
-"""Mode merge on Iceberg by copy-on-write (sparkcoord/sinks/icebergmerge.py, issue 43 finding
-4): only the files whose key bounds may hold a changed key are read, one snapshot per epoch,
-small files folded in with their rows kept exactly, old snapshots expired without costing the
-fence or a live snapshot's files."""
+"""Mode merge on Iceberg by copy-on-write (sparkcoord/sinks/formats/iceberg/rewrite.py, issue
+43 finding 4): only the files whose key bounds may hold a changed key are read, one snapshot
+per epoch, small files folded in with their rows kept exactly, old snapshots expired without
+costing the fence or a live snapshot's files."""
 
 from __future__ import annotations
 

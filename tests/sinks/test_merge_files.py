@@ -309,7 +309,7 @@ def test_key_bounds_are_trusted_as_far_as_their_writer_keeps_them_exact() -> Non
     # millisecond, or clamp a decimal's: a file whose bound cannot be trusted stays a candidate
     import datetime
 
-    from sparkcoord.sinks.delta import _trusted_bounds
+    from sparkcoord.sinks.formats.delta.merge import _trusted_bounds
 
     other, ours = "part-00000-1.parquet", "data/" + merge_file_name("job", 1, "00ff00ff00ff", 0)
     text = [pa.string()]
