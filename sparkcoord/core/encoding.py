@@ -35,7 +35,7 @@ Rules:
   6. A log item (an event, a request, an answer) that a retry or a replay sends again is the
      same item when its bytes equal the logged ones or, where they differ, when the two
      decode to values this code encodes to the same bytes (:func:`same_value`): an upgrade between the two runs may change
-     an encoding, never a value (``core/inbound.py`` rule 4, ``runtime/inbox.py``).
+     an encoding, never a value (``core/histories.py`` rule 1, ``runtime/inbox.py``).
 
 Thread model: the registry is filled at import time (class decorators); encoding and decoding
 run on any thread.

@@ -12,7 +12,7 @@ Rules:
      :func:`client_identity`, whose run is the client's id and whose subtask index is
      :data:`CLIENT_INDEX` (no subtask has it), in the epoch whose log took the request.
   3. Entries are immutable values; equal entries are the same input (a re-send is recognised
-     by its bytes, core/inbound.py rule 4).
+     by its bytes, core/histories.py rule 1).
 
 Thread model: none (values).
 """
@@ -104,6 +104,12 @@ def client_identity(operator: str, client: str, epoch: int) -> TaskAttempt:
     return TaskAttempt(client, SubtaskId(operator, CLIENT_INDEX), epoch, 0)
 
 
+def client_of(identity: TaskAttempt) -> DriverClient:
+    """The client whose log identity (in any epoch's log) ``identity`` is: the inverse of
+    :func:`client_identity` but for the epoch."""
+    return DriverClient(identity.subtask.operator, identity.run)
+
+
 @dataclass(frozen=True, slots=True)
 class ClientRequestEntry:
     """Log entry: request ``seq`` of a client of the job (the user's driver program) to the
@@ -142,6 +148,15 @@ ItemEntry = EventEntry | EventRunEntry | RequestEntry
 
 #: The logged answer to a request, a task's or a client's.
 Answer = ResponseEntry | ClientResponseEntry
+
+
+def events_of(entry: LogEntry) -> list[EventEntry]:
+    """The events ``entry`` holds, one entry each (none: it is not an event or a run of them)."""
+    if isinstance(entry, EventRunEntry):
+        return entry.each()
+    if isinstance(entry, EventEntry):
+        return [entry]
+    return []
 
 
 def is_client_identity(identity: TaskAttempt) -> bool:

@@ -138,6 +138,6 @@ def test_client_requests_between_batches_do_not_grow_the_gates_memory() -> None:
         assert g.request_received(DriverClient("op", "c"), seq, b"status").verdict is Verdict.ACCEPT
         assert g.response_recorded(client_identity("op", "c", 3), seq, b"ok") is not None
     assert len(g._log) == 1  # only the last entry, for the runtime to log durably
-    assert len(g._client) == CLIENT_MEMORY  # the re-send memory is bounded
+    assert len(g._clients) == CLIENT_MEMORY  # the re-send memory is bounded
     # the newest are remembered (a re-send is answered), the oldest forgotten
     assert g.request_received(DriverClient("op", "c"), CLIENT_MEMORY + 99, b"status").verdict is Verdict.DUPLICATE
