@@ -2,12 +2,13 @@
 
 A connection is admitted by the accept thread, handed to the I/O loop, and authenticated by
 its first authenticated frame: that frame is the handshake (the job's secret, frames rule 1;
-nothing of an unauthenticated connection is parsed or answered, server rule 2). This module
+no frame's body is parsed before its MAC is checked, and an unauthenticated connection is
+never answered: frames rule 2, server rule 2). This module
 holds the limits on the way there. It is connection admission, not the inbound gate's
 (docs/protocol.md [inbound-admission], core/inbound.py), which decides each authenticated
 input.
 
-Rules (server rules 4 to 7 name them; their numbers there are these plus 3):
+Rules (rules 1 to 4 are server rules 4 to 7, which cite them; rule 5 belongs to server rule 6):
   1. A connection must complete its first authenticated frame within ``first_frame_timeout_s``
      of being accepted (a total deadline, not per read: a client trickling bytes is dropped
      too); after that it may stay idle for as long as it likes (a task between events).
