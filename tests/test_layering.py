@@ -236,6 +236,37 @@ def test_a_postgres_module_s_old_path_is_the_same_module(package: str, name: str
     assert {"importlib", "sys"} == imported_modules(POSTGRES_SOURCE / f"{name}.py")
 
 
+#: the channel server's parts (docs/decisions/100-channel-server-split.md): dispatch hands the
+#: decoded frames to the service and does no socket I/O of its own (it writes through a
+#: connection's writer); the names the server module had stay importable from it, as the
+#: objects of their new homes (module -> {name in channel/server.py: name there})
+NO_SOCKET_IO = {"socket", "socketserver", "select", "selectors"}
+CHANNEL_SERVER_NAMES = {
+    "dispatch": {"InboundHandler": "InboundHandler", "DeliveryHandler": "DeliveryHandler",
+                 "_VERDICTS": "VERDICTS", "_no_hold": "no_hold", "_response": "response",
+                 "_add_range": "add_range"},
+    "admission": {"_Throttle": "Throttle", "_peer": "peer_of"},
+    "connection": {"_Connection": "Connection", "_Writer": "Writer"},
+}
+
+
+def test_the_channel_dispatch_does_no_socket_io() -> None:
+    path = PACKAGE / "channel" / "dispatch.py"
+    bad = {m for m in imported_modules(path) if m.split(".")[0] in NO_SOCKET_IO}
+    assert not bad, f"channel/dispatch.py imports {sorted(bad)}: dispatch does no socket I/O"
+    assert "sparkcoord.channel.connection" in imported_modules(path)  # the checker sees it
+
+
+@pytest.mark.parametrize("module", sorted(CHANNEL_SERVER_NAMES))
+def test_a_name_the_channel_server_had_is_importable_from_it(module: str) -> None:
+    import importlib
+
+    server = importlib.import_module("sparkcoord.channel.server")
+    home = importlib.import_module(f"sparkcoord.channel.{module}")
+    for old, new in CHANNEL_SERVER_NAMES[module].items():
+        assert getattr(server, old) is getattr(home, new), f"channel.server.{old}"
+
+
 def test_the_no_spark_checks_see_the_postgres_source_and_the_sinks() -> None:
     # guard against a glob that silently finds nothing
     names = {p.name for p in no_spark_modules()}

@@ -51,6 +51,11 @@ Rules:
      connection that broke, or that the service refused, is closed at once
      (docs/decisions/059-healthy-log.md).
 
+Parts: what the attempt sent and what was acknowledged is its ledger's (channel/ledger.py,
+sans-IO); this module does the socket work: connecting, writing, reading replies, retries and
+refusal waits. A client of the running job (the user's driver program) is a
+:class:`JobClient` (channel/job_client.py, exported here too).
+
 Thread model: one client per task, used from the task's thread only.
 """
 
@@ -58,18 +63,15 @@ from __future__ import annotations
 
 import socket
 import time
-from collections import OrderedDict
 
+from sparkcoord.channel.errors import ChannelRejected as ChannelRejected
+from sparkcoord.channel.errors import ChannelUnavailable as ChannelUnavailable
 from sparkcoord.channel.frames import (
-    ClientRequest,
     Delivery,
-    EventFrames,
     Fetch,
-    Finished,
     FrameError,
     FrameReader,
     FrameType,
-    Register,
     Replies,
     Reply,
     ReplyVerdict,
@@ -78,14 +80,10 @@ from sparkcoord.channel.frames import (
     authenticate_and_parse,
     encode,
 )
-from sparkcoord.core.errors import RequestFailed, SparkCoordError
+from sparkcoord.channel.job_client import JobClient as JobClient
+from sparkcoord.channel.ledger import Ledger
+from sparkcoord.core.errors import RequestFailed
 from sparkcoord.core.ids import TaskAttempt
-
-
-class ChannelRejected(SparkCoordError):
-    """The coordination service refused this task's registration, event or request (the job
-    failed, the run ended, the attempt is stale). Raised without a traceback of the runtime
-    or the operator (:func:`refused`): the reason is all there is to say."""
 
 
 def refused(what: str, reason: str, hold_ms: int,
@@ -129,10 +127,6 @@ def _released(sock: socket.socket | None, wait_s: float) -> bool:
     return False
 
 
-class ChannelUnavailable(SparkCoordError):
-    """The coordination service could not be reached or did not answer in time."""
-
-
 class ChannelClient:
     """Sends one task attempt's events to the coordination service."""
 
@@ -144,25 +138,35 @@ class ChannelClient:
         self.secret = secret
         self.attempt = attempt
         self.window = window
-        self.batch_max = batch_max
-        self.batch_max_bytes = batch_max_bytes
         self.ack_timeout_s = ack_timeout_s
         self.max_retries = max_retries
         self.retry_window_s = retry_window_s
-        self.execution_attempt = 0
-        #: the length of the history this attempt continues (its registration's reply)
-        self.history_length = 0
-        self._register_pending = False  # lazy registration not written yet
-        self._register_acked = False
-        self.next_seq = 0
-        self._unacked: OrderedDict[int, bytes] = OrderedDict()  # seq -> payload
-        self._pending: list[bytes] = []  # the burst buffer: the newest unacked, not yet written
-        self._pending_bytes = 0
-        self._frames = EventFrames(attempt, secret)
+        #: what this attempt sent and what was acknowledged (sans-IO: channel/ledger.py)
+        self._ledger = Ledger(attempt, secret, batch_max=batch_max,
+                              batch_max_bytes=batch_max_bytes)
         self._sock: socket.socket | None = None
         self._reader: FrameReader | None = None
-        self._request: tuple[int, bytes] | None = None  # the request waiting for its answer
         self.reconnects = 0
+
+    @property
+    def next_seq(self) -> int:
+        """The number of the next item (ledger rule 1); set before the first send, it
+        continues a subtask's sequence where another client left it. Task thread."""
+        return self._ledger.next_seq
+
+    @next_seq.setter
+    def next_seq(self, seq: int) -> None:
+        self._ledger.next_seq = seq
+
+    @property
+    def execution_attempt(self) -> int:
+        """The coordinator-visible execution attempt (the latest reply's). Task thread."""
+        return self._ledger.execution_attempt
+
+    @property
+    def history_length(self) -> int:
+        """The length of the history this attempt continues (its registration's reply)."""
+        return self._ledger.history_length
 
     # ------------------------------------------------------------------------------- api
     def fetch(self, operator: str, index: int, epoch: int) -> Delivery:
@@ -185,19 +189,20 @@ class ChannelClient:
 
     def register(self) -> int:
         """Register the attempt; returns the coordinator-visible execution attempt number."""
-        self._register_pending = False
+        self._ledger.register_pending = False
         self._with_retries(self._register_once)
         return self.execution_attempt
 
     def register_with_first_event(self) -> None:
         """Register lazily: the REGISTER frame goes out with the first event (rule 2)."""
-        self._register_pending = True
+        self._ledger.register_pending = True
 
     def registered_attempt(self) -> int:
         """The coordinator-visible execution attempt; registers now if still lazy. Task thread."""
-        if self._register_pending and not self._unacked:
+        ledger = self._ledger
+        if ledger.register_pending and not ledger.unacked:
             return self.register()
-        while not self._register_acked:
+        while not ledger.register_acked:
             self._with_retries(self._read_one_reply)
         return self.execution_attempt
 
@@ -206,20 +211,16 @@ class ChannelClient:
 
         Task thread. The event is on the wire now, or in the burst buffer (rule 5).
         """
-        seq = self.next_seq
-        self.next_seq += 1
-        self._unacked[seq] = payload
-        pending = self._pending
-        pending.append(payload)
-        self._pending_bytes += len(payload)
-        full = len(pending) >= self.batch_max or self._pending_bytes >= self.batch_max_bytes
-        if not full and len(self._unacked) > len(pending) and len(pending) % 8 == 1:
+        ledger = self._ledger
+        seq = ledger.add(payload)
+        full = ledger.burst_full()
+        if not full and ledger.in_flight() and len(ledger.pending) % 8 == 1:
             # others in flight: have their acknowledgements arrived? (a non-blocking look,
             # taken at the first buffered event and every 8th after it, not per event)
             self._poll_replies()
-        if full or len(self._unacked) == len(pending):
+        if full or not ledger.in_flight():
             self._write_pending()
-        while len(self._unacked) >= self.window:
+        while len(ledger.unacked) >= self.window:
             self._with_retries(self._read_one_reply)
         return seq
 
@@ -232,13 +233,7 @@ class ChannelClient:
         and :class:`ChannelUnavailable` when the service cannot be reached (rule 7).
         """
         self._write_pending()  # events sent before the request go first, in order
-        seq = self.next_seq
-        self.next_seq += 1
-        self._request = (seq, payload)
-        frame = self._frames.encode_request(seq, payload)
-        if self._register_pending:  # rule 2: the registration precedes the first item
-            frame = encode(Register(self.attempt), self.secret) + frame
-            self._register_pending = False
+        seq, frame = self._ledger.ask(payload)  # rule 2: behind the registration if lazy
         deadline = time.monotonic() + timeout_s
         try:
             self._connected().sendall(frame)
@@ -293,7 +288,7 @@ class ChannelClient:
                 else:
                     raise FrameError(f"expected a response, got {type(message).__name__}")
         finally:
-            self._request = None
+            self._ledger.request = None
             if shortened and self._sock is not None:
                 self._sock.settimeout(self.ack_timeout_s)
 
@@ -302,7 +297,7 @@ class ChannelClient:
 
         Task thread; the task calls it before it finishes its batch.
         """
-        while self._unacked:
+        while self._ledger.unacked:
             self._with_retries(self._read_one_reply)
 
     def finish(self) -> None:
@@ -314,11 +309,8 @@ class ChannelClient:
         self.flush()
 
         def once() -> None:
-            frame = encode(Finished(self.attempt, self.next_seq), self.secret)
-            if self._register_pending:  # it sent nothing: the registration goes first
-                frame = encode(Register(self.attempt), self.secret) + frame
-                self._register_pending = False
-            self._connected().sendall(frame)
+            # behind the registration if it sent nothing (rule 2)
+            self._connected().sendall(self._ledger.finished())
             while not any(r.request is FrameType.FINISHED for r in self._read_replies()):
                 pass
 
@@ -361,17 +353,9 @@ class ChannelClient:
                 self._reader = None
 
     def _write_pending(self) -> None:
-        pending = self._pending
-        if not pending:
+        frame = self._ledger.take_burst()  # rule 2: behind the registration if still lazy
+        if not frame:
             return
-        first = self.next_seq - len(pending)
-        frame = (self._frames.encode(first, pending[0]) if len(pending) == 1
-                 else self._frames.encode_many(first, pending))
-        self._pending = []
-        self._pending_bytes = 0
-        if self._register_pending:  # rule 2: the registration precedes the first event
-            frame = encode(Register(self.attempt), self.secret) + frame
-            self._register_pending = False
         try:
             self._connected().sendall(frame)
         except OSError:
@@ -384,7 +368,7 @@ class ChannelClient:
             return
         try:
             if reader.poll():
-                while self._unacked and reader.frame_ready():
+                while self._ledger.unacked and reader.frame_ready():
                     self._read_replies()
         except (OSError, FrameError):
             pass  # the next blocking read meets the same problem and retries (rule 7)
@@ -428,7 +412,7 @@ class ChannelClient:
                 reconnect = True
 
     def _register_once(self) -> None:
-        self._connected().sendall(encode(Register(self.attempt), self.secret))
+        self._connected().sendall(self._ledger.registration())
         while not any(r.request is FrameType.REGISTER for r in self._read_replies()):
             pass
 
@@ -436,32 +420,17 @@ class ChannelClient:
         # After a reconnect: register again (acknowledged as a duplicate), then every
         # unacknowledged event again, in order, with its own number.
         sock = self._connected()
-        sock.sendall(encode(Register(self.attempt), self.secret))
+        sock.sendall(self._ledger.registration())
         self._read_replies()
-        self._pending = []
-        self._pending_bytes = 0
-        chunk: list[bytes] = []
-        first = size = 0
-        for seq, payload in list(self._unacked.items()):  # consecutive numbers, oldest first
-            if chunk and (len(chunk) >= self.batch_max or size + len(payload) > self.batch_max_bytes):
-                sock.sendall(self._frames.encode_many(first, chunk))
-                chunk, size = [], 0
-            if not chunk:
-                first = seq
-            chunk.append(payload)
-            size += len(payload)
-        if chunk:
-            sock.sendall(self._frames.encode_many(first, chunk))
-        if self._request is not None:  # the request waiting for its answer comes last
-            seq, payload = self._request
-            sock.sendall(self._frames.encode_request(seq, payload))
+        for frame in self._ledger.resend():  # the events in order, then the request (rule 6)
+            sock.sendall(frame)
 
     def _read_one_reply(self) -> None:
         self._write_pending()  # never wait for acknowledgements of events still buffered here
         # one socket read usually brings a batch of replies: apply all that are buffered
         self._read_replies()
         reader = self._reader
-        while reader is not None and self._unacked and reader.frame_ready():
+        while reader is not None and self._ledger.unacked and reader.frame_ready():
             self._read_replies()
 
     def _read_message(self) -> object:
@@ -494,90 +463,4 @@ class ChannelClient:
                     else f"event {reply.seq}")
             raise refused(f"{self.attempt}: the coordination service refused {what}",
                           reply.reason, reply.hold_ms, self._detach())
-        self.execution_attempt = reply.execution_attempt
-        if reply.request is FrameType.REGISTER:
-            self._register_acked = True
-            self.history_length = max(self.history_length, reply.seq)
-        if reply.request is FrameType.EVENT:
-            unacked = self._unacked
-            for seq in range(reply.seq, reply.seq + reply.count):
-                unacked.pop(seq, None)
-
-
-class JobClient:
-    """Asks the coordinators of a running job: the user's driver program side of client
-    requests (``CoordinatedJob.request``).
-
-    Each request carries this client's id and a sequence number; after a lost connection it is
-    sent again with the same number, and the service answers a repeated one from its log (the
-    request takes effect once).
-
-    Thread model: one request at a time (the caller serializes; ``CoordinatedJob`` holds a
-    lock around it).
-    """
-
-    def __init__(self, address: tuple[str, int], secret: bytes, client_id: str, *,
-                 max_retries: int = 5) -> None:
-        self.address = address
-        self.secret = secret
-        self.client_id = client_id
-        self.max_retries = max_retries
-        self.next_seq = 0
-        self._sock: socket.socket | None = None
-        self._reader: FrameReader | None = None
-
-    def request(self, operator: str, payload: bytes, timeout_s: float,
-                seq: int | None = None) -> Response:
-        """Ask coordinator ``operator``; the RESPONSE (see :meth:`ChannelClient.request`).
-        ``seq``: the request's number (this client's next one by default); the same number
-        again is a re-send (e.g. to the next run after a restart), answered once.
-        Raises :class:`~sparkcoord.core.errors.RequestFailed` after ``timeout_s`` and
-        :class:`ChannelUnavailable` when the connection keeps failing."""
-        if seq is None:
-            seq = self.next_seq
-        self.next_seq = max(self.next_seq, seq + 1)
-        frame = encode(ClientRequest(operator, self.client_id, seq, payload), self.secret)
-        deadline = time.monotonic() + timeout_s
-        failures = 0
-        sent = False
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise RequestFailed(f"no answer from coordinator {operator!r} to client "
-                                    f"request {seq} within {timeout_s} s")
-            try:
-                if self._sock is None:
-                    sock = socket.create_connection(self.address, timeout=remaining)
-                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                    self._sock, self._reader = sock, FrameReader(sock, 1 << 30)
-                    sent = False
-                if not sent:
-                    self._sock.sendall(frame)
-                    sent = True
-                self._sock.settimeout(remaining)
-                assert self._reader is not None
-                raw = self._reader.read_frame()
-                if raw is None:
-                    raise OSError("the coordination service closed the connection")
-                message = authenticate_and_parse(*raw, self.secret)
-            except TimeoutError:
-                continue
-            except (OSError, FrameError) as exc:
-                failures += 1
-                self.close()
-                if failures > self.max_retries:
-                    raise ChannelUnavailable(f"client request {seq} to {operator!r}: channel to "
-                                             f"{self.address} failed {failures} times: "
-                                             f"{exc!r}") from exc
-                time.sleep(min(0.02 * 2 ** failures, 1.0))
-                continue
-            if isinstance(message, Response) and message.seq == seq:
-                return message
-
-    def close(self) -> None:
-        if self._sock is not None:
-            try:
-                self._sock.close()
-            finally:
-                self._sock = None
-                self._reader = None
+        self._ledger.acknowledged(reply)
