@@ -715,6 +715,11 @@ class PostgresReader(SplitReader):
         self._staged: list[bytes] = []
         self.max_splits_per_batch = config.max_chunks_per_batch
 
+    @property
+    def arrow_schema(self) -> pa.Schema:
+        """The schema of every record batch (rule 3). Any thread."""
+        return self.schema
+
     def open(self, context: SubtaskContext, state: Any) -> None:
         """Spark task's thread, before the batch's rows: the state of the previous epoch."""
         self._staged = []
@@ -761,8 +766,11 @@ class PostgresReader(SplitReader):
             yield None, StagedChunk(read.high, rows)
             return
         if position.rows:
-            for batch in pa.ipc.open_stream(position.rows):
-                yield batch, position
+            # the rows go out whole, and after them only the report is left: a batch the row
+            # limit stops here resumes with nothing more to emit
+            rows = pa.ipc.open_stream(position.rows).read_all().combine_chunks()
+            for batch in rows.to_batches():
+                yield batch, StagedChunk(position.high)
 
     def finished_report(self, split: Split, position: Any) -> Any:
         """A chunk's report is its high watermark (rule 1; splits.py rule 3)."""
