@@ -126,3 +126,58 @@ def test_a_released_checkpoint_decodes_to_the_librarys_classes_and_reencodes_by_
                 assert not loose, f"{case} {kind}: {type(value).__name__} pickles {loose}"
         report = inspect_checkpoint(os.path.join(root, "ckpt"), decode=True)
         assert report["problems"] == []
+
+
+@pytest.mark.parametrize("tag", TAGS)
+def test_a_released_postgres_checkpoint_s_states_go_on_in_the_split_framework(tag: str) -> None:
+    """Decision 103: 0.1.0's enumerator state (an enumerator of its own) restores into the
+    split enumerator's fields, and its reader states into the split reader's."""
+    from sparkcoord.sources.enumerator import EnumeratorState
+    from sparkcoord.sources.postgres.core.splits import STREAM_SPLIT_ID, StreamSplit
+    from sparkcoord.sources.postgres.enumerator import CdcEnumeratorState, PlanningState
+    from sparkcoord.sources.postgres.reader import PostgresReaderState, _upgraded
+
+    with unpacked(tag, "postgres_merge") as root:
+        values = decoded_values(root)
+    states = [v for v in values["snapshot"] if isinstance(v, CdcEnumeratorState)]
+    assert states, "the fixture holds the PostgreSQL enumerator's snapshots"
+    for state in states:
+        assert isinstance(state, EnumeratorState) and isinstance(state.discovery, PlanningState)
+        assert state.discovered_once == state.discovery.set_up
+        assert set(state.in_flight) == set(state.in_flight_splits or {})
+        assert state.finished <= state.chunks_planned
+        if state.snapshot_done_at is not None:
+            assert state.progress == {} or state.finished == state.chunks_planned
+    streaming = [s for s in states if STREAM_SPLIT_ID in s.in_flight]
+    assert streaming, "the fixture reached the stream"
+    assert all(isinstance((s.in_flight_splits or {})[STREAM_SPLIT_ID], StreamSplit)
+               for s in streaming)
+    readers = [v for v in values["state"] if isinstance(v, PostgresReaderState)]
+    assert readers
+    for old in readers:
+        new, staged = _upgraded(old)
+        if old.position is not None:
+            assert new.unfinished == [(StreamSplit(), old.position)] and staged == []
+        else:
+            assert new.unreported == [split_id for split_id, _ in old.unreported]
+            assert new.reports == dict(old.unreported) and staged == old.staged
+    # and the enumerator goes on from the last of them
+    import functools
+
+    from sparkcoord.sources.postgres.enumerator import PostgresEnumerator
+    from sparkcoord.testing import CoordinatorHarness, ManualWorkers
+    from tests.postgres.test_cdc_enumerator import FakeIO
+
+    last = states[-1]
+    io = FakeIO({t: [] for t in last.tables}, chunk_size=10)
+    h = CoordinatorHarness(functools.partial(PostgresEnumerator, io=lambda: io,
+                                             tables=last.tables, startup=last.startup), 2,
+                           workers=ManualWorkers())
+    io.harness = h
+    h.start()
+    enumerator: Any = h.coordinator
+    enumerator.reset_to_checkpoint(100, last)
+    status = enumerator.handle_client_request("status")
+    assert status["phase"] == ("stream" if STREAM_SPLIT_ID in last.in_flight else "hand-over")
+    assert status["stream_owner"] == last.in_flight.get(STREAM_SPLIT_ID)
+    assert status["chunks_finished"] == last.finished and status["pending"] == 0
