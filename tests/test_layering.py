@@ -267,6 +267,51 @@ def test_a_name_the_channel_server_had_is_importable_from_it(module: str) -> Non
         assert getattr(server, old) is getattr(home, new), f"channel.server.{old}"
 
 
+#: names that moved out of a module and stay importable from it, as the objects of their new
+#: homes (docs/decisions/107-file-reading-and-sink-modules.md): old module -> new module ->
+#: {name in the old module: name in the new}
+ROWS_NAMES = ("READ", "CREATE", "UPDATE", "DELETE", "TRUNCATE", "Key", "RowValues", "Unchanged",
+              "UNCHANGED", "RowChange", "TxChanges", "OutRow", "Visibility")
+MOVED_NAMES = {
+    "sources.files.reading": {
+        "sources.files.lines": {n: n for n in ("line_range", "read_line_range", "lines_before")},
+        "sources.files.packed": {"MemberFetcher": "MemberFetcher", "_BLANK_LINE": "BLANK_LINE",
+                                 "_record_count": "record_count",
+                                 "_joined_tables": "joined_tables", "_cumulative": "cumulative"}},
+    "sinks.coordinator": {
+        "sinks.committing": {"FilesMissing": "FilesMissing", "ValueOutOfRange": "ValueOutOfRange",
+                             "_written_paths": "written_paths", "_epoch_of": "epoch_of"}},
+    "sources.postgres.core.watermarks": {
+        "sources.postgres.core.rows": {**{n: n for n in ROWS_NAMES}, "_precedes": "precedes"}},
+}
+
+
+@pytest.mark.parametrize("old", sorted(MOVED_NAMES))
+def test_a_name_that_moved_out_of_a_module_is_importable_from_it(old: str) -> None:
+    import importlib
+
+    module = importlib.import_module(f"sparkcoord.{old}")
+    for new, names in MOVED_NAMES[old].items():
+        home = importlib.import_module(f"sparkcoord.{new}")
+        for old_name, new_name in names.items():
+            assert getattr(module, old_name) is getattr(home, new_name), f"{old}.{old_name}"
+
+
+def test_the_sink_coordinator_s_errors_keep_their_name_and_its_commit_path_its_place() -> None:
+    # a failed job's text names a permanent error by its qualified name (runtime/holder.py),
+    # and tests override the commit worker's methods on the coordinator's class
+    from sparkcoord.sinks import committing, coordinator
+
+    for error in (committing.FilesMissing, committing.ValueOutOfRange):
+        assert error.__module__ == "sparkcoord.sinks.coordinator", error
+    assert issubclass(coordinator.SinkCoordinator, committing.EpochCommits)
+    for name in ("_open", "_commit", "_sweep", "_check_files_present"):
+        assert getattr(coordinator.SinkCoordinator, name) is getattr(committing.EpochCommits,
+                                                                      name)
+    assert "sparkcoord.sinks.committing" in imported_modules(SINKS / "coordinator.py")
+    assert "sparkcoord.sinks.coordinator" not in imported_modules(SINKS / "committing.py")
+
+
 def test_the_no_spark_checks_see_the_postgres_source_and_the_sinks() -> None:
     # guard against a glob that silently finds nothing
     names = {p.name for p in no_spark_modules()}

@@ -51,7 +51,7 @@ Rules:
      new files are not packed. Not with watermark alignment. A packed split
      (``FileSplit.files``) is read member by member, each checked and named as a file of its
      own (rules 3, 6, 7); its position is (member, rows of it read); on a remote filesystem
-     the next members are fetched ahead (:class:`~.reading.MemberFetcher`). Parquet files are
+     the next members are fetched ahead (:class:`~.packed.MemberFetcher`). Parquet files are
      not packed.
 
 Where each part runs (the rule numbers above are the ones the modules cite):
@@ -70,8 +70,10 @@ Where each part runs (the rule numbers above are the ones the modules cite):
   - :mod:`.split`: :class:`FileSplit`, what discovery hands a reader (through the enumerator
     and the request log).
   - :mod:`.reading`: :class:`FileReader` (rules 1, 3, 6, 7, 8): in Spark's Python workers on
-    the executors, on the task's thread; a packed split's members fetched ahead on threads
-    of its :class:`~.reading.MemberFetcher`.
+    the executors, on the task's thread; with :mod:`.lines`, a text split's lines by byte
+    range (rule 1; also the schema inference's first lines), and :mod:`.packed`, a packed
+    split's members (rule 8) fetched ahead on threads of its :class:`~.packed.MemberFetcher`,
+    counted and joined.
   - :mod:`.metadata`: rule 7's ``_metadata`` column: its type (driver program and task),
     its values (task).
 

@@ -5,11 +5,14 @@ Runs in Spark's Python workers on the executors: a :class:`FileReader` is made a
 Spark task (one subtask of one batch), on the task's thread. The user's driver program uses
 :func:`read_line_range` too, to infer a schema from a file's first lines (:mod:`.schema`).
 
+A text split's lines by byte range are :mod:`.lines`' (rule 1); a packed split's members
+fetched ahead, counted and joined are :mod:`.packed`' (rule 8); their names are importable
+from here as before.
+
 Thread model: the task's thread does everything (open, check, parse, convert, yield) except,
 for a packed split on a remote filesystem, fetching its next members: a
-:class:`MemberFetcher` runs ``cat_file`` on a small thread pool (``sparkcoord-fetch``) of its
-own, made per packed split and shut down when the split is read or the read stops. The pool's
-threads only fetch bytes; the task's thread takes their results in member order.
+:class:`~.packed.MemberFetcher` runs ``cat_file`` on a small thread pool
+(``sparkcoord-fetch``) of its own (:mod:`.packed`).
 """
 
 from __future__ import annotations
@@ -17,13 +20,15 @@ from __future__ import annotations
 import io
 import json
 import logging
-import re
 from collections.abc import Iterator
 from typing import Any
 
 from sparkcoord.core.errors import MalformedRecord, SparkCoordError
 from sparkcoord.sources.alignment import AlignmentOptions
-from sparkcoord.sources.files.listing import _is_local, filesystem
+from sparkcoord.sources.files.lines import line_range as line_range
+from sparkcoord.sources.files.lines import lines_before as lines_before
+from sparkcoord.sources.files.lines import read_line_range as read_line_range
+from sparkcoord.sources.files.listing import filesystem
 from sparkcoord.sources.files.metadata import (
     METADATA_COLUMN,
     SplitMetadata,
@@ -32,12 +37,23 @@ from sparkcoord.sources.files.metadata import (
     row_group_bytes,
 )
 from sparkcoord.sources.files.options import FileSourceOptions
+from sparkcoord.sources.files.packed import BLANK_LINE, cumulative, joined_tables, record_count
+from sparkcoord.sources.files.packed import MemberFetcher as MemberFetcher
 from sparkcoord.sources.files.parsing import Parsed, RecordParser
 from sparkcoord.sources.files.split import FileSplit, Member
 from sparkcoord.sources.reader import SplitReader
 from sparkcoord.sources.splits import Split
 
 log = logging.getLogger("sparkcoord.sources")
+
+#: rule 8: consecutive members of a packed split parsed in one call, up to these many bytes
+PARSE_GROUP_BYTES = 8 << 20
+#: rule 8: the bytes of members a reader fetches ahead of the one it parses (a bigger member
+#: is fetched alone)
+PREFETCH_BYTES = 16 << 20
+#: the names these had here before they moved to :mod:`.packed` (the same objects)
+_BLANK_LINE, _record_count, _joined_tables, _cumulative = (BLANK_LINE, record_count,
+                                                          joined_tables, cumulative)
 
 
 class FileChangedError(RuntimeError):
@@ -58,60 +74,6 @@ def display_path(url: str, path: str) -> str:
     ``url`` is taken, so credentials in a URL never reach a message."""
     scheme = url.split("://", 1)[0].lower() if "://" in url else ""
     return path if scheme in ("", "file", "local") else f"{scheme}://{path}"
-
-
-def line_range(f: Any, start: int, end: int, file_size: int,
-               chunk: int = 1 << 20) -> tuple[int, bytes]:
-    """The lines whose first byte lies in ``[start, end)`` of open file ``f`` (rule 1), and
-    the offset in the file of the first of them."""
-    if start >= end:
-        return start, b""
-    first = 0
-    if start == 0:
-        f.seek(0)
-        data = f.read(end)
-    else:
-        f.seek(start - 1)
-        data = f.read(end - start + 1)
-        cut = data.find(b"\n")
-        if cut == -1 or start + cut >= end:
-            return start, b""  # no line starts in the range
-        data = data[cut + 1:]
-        first = start + cut
-    if end < file_size and not data.endswith(b"\n"):
-        parts = [data]
-        f.seek(end)
-        while True:
-            more = f.read(chunk)
-            if not more:
-                break
-            cut = more.find(b"\n")
-            if cut != -1:
-                parts.append(more[:cut + 1])
-                break
-            parts.append(more)
-        data = b"".join(parts)
-    return first, bytes(data)
-
-
-def read_line_range(f: Any, start: int, end: int, file_size: int, chunk: int = 1 << 20) -> bytes:
-    """The lines whose first byte lies in ``[start, end)`` of open file ``f`` (rule 1)."""
-    return line_range(f, start, end, file_size, chunk)[1]
-
-
-def lines_before(f: Any, offset: int, chunk: int = 1 << 20) -> int:
-    """How many lines of open file ``f`` end before byte ``offset``: a line number is this
-    plus the line's index in its split. Reads the file up to ``offset``, so only a reader that
-    has a malformed record to name calls it."""
-    f.seek(0)
-    count, left = 0, offset
-    while left > 0:
-        block = f.read(min(chunk, left))
-        if not block:
-            break
-        count += block.count(b"\n")
-        left -= len(block)
-    return count
 
 
 class FileReader(SplitReader):
@@ -343,7 +305,7 @@ class FileReader(SplitReader):
                     counts[0] = max(0, counts[0] - done_before)
                 if o.include_metadata:
                     table = self._with_member_metadata(split, group, counts, table)
-                ends = list(_cumulative(counts))
+                ends = list(cumulative(counts))
                 offset, total = 0, table.num_rows
                 while offset < total:
                     take = min(total - offset, o.batch_rows - rows)
@@ -355,10 +317,10 @@ class FileReader(SplitReader):
                     before = ends[k - 1] if k else -done_before  # rows of it before the table
                     after = (group[k][0], offset - before)
                     if rows >= o.batch_rows:
-                        yield _joined_tables(pending), after
+                        yield joined_tables(pending), after
                         pending, rows = [], 0
             if pending:
-                yield _joined_tables(pending), after
+                yield joined_tables(pending), after
         finally:
             fetcher.close()
 
@@ -397,7 +359,7 @@ class FileReader(SplitReader):
                 if o.header:
                     cut = data.find(b"\n")
                     body = data[cut + 1:] if cut >= 0 else b""
-                count = _record_count(body)
+                count = record_count(body)
                 if count is None:
                     break
                 counts.append(count)
@@ -467,106 +429,3 @@ class FileReader(SplitReader):
                    for f in schema]
         kind = pa.Table if isinstance(batch, pa.Table) else pa.RecordBatch
         return kind.from_arrays(columns, schema=schema)
-
-
-class MemberFetcher:
-    """The bytes of a packed split's members (rule 8), in order, from member ``first`` on.
-    A local file is read when asked for; on a remote filesystem (S3, ...) a small thread pool
-    fetches the next members ahead with ``cat_file`` while the reader parses: at most
-    ``ahead`` members and, past the one being read, ``max_bytes`` bytes (a member may be
-    bigger alone). Made and used by :class:`FileReader` in the Spark task's thread; the
-    pool's threads only fetch. :meth:`close` drops what was fetched and not read."""
-
-    def __init__(self, fs: Any, members: tuple[Member, ...], first: int, *, ahead: int,
-                 max_bytes: int) -> None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        self.fs = fs
-        self.members = members
-        self.ahead = max(1, ahead)
-        self.max_bytes = max_bytes
-        self.local = _is_local(fs)
-        self._next = first
-        self._waiting: dict[int, Any] = {}
-        self._pool = (None if self.local or self.ahead == 1 else
-                      ThreadPoolExecutor(self.ahead, thread_name_prefix="sparkcoord-fetch"))
-
-    def _read(self, path: str) -> bytes:
-        if self.local:
-            with open(path, "rb") as f:
-                return f.read()
-        data: bytes = self.fs.cat_file(path)
-        return data
-
-    def _fill(self) -> None:
-        assert self._pool is not None
-        held = sum(self.members[i][1] for i in self._waiting)
-        while self._next < len(self.members) and len(self._waiting) < self.ahead:
-            size = self.members[self._next][1]
-            if self._waiting and held + size > self.max_bytes:
-                break
-            self._waiting[self._next] = self._pool.submit(self._read, self.members[self._next][0])
-            held += size
-            self._next += 1
-
-    def get(self, index: int) -> bytes:
-        """Member ``index``'s bytes (members are asked for in order); a failure to fetch it
-        is raised here."""
-        if self._pool is None:
-            return self._read(self.members[index][0])
-        if index not in self._waiting:
-            self._next = max(self._next, index)
-            self._fill()
-        future = self._waiting.pop(index)
-        self._fill()
-        data: bytes = future.result()
-        return data
-
-    def close(self) -> None:
-        if self._pool is not None:
-            for future in self._waiting.values():
-                future.cancel()
-            self._waiting.clear()
-            self._pool.shutdown(wait=False, cancel_futures=True)
-
-
-#: rule 8: consecutive members of a packed split parsed in one call, up to these many bytes
-PARSE_GROUP_BYTES = 8 << 20
-#: rule 8: the bytes of members a reader fetches ahead of the one it parses (a bigger member
-#: is fetched alone)
-PREFETCH_BYTES = 16 << 20
-#: a line with nothing but white space (or nothing), where CSV and JSON count differently
-_BLANK_LINE = re.compile(rb"(?:^|\n)[ \t\r\f\v]*(?:\n|$)")
-
-
-def _record_count(body: bytes) -> int | None:
-    """The records of ``body`` (whole lines, no header): its non-blank lines; None when a line
-    holds white space only (whether that is a record depends on the format). Reader (task
-    thread), for the one-parse path of a packed split."""
-    if body.endswith(b"\n"):
-        body = body[:-1]
-    if not body:
-        return 0
-    if _BLANK_LINE.search(body) is None:
-        return body.count(b"\n") + 1
-    count = 0
-    for line in body.split(b"\n"):
-        if line.strip():
-            count += 1
-        elif line:
-            return None
-    return count
-
-
-def _joined_tables(tables: list[Any]) -> Any:
-    """One record batch of the rows of ``tables`` (same schema, some rows)."""
-    import pyarrow as pa
-
-    return pa.concat_tables(tables).combine_chunks().to_batches()[0]
-
-
-def _cumulative(counts: list[int]) -> Iterator[int]:
-    total = 0
-    for count in counts:
-        total += count
-        yield total

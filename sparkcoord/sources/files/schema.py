@@ -10,9 +10,9 @@ from __future__ import annotations
 import io
 from typing import Any
 
+from sparkcoord.sources.files.lines import read_line_range
 from sparkcoord.sources.files.listing import Lister, filesystem
 from sparkcoord.sources.files.options import FileSourceOptions
-from sparkcoord.sources.files.reading import read_line_range
 
 
 def infer_schema(options: FileSourceOptions) -> Any:

@@ -6,8 +6,10 @@ gives a streaming DataFrame of the tables' changes (docs/cdc.md).
   column values from their text form, and their Arrow types; ``names.py``, table, slot and
   publication names, and quoting; ``chunks.py``, the snapshot chunk planner (one chunk at a
   time, a frontier only); ``watermarks.py``, the snapshot-to-stream core (the watermarked
-  chunk read's merge, the stream filter, the compact high-watermark map); ``splits.py``, the
-  chunk and stream splits, the readers' requests and reports, table shapes.
+  chunk read's merge, the stream filter, the compact high-watermark map); ``rows.py``, the
+  values it speaks of (a decoded transaction, a snapshot's visibility, the output rows);
+  ``splits.py``, the chunk and stream splits, the readers' requests and reports, table
+  shapes.
 - ``io/``: ``connection.py``, where to connect and as whom (passwords never shown, logged or
   pickled); ``replication.py``, the slot and the publication over SQL functions (peek,
   advance); ``catalog.py``, a table's columns and key, chunk boundaries and chunk reads.

@@ -85,6 +85,15 @@ from sparkcoord.sources.postgres.core.pgoutput import (
     Update,
     lsn_from_text,
 )
+from sparkcoord.sources.postgres.core.rows import (
+    UNCHANGED,
+    Key,
+    OutRow,
+    RowChange,
+    RowValues,
+    TxChanges,
+    Visibility,
+)
 from sparkcoord.sources.postgres.core.splits import (
     NextChunk,
     NextStreamRead,
@@ -95,14 +104,7 @@ from sparkcoord.sources.postgres.core.splits import (
     TableShape,
 )
 from sparkcoord.sources.postgres.core.watermarks import (
-    UNCHANGED,
-    Key,
-    OutRow,
-    RowChange,
-    RowValues,
     StreamPosition,
-    TxChanges,
-    Visibility,
     merge_window,
     snapshot_rows,
     stream_rows,
