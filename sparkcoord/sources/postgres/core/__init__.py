@@ -2,4 +2,6 @@
 decisions out (issue 44). ``pgoutput.py`` decodes the replication messages; ``values.py``
 turns text forms into values and Arrow types; ``names.py`` quotes names; ``chunks.py`` plans
 snapshot chunks; ``watermarks.py`` merges a watermarked chunk read and filters the stream;
-``splits.py`` holds the splits, the readers' requests and reports, and table shapes."""
+``splits.py`` holds the splits, the readers' requests and reports, and table shapes;
+``rows.py`` turns a table's rows from text forms into values; ``output.py`` is the Arrow shape
+of what the source emits."""
