@@ -236,6 +236,53 @@ def test_a_postgres_module_s_old_path_is_the_same_module(package: str, name: str
     assert {"importlib", "sys"} == imported_modules(POSTGRES_SOURCE / f"{name}.py")
 
 
+#: the PostgreSQL reader's and the slot module's parts (docs/decisions/104-postgres-modules.md):
+#: every name the two modules defined stays importable from them, as the object of its new home
+#: ((old module, new module) -> {name in the old module: name in the new})
+POSTGRES_SPLIT_NAMES = {
+    ("reader", "core.output"): {"arrow_schema": "arrow_schema", "record_batch": "record_batch",
+                                "_key_dict": "_key_dict", "_array": "_array",
+                                "_read_batch": "snapshot_batch"},
+    ("reader", "core.decoding"): {n: n for n in ("RowDecoder", "decode_transaction", "_old_image")},
+    ("reader", "io.key_order"): {n: n for n in ("KeyOrder", "INTEGER_KEYS", "_TEXT_CASTS")},
+    ("reader", "io.waits"): {n: n for n in ("slot_in_use", "while_slot_busy", "wait_for_flush")},
+    ("reader", "io.chunk_read"): {n: n for n in ("ChunkRead", "read_chunk_watermarked",
+                                                 "ALL_KEYS", "_touched_keys", "_copy_texts")},
+    ("reader", "io.stream_read"): {n: n for n in ("StreamRead", "read_stream")},
+    ("reader", "io.reader_config"): {"ReaderConfig": "ReaderConfig"},
+    ("io.replication", "io.set_up"): {
+        **{n: n for n in ("PLUGIN", "RoleRights", "SlotInfo", "role_rights", "slot_info",
+                          "ensure_slot", "drop_slot", "published_tables", "ensure_publication",
+                          "_lsn", "_need_replication", "_check_slot", "_rights_error")},
+        "_one": "one_row"},
+    ("io.replication", "io.slot_watch"): {
+        n: n for n in ("SLOT_WAIT_WARN_S", "QUERY_SHOWN", "Backend", "shown_query",
+                       "slot_creation_blockers", "slot_wait_text", "SlotCreationWatch",
+                       "_AFTER_PASSWORD")},
+}
+
+
+@pytest.mark.parametrize("old,new", sorted(POSTGRES_SPLIT_NAMES), ids="->".join)
+def test_a_name_the_postgres_reader_or_slot_module_had_is_importable_from_it(
+        old: str, new: str) -> None:
+    import importlib
+
+    before = importlib.import_module(f"sparkcoord.sources.postgres.{old}")
+    home = importlib.import_module(f"sparkcoord.sources.postgres.{new}")
+    for name, there in POSTGRES_SPLIT_NAMES[old, new].items():
+        assert getattr(before, name) is getattr(home, there), f"{old}.{name}"
+
+
+def test_the_postgres_reader_s_reads_import_no_psycopg_at_their_top() -> None:
+    # the reader is imported where the builder runs; psycopg comes with the read, lazily
+    # (sources/postgres/__init__.py), as before the reader's reads moved to io/
+    for name in ("reader", "io/chunk_read", "io/stream_read", "io/key_order", "io/waits",
+                 "io/reader_config", "core/decoding", "core/rows", "core/output"):
+        top = imported_modules(POSTGRES_SOURCE / f"{name}.py", nested=False)
+        assert not {m for m in top if m.split(".")[0] == "psycopg"}, name
+        assert "sparkcoord.sources.postgres.io.replication" not in top, name
+
+
 #: the channel server's parts (docs/decisions/100-channel-server-split.md): dispatch hands the
 #: decoded frames to the service and does no socket I/O of its own (it writes through a
 #: connection's writer); the names the server module had stay importable from it, as the

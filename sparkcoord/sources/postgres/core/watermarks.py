@@ -10,7 +10,7 @@ confirming the slot at ``x`` confirms: replication.py rule 2). A chunk's *high w
 transaction with ``x <= hw(c)`` and of none after.
 
 Rules:
-  1. A chunk read (the I/O half: reader.py ``read_chunk_watermarked``) opens a REPEATABLE READ
+  1. A chunk read (the I/O half: io/chunk_read.py) opens a REPEATABLE READ
      transaction, takes its MVCC snapshot ``S`` (``pg_current_snapshot()``, the first
      statement), reads the chunk's rows with a plain SELECT in ``S``, then takes the WAL
      *insert* position ``H`` (not the flush position: under ``synchronous_commit=off`` a

@@ -80,7 +80,7 @@ class PostgresEnumeratorIO(EnumeratorIO):
     def __init__(self, options: Any, slot: str, publication: str, chunk_size: int,
                  chunk_key_columns: dict[TableName, str] | None = None, *,
                  slot_wait_warn_s: float | None = None) -> None:
-        from sparkcoord.sources.postgres.io.replication import SLOT_WAIT_WARN_S
+        from sparkcoord.sources.postgres.io.slot_watch import SLOT_WAIT_WARN_S
 
         self.options = options
         self.slot = slot
@@ -98,7 +98,7 @@ class PostgresEnumeratorIO(EnumeratorIO):
 
     def _watch_slot_creation(self, creator_pid: int) -> Any:
         """Rule 8: the slot's creation watched from a connection of its own."""
-        from sparkcoord.sources.postgres.io.replication import SlotCreationWatch
+        from sparkcoord.sources.postgres.io.slot_watch import SlotCreationWatch
 
         return SlotCreationWatch(
             lambda: self.options.connect(application_name="sparkcoord-cdc-watch", retry_s=0.0),
@@ -180,7 +180,7 @@ class PostgresEnumeratorIO(EnumeratorIO):
 
     def advance(self, lsn: int) -> int:
         from sparkcoord.sources.postgres.io import replication
-        from sparkcoord.sources.postgres.reader import while_slot_busy
+        from sparkcoord.sources.postgres.io.waits import while_slot_busy
 
         def work(conn: Any) -> int:
             confirmed: int = while_slot_busy(
