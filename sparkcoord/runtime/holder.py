@@ -1,9 +1,8 @@
 """The coordinator holder: one coordinator instance, its mailbox, its valve and its futures.
 
-The holder is made of this module's lifecycle and callbacks (the instance created, reset,
-fenced and closed; every callback into it; the inputs delivered to it) and of its part of the
-checkpoint round (``holder_checkpoints.py``); the context and the subtask gateways a
-coordinator instance holds are ``holder_context.py``'s (docs/decisions/105-runtime-modules.md).
+Here: the instance's lifecycle (created, reset, fenced, closed) and every callback into it;
+its part of the checkpoint round is ``holder_checkpoints.py``'s, the context and subtask
+gateways it holds are ``holder_context.py``'s (docs/decisions/105-runtime-modules.md).
 
 Rules:
   1. Every coordinator callback, every valve change and every future of this coordinator is
@@ -52,6 +51,7 @@ from sparkcoord.core.control import BatchRequested
 from sparkcoord.core.errors import AttemptNoLongerLive, SparkCoordError, WrongThread
 from sparkcoord.core.stored import StoredOnce, load_snapshot
 from sparkcoord.core.valve import OutboundValve
+from sparkcoord.runtime import holder_context
 from sparkcoord.runtime.clock import Clock
 from sparkcoord.runtime.holder_checkpoints import HolderCheckpoints
 from sparkcoord.runtime.holder_checkpoints import HolderListener as HolderListener
@@ -66,9 +66,9 @@ P = ParamSpec("P")
 
 log = logging.getLogger(__name__)
 
-# the context, its timers and the gateways by the names they had here before they moved
-# (docs/decisions/105-runtime-modules.md): old imports keep working
+# what moved to holder_context.py, by its names here before (decision 105): old imports work
 _Context, _Gateway, _Periodic, _name_of = Context, Gateway, Periodic, name_of
+_failed, _dumps, _PROTOCOL = holder_context._failed, holder_context._dumps, holder_context._PROTOCOL
 
 
 #: Where a coordinator's answer to a request goes: ``answered(payload, failed)`` with the
