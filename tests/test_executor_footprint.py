@@ -16,7 +16,9 @@ DRIVER_ONLY = ["fsspec", "asyncio", "sparkcoord.runtime.service", "sparkcoord.ru
                "sparkcoord.runtime.storage",
                "sparkcoord.spark.driver", "sparkcoord.spark.job", "sparkcoord.spark.supervisor",
                "sparkcoord.spark.handle", "sparkcoord.spark.requests", "sparkcoord.spark.failures",
-               "sparkcoord.spark.progress", "sparkcoord.runtime.holder"]
+               "sparkcoord.spark.progress", "sparkcoord.runtime.holder",
+               "sparkcoord.runtime.holder_context", "sparkcoord.runtime.holder_checkpoints",
+               "sparkcoord.runtime.service_restore", "sparkcoord.runtime.service_checkpoints"]
 
 
 def modules_after(script: str) -> set[str]:

@@ -358,6 +358,39 @@ def test_the_sink_coordinator_s_errors_keep_their_name_and_its_commit_path_its_p
     assert "sparkcoord.sinks.committing" in imported_modules(SINKS / "coordinator.py")
     assert "sparkcoord.sinks.coordinator" not in imported_modules(SINKS / "committing.py")
 
+#: the holder's and the service's parts (docs/decisions/105-runtime-modules.md): every name the
+#: two modules had stays importable from them, as the object of its new home
+#: (old module -> new module -> {name in the old module: name in the new one})
+RUNTIME_NAMES = {
+    "holder": {
+        "holder_context": {"CoordinatorFenced": "CoordinatorFenced", "_Context": "Context",
+                           "_Gateway": "Gateway", "_Periodic": "Periodic", "_name_of": "name_of",
+                           "user_traceback": "user_traceback", "_failed": "_failed",
+                           "_dumps": "_dumps", "_PROTOCOL": "_PROTOCOL"},
+        "holder_checkpoints": {"HolderListener": "HolderListener"},
+    },
+    "service": {
+        "service_checkpoints": {"CLIENTS_KEY": "CLIENTS_KEY", "PreparedCheckpoint":
+                                "PreparedCheckpoint", "CheckpointDeclined": "CheckpointDeclined"},
+        "service_restore": {"CoordinatorSpec": "CoordinatorSpec", "MailboxFactory":
+                            "MailboxFactory", "restore_line": "restore_line",
+                            "_counted": "_counted"},
+    },
+}
+
+
+@pytest.mark.parametrize("old,new", [(o, n) for o, v in RUNTIME_NAMES.items() for n in v])
+def test_a_name_the_holder_or_the_service_had_is_importable_from_it(old: str, new: str) -> None:
+    import importlib
+
+    module = importlib.import_module(f"sparkcoord.runtime.{old}")
+    home = importlib.import_module(f"sparkcoord.runtime.{new}")
+    for name, there in RUNTIME_NAMES[old][new].items():
+        assert getattr(module, name) is getattr(home, there), f"runtime.{old}.{name}"
+        if isinstance(getattr(home, there), type) and issubclass(getattr(home, there), Exception):
+            # an error line and a pickled error read as before the move
+            assert getattr(home, there).__module__ == module.__name__, f"runtime.{old}.{name}"
+
 
 def test_the_no_spark_checks_see_the_postgres_source_and_the_sinks() -> None:
     # guard against a glob that silently finds nothing

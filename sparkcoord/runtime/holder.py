@@ -1,24 +1,30 @@
 """The coordinator holder: one coordinator instance, its mailbox, its valve and its futures.
 
+Here: the instance's lifecycle (created, reset, fenced, closed) and every callback into it;
+its part of the checkpoint round is ``holder_checkpoints.py``'s, the context and subtask
+gateways it holds are ``holder_context.py``'s (docs/decisions/105-runtime-modules.md).
+
 Rules:
   1. Every coordinator callback, every valve change and every future of this coordinator is
      touched on the mailbox thread only (its own thread, or a thread that claimed the idle
      mailbox to answer a request: mailbox rule 2). Other threads enqueue.
   2. A send or a checkpoint completion made on the mailbox thread takes effect at once; from
      another thread it is enqueued at the instant it happens. Either way the mailbox order is
-     the order in which the sends and the completion happened, which defines the boundary.
+     the order in which the sends and the completion happened, which defines the boundary
+     (the sends: holder_context.py rule 1; the completion: holder_checkpoints.py rule 1).
   3. A reset (subtask failure in default mode) fences the current instance by bumping the
      generation: its gateways, timers and ``fail_job`` go quiet; its held events fail; a fresh
      instance is created from the provider, reset to the epoch's snapshot, started, handed its
      gateways and the surviving events of the running batch, in log order.
   4. An exception from any callback, and ``fail_job``, report a global failure to the listener,
-     once per generation.
+     once per generation (the context's side: holder_context.py rule 3).
   5. A failed instance is fenced the moment it fails (rule 4) or the service reports a global
      failure from anywhere: no further callback reaches it (no replayed event, no completion
      notice, no checkpoint), its gateways and timers go quiet; only ``close()`` is still
      called, after the failing callback has returned, so that it can release resources. Its
      state matches no checkpoint, so acting on it (committing side effects in
-     ``notify_checkpoint_complete``) would break the guarantee.
+     ``notify_checkpoint_complete``) would break the guarantee (the context and gateways:
+     holder_context.py rule 2; the boundary: holder_checkpoints.py rule 2).
 
   6. A callback or action that runs longer than ``stall_warning_s`` is reported by a
      watchdog on the clock's timer thread (first within two intervals of its start, then once
@@ -34,57 +40,35 @@ attributes that the mailbox thread writes (a racy read is fine for a warning).
 from __future__ import annotations
 
 import logging
-import pickle
-import traceback
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
-from sparkcoord.coordinator import (
-    Cancellable,
-    CoordinatorContext,
-    CoordinatorProvider,
-    OperatorCoordinator,
-    SubtaskGateway,
-)
+from sparkcoord.coordinator import Cancellable, CoordinatorProvider, OperatorCoordinator
 from sparkcoord.core.codec import EventCodec
 from sparkcoord.core.control import BatchRequested
-from sparkcoord.core.errors import (
-    AttemptNoLongerLive,
-    EventEncodingError,
-    EventTooLarge,
-    SparkCoordError,
-    WrongThread,
-)
-from sparkcoord.core.stored import StoredOnce, dump_snapshot, load_snapshot
+from sparkcoord.core.errors import AttemptNoLongerLive, SparkCoordError, WrongThread
+from sparkcoord.core.stored import StoredOnce, load_snapshot
 from sparkcoord.core.valve import OutboundValve
+from sparkcoord.runtime import holder_context
 from sparkcoord.runtime.clock import Clock
-from sparkcoord.runtime.futures import SendFuture
+from sparkcoord.runtime.holder_checkpoints import HolderCheckpoints
+from sparkcoord.runtime.holder_checkpoints import HolderListener as HolderListener
+from sparkcoord.runtime.holder_context import Context, Gateway, Periodic, name_of
+from sparkcoord.runtime.holder_context import CoordinatorFenced as CoordinatorFenced
+from sparkcoord.runtime.holder_context import user_traceback as user_traceback
 from sparkcoord.runtime.mailbox import Mailbox
 from sparkcoord.runtime.workers import ThreadWorkers, Workers
 
-T = TypeVar("T")
 R = TypeVar("R")
 P = ParamSpec("P")
 
 log = logging.getLogger(__name__)
 
-
-class CoordinatorFenced(SparkCoordError):
-    """A send or action of a coordinator instance that was replaced by a reset or failover."""
-
-
-class HolderListener(Protocol):
-    """What a holder reports to the coordination service (on the holder's mailbox thread)."""
-
-    def coordinator_completed(self, name: str, checkpoint_id: int, snapshot: bytes | None,
-                              events: list[list[bytes]],
-                              parts: dict[str, StoredOnce[Any]] | None = None) -> None: ...
-
-    def coordinator_declined(self, name: str, checkpoint_id: int, reason: str) -> None: ...
-
-    def coordinator_failed(self, name: str, cause: str) -> None: ...
+# what moved to holder_context.py, by its names here before (decision 105): old imports work
+_Context, _Gateway, _Periodic, _name_of = Context, Gateway, Periodic, name_of
+_failed, _dumps, _PROTOCOL = holder_context._failed, holder_context._dumps, holder_context._PROTOCOL
 
 
 #: Where a coordinator's answer to a request goes: ``answered(payload, failed)`` with the
@@ -108,7 +92,7 @@ class ReplayedEvent:
     withdrawn: bool = False
 
 
-class CoordinatorHolder:
+class CoordinatorHolder(HolderCheckpoints):
     """Runs one coordinator. See the module docstring for rules and thread model."""
 
     def __init__(self, name: str, provider: CoordinatorProvider, parallelism: int,
@@ -132,7 +116,7 @@ class CoordinatorHolder:
         self.valve: OutboundValve[Future[None]] = OutboundValve(name, parallelism, last_checkpoint)
         self.generation = 0
         self.coordinator: OperatorCoordinator | None = None
-        self._context: _Context | None = None
+        self._context: Context | None = None
         self._closed = False
         # Set by the service, from any thread, at a global failure: from then on no callback
         # runs (rule 5). A plain attribute: written once, read on the mailbox thread.
@@ -178,31 +162,6 @@ class CoordinatorHolder:
             blocked_s = 0.0
         self._watchdog = self.clock.call_later(self.stall_warning_s,
                                                lambda: self._watch(began, blocked_s))
-
-    def trigger_checkpoint(self, checkpoint_id: int) -> None:
-        """Ask the coordinator for checkpoint ``checkpoint_id``. Service, any thread."""
-        self._submit(lambda: self._trigger(checkpoint_id))
-
-    def checkpoint_aborted(self, checkpoint_id: int) -> None:
-        """Checkpoint ``checkpoint_id`` was aborted: re-hold the cut, notify the coordinator."""
-        def run() -> None:
-            self.valve.checkpoint_aborted(checkpoint_id)
-            self._callback(OperatorCoordinator.notify_checkpoint_aborted, checkpoint_id)
-        self._submit(run)
-
-    def checkpoint_sealed(self, checkpoint_id: int) -> None:
-        """The record of ``checkpoint_id`` is durable: its events are now bound to the epoch."""
-        def run() -> None:
-            self.valve.checkpoint_sealed(checkpoint_id)
-        self._submit(run)
-
-    def batch_committed(self, epoch: int, notify: bool = True) -> None:
-        """Spark committed the batch of ``epoch``: complete its futures, then notify."""
-        def run() -> None:
-            SendFuture.complete_all(self.valve.batch_committed(epoch))
-            if notify:
-                self._callback(OperatorCoordinator.notify_checkpoint_complete, epoch)
-        self._submit(run)
 
     def deliver_many(self, runs: Sequence[tuple[int, int, list[Any]]]) -> None:
         """Accepted inbound events as runs ``(subtask, attempt, events)``, in order, as one
@@ -258,7 +217,7 @@ class CoordinatorHolder:
                 self._callback(OperatorCoordinator.execution_attempt_failed, subtask, old_attempt, reason)
                 self._callback(OperatorCoordinator.subtask_reset, subtask, checkpoint_id)
                 self._callback(OperatorCoordinator.execution_attempt_ready, subtask, new_attempt,
-                               _Gateway(self, self.generation, subtask, new_attempt))
+                               Gateway(self, self.generation, subtask, new_attempt))
                 return
             self._fail_futures(failed + self.valve.held_events_dropped(), error)
             self._create(checkpoint_id, snapshot, replay)
@@ -278,29 +237,6 @@ class CoordinatorHolder:
             error = CoordinatorFenced(f"global failover of coordinator {self.name!r}: {reason}")
             self._fail_futures(self.valve.globally_reset(), error)
         self._submit(run)
-
-    def run_ending(self) -> Future[None]:
-        """An ``availableNow`` run is about to end (driver thread, after ``batch_committed``
-        of its last batch): a future that completes once the coordinator's
-        ``run_ending`` future did (at once when it returned none, raised, or no instance
-        runs)."""
-        done: Future[None] = Future()
-
-        def run() -> None:
-            result = self._callback(OperatorCoordinator.run_ending)
-            if not isinstance(result, Future):
-                done.set_result(None)
-                return
-
-            def finished(fut: Future[Any]) -> None:
-                error = fut.exception()
-                if error is None:
-                    done.set_result(None)
-                else:
-                    done.set_exception(error)
-            result.add_done_callback(finished)
-        self._submit(run)
-        return done
 
     def close(self) -> None:
         """End of the run: close the coordinator and the mailbox. Any thread; idempotent."""
@@ -331,7 +267,7 @@ class CoordinatorHolder:
             return
         self._fence()
         self.generation += 1
-        self._context = _Context(self, self.generation)
+        self._context = Context(self, self.generation)
         self._context.restored_committed = committed
         self._began += 1
         self._busy = "its constructor (and the unpickling of its snapshot)"
@@ -363,7 +299,7 @@ class CoordinatorHolder:
         for subtask in range(self.parallelism):
             attempt = self.valve.live_attempt(subtask)
             self._callback(OperatorCoordinator.execution_attempt_ready, subtask, attempt,
-                           _Gateway(self, self.generation, subtask, attempt))
+                           Gateway(self, self.generation, subtask, attempt))
         for item in replay:
             if item.withdrawn:
                 self._callback(OperatorCoordinator.handle_items_withdrawn, item.subtask, item.attempt, item.event)
@@ -444,51 +380,6 @@ class CoordinatorHolder:
         finally:
             self._busy = None
 
-    def _trigger(self, checkpoint_id: int) -> None:
-        self.batch_requested = False  # this checkpoint's batch is the one that was asked for
-        self.valve.checkpoint_triggered(checkpoint_id)
-        result: Future[Any] = Future()
-        generation = self.generation
-        result.add_done_callback(lambda f: self._checkpoint_future_done(generation, checkpoint_id, f))
-        if self.coordinator is None:
-            result.set_exception(CoordinatorFenced(f"coordinator {self.name!r} is not running"))
-            return
-        self._callback(OperatorCoordinator.checkpoint_coordinator, checkpoint_id, result)
-
-    def _checkpoint_future_done(self, generation: int, checkpoint_id: int, fut: Future[Any]) -> None:
-        # Runs in whichever thread completed the future: this is the boundary instant, so the
-        # snapshot is pickled here and the boundary is placed in the mailbox order right now.
-        snapshot: bytes | None = None
-        parts: dict[str, StoredOnce[Any]] = {}
-        reason = ""
-        if fut.cancelled():
-            reason = "the checkpoint future was cancelled"
-        elif fut.exception() is not None:
-            reason = f"the checkpoint future failed: {fut.exception()!r}"
-        else:
-            value = fut.result()
-            if value is not None:
-                try:
-                    snapshot, parts = dump_snapshot(value)
-                except Exception as exc:  # noqa: BLE001 - pickle raises many types
-                    reason = f"the checkpoint state of type {type(value).__qualname__} cannot be pickled: {exc}"
-
-        def boundary() -> None:
-            if generation != self.generation or self._globally_failed:
-                return
-            context = self._context
-            if context is not None and context.failed:
-                return  # a failed instance's state is no checkpoint (rule 5)
-            if reason:
-                # The service aborts the checkpoint on every holder, this one included.
-                self.listener.coordinator_declined(self.name, checkpoint_id, reason)
-                return
-            if self.valve.boundary_reached(checkpoint_id):
-                cut = self.valve.cut(checkpoint_id)
-                self.listener.coordinator_completed(self.name, checkpoint_id, snapshot, cut,
-                                                    parts)
-        self._run_or_submit(boundary)
-
     def _run_or_submit(self, action: Callable[[], None]) -> None:
         if self.mailbox.in_mailbox_thread():
             action()
@@ -557,193 +448,3 @@ class CoordinatorHolder:
 
 
 _CALLBACK_FAILED = object()  # what _callback returns when no callback ran to its end
-
-
-def _name_of(action: Callable[[], Any]) -> str:
-    return str(getattr(action, "__qualname__", None) or repr(action))
-
-
-def user_traceback(exc: BaseException) -> str:
-    """The traceback of a user's exception, from the user's own frame on (the runtime's frame
-    that called the user's code is left out), as text that starts with a newline."""
-    tb = exc.__traceback__
-    if tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next  # the runtime's frame that made the call
-    text = "".join(traceback.format_exception(type(exc), exc, tb)).rstrip()
-    return "\n" + text if text else ""
-
-
-_dumps = pickle.dumps
-_PROTOCOL = pickle.HIGHEST_PROTOCOL
-
-
-def _failed(error: BaseException) -> Future[None]:
-    fut: Future[None] = SendFuture()
-    fut.set_exception(error)
-    return fut
-
-
-class _Gateway(SubtaskGateway):
-    # What send_event needs is looked up once here: it is the hot path of every coordinator.
-    __slots__ = ("_holder", "_generation", "subtask", "attempt", "_encode", "_max_bytes",
-                 "_on_mailbox", "_event_sent")
-
-    def __init__(self, holder: CoordinatorHolder, generation: int, subtask: int, attempt: int) -> None:
-        self._holder = holder
-        self._generation = generation
-        self.subtask = subtask
-        self.attempt = attempt
-        self._encode = holder.codec.encode
-        self._max_bytes = holder.codec.max_event_bytes
-        self._on_mailbox = holder.mailbox.in_mailbox_thread
-        self._event_sent = holder.valve.event_sent  # the valve lives as long as its holder
-
-    def send_event(self, event: Any) -> Future[None]:
-        # the codec's encode, inlined for the common case; on any problem the codec itself
-        # runs again and raises its error naming the event
-        try:
-            payload = _dumps(event, _PROTOCOL)
-        except Exception:  # noqa: BLE001 - pickle raises many types
-            payload = self._encode(event)
-        if len(payload) > self._max_bytes:
-            payload = self._encode(event)
-        holder = self._holder
-        if self._on_mailbox():
-            # On the mailbox thread the send takes effect here. The event joins the future of
-            # the events held for its subtask (they share their fate; see the valve), so most
-            # sends allocate no future at all.
-            if self._generation != holder.generation or holder.coordinator is None:
-                return _failed(holder._fenced_error())
-            try:
-                return self._event_sent(self.subtask, self.attempt, payload, SendFuture)
-            except AttemptNoLongerLive as exc:
-                return _failed(exc)
-        fut: Future[None] = SendFuture()
-        holder.mailbox.execute(
-            lambda: holder._send_many(self._generation, self.subtask, self.attempt, [payload], fut))
-        return fut
-
-    def send_events(self, events: Iterable[Any]) -> list[Future[None]]:
-        holder = self._holder
-        encode = holder.codec.encode
-        payloads = []  # all pickled before any is sent
-        for index, event in enumerate(events):
-            try:
-                payloads.append(encode(event))
-            except EventTooLarge as exc:
-                raise EventTooLarge(exc.size, exc.limit, f"event at index {index} of "
-                                    f"send_events() (type {type(event).__qualname__})") from None
-            except EventEncodingError as exc:
-                raise EventEncodingError(f"event at index {index} of send_events(): {exc}"
-                                         ) from exc.__cause__
-        fut: Future[None] = SendFuture()  # the events share their fate: one future for all
-        if holder.mailbox.in_mailbox_thread():
-            holder._send_many(self._generation, self.subtask, self.attempt, payloads, fut)
-        else:
-            holder.mailbox.execute(lambda: holder._send_many(
-                self._generation, self.subtask, self.attempt, payloads, fut))
-        return [fut] * len(payloads)
-
-    def __repr__(self) -> str:
-        return f"SubtaskGateway({self._holder.name}[{self.subtask}], attempt {self.attempt})"
-
-
-class _Periodic(Cancellable):
-    def __init__(self, context: _Context, interval_s: float, action: Callable[[], None]) -> None:
-        self._context = context
-        self._interval = interval_s
-        self._action = action
-        self._cancelled = False
-        self._handle = context.holder.clock.call_later(interval_s, self._fire)
-
-    def _fire(self) -> None:
-        if self._cancelled or self._context.fenced:
-            return
-        self._context.run_in_coordinator_thread(self._action)
-        self._handle = self._context.holder.clock.call_later(self._interval, self._fire)
-
-    def cancel(self) -> None:
-        self._cancelled = True
-        self._handle.cancel()
-
-
-class _Context(CoordinatorContext):
-    """The context of one generation of a coordinator."""
-
-    def __init__(self, holder: CoordinatorHolder, generation: int) -> None:
-        self.holder = holder
-        self.generation = generation
-        self.operator_id = holder.name
-        self.parallelism = holder.parallelism
-        self.available_now = holder.available_now
-        self.fenced = False
-        self.failed = False
-        self.timers: list[Cancellable] = []
-
-    def fail_job(self, cause: BaseException | str) -> None:
-        text = cause if isinstance(cause, str) else repr(cause)
-        if getattr(cause, "permanent", False):
-            # its qualified name on a line of its own, as a traceback ends: the job runner
-            # gives up at once on a permanent sparkcoord error (spark/job.py rule 6)
-            kind = type(cause)
-            text += f"\n{kind.__module__}.{kind.__qualname__}: {cause}"
-        holder = self.holder
-        holder._run_or_submit(lambda: holder._report_failure(
-            self.generation, f"coordinator {holder.name!r} called fail_job: {text}"))
-
-    def request_batch(self) -> None:
-        if not self.fenced:
-            self.holder.batch_requested = True
-
-    def run_in_coordinator_thread(self, action: Callable[[], None]) -> None:
-        holder = self.holder
-
-        def run() -> None:
-            if self.fenced or holder.generation != self.generation or holder._globally_failed:
-                return
-            holder._began += 1
-            holder._busy = f"an action ({_name_of(action)})"
-            try:
-                action()
-            except Exception as exc:  # noqa: BLE001 - user code fails the job
-                holder._report_failure(self.generation,
-                                       f"coordinator {holder.name!r} raised in an action "
-                                       f"({_name_of(action)}): {exc!r}{user_traceback(exc)}")
-            finally:
-                holder._busy = None
-        holder.mailbox.execute(run)
-
-    def call_periodically(self, interval_s: float, action: Callable[[], None]) -> Cancellable:
-        if interval_s <= 0:
-            raise ValueError(f"interval_s must be positive, got {interval_s}")
-        periodic = _Periodic(self, interval_s, action)
-        self.timers.append(periodic)
-        return periodic
-
-    def is_coordinator_thread(self) -> bool:
-        return self.holder.mailbox.in_mailbox_thread()
-
-    def call_async(self, work: Callable[[], T],
-                   handler: Callable[[T | None, BaseException | None], None] | None = None, *,
-                   lane: str = "io") -> None:
-        # a generation's lanes are its own (workers.py rule 3); the handler is an action of
-        # this generation, dropped once it is fenced (rule 2)
-        post = self.run_in_coordinator_thread
-        holder = self.holder
-
-        def run() -> None:
-            try:
-                result = work()
-            except Exception as exc:  # noqa: BLE001 - to the handler, or it fails the job
-                error = exc
-                if handler is not None:
-                    post(lambda: handler(None, error))
-                else:
-                    self.fail_job(f"{_name_of(work)} on lane {lane!r} raised: {error!r}"
-                                  f"{user_traceback(error)}")
-                return
-            if handler is not None:
-                post(lambda: handler(result, None))
-
-        holder.workers.run(f"{holder.name}.{self.generation}", lane, run)
-

@@ -9,13 +9,17 @@ kinds of callers:
   * its :class:`~sparkcoord.runtime.inbox.Inbox` (the channel's handler), where every input
     from tasks and clients arrives: a failure it meets comes here.
 
+It is made of this module (the adapter's calls, the commit, failure and close), of its
+restore (``service_restore.py``) and of its checkpoint round (``service_checkpoints.py``;
+docs/decisions/105-runtime-modules.md).
+
 Rules:
   1. Restore (docs/protocol.md [restore-point-from-first-driver-call] [restore-order]) happens
      once, at the first ``latest_offset_called`` or ``partitions_called`` of the run, before any
-     coordinator starts; the inbox admits nothing before it.
+     coordinator starts; the inbox admits nothing before it (service_restore.py rule 1).
   2. A checkpoint is sealed only when all coordinators completed it; the record is durable
      before ``checkpoint`` returns, and the epoch's inbound log is created empty (a garbage
-     log of an unlogged epoch is discarded).
+     log of an unlogged epoch is discarded): service_checkpoints.py rule 1.
   3. The inbox works under the service's lock (inbox rule 1), so a restore, a seal or a commit
      and the inputs around it happen in one total order (docs/protocol.md
      [inbound-critical-section]).
@@ -33,81 +37,46 @@ is never held while user code runs.
 from __future__ import annotations
 
 import logging
-import pickle
 import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
-from dataclasses import dataclass, field
 from typing import Any
 
-from sparkcoord.coordinator import Cancellable, CoordinatorProvider
-from sparkcoord.core.checkpoints import CheckpointAbort, CheckpointTracker
+from sparkcoord.coordinator import Cancellable
+from sparkcoord.core.checkpoints import CheckpointTracker
 from sparkcoord.core.codec import EventCodec
-from sparkcoord.core.encoding import loads
-from sparkcoord.core.errors import (
-    CorruptRecord,
-    IllegalTransition,
-    SparkCoordError,
-)
-from sparkcoord.core.ids import NO_EPOCH, SubtaskId
-from sparkcoord.core.inbound import InboundGate, ReplayedItem
-from sparkcoord.core.lease import LeaseLost
+from sparkcoord.core.errors import IllegalTransition, SparkCoordError
+from sparkcoord.core.ids import NO_EPOCH
 from sparkcoord.core.records import CheckpointRecord
 from sparkcoord.core.restore import RestorePoint, RestorePointDetector
-from sparkcoord.core.stored import StoredOnce, snapshot_parts
+from sparkcoord.core.stored import StoredOnce
 from sparkcoord.runtime.clock import Clock, SystemClock
-from sparkcoord.runtime.config import ServiceConfig
-from sparkcoord.runtime.holder import CoordinatorHolder, ReplayedEvent
+from sparkcoord.runtime.config import ServiceConfig as ServiceConfig
+from sparkcoord.runtime.holder import CoordinatorHolder
 from sparkcoord.runtime.inbox import Inbox
-from sparkcoord.runtime.mailbox import Mailbox, ThreadMailbox
+from sparkcoord.runtime.mailbox import ThreadMailbox
+from sparkcoord.runtime.service_checkpoints import CLIENTS_KEY as CLIENTS_KEY
+from sparkcoord.runtime.service_checkpoints import CheckpointDeclined as CheckpointDeclined
+from sparkcoord.runtime.service_checkpoints import PreparedCheckpoint as PreparedCheckpoint
+from sparkcoord.runtime.service_restore import CoordinatorSpec as CoordinatorSpec
+from sparkcoord.runtime.service_restore import MailboxFactory as MailboxFactory
+from sparkcoord.runtime.service_restore import ServiceRestore
+from sparkcoord.runtime.service_restore import _counted as _counted
+from sparkcoord.runtime.service_restore import restore_line as restore_line
 from sparkcoord.runtime.storage import CheckpointStorage
 from sparkcoord.runtime.workers import ThreadWorkers, Workers
 
 log = logging.getLogger(__name__)
 
 
-#: Where a record keeps the service's memory of client requests (no operator has this name).
-CLIENTS_KEY = "\x00clients"
-
-
-class CheckpointDeclined(SparkCoordError):
-    """A checkpoint was declined by a coordinator or timed out; nothing was sealed."""
-
-
 class JobFailed(SparkCoordError):
     """A global failure: the query must fail and be restarted from its checkpoint."""
 
 
-@dataclass(frozen=True)
-class CoordinatorSpec:
-    """One coordinated operator: its name, how to create its coordinator, its parallelism."""
-
-    name: str
-    provider: CoordinatorProvider
-    parallelism: int
-
-
-@dataclass
-class PreparedCheckpoint:
-    """Every coordinator completed ``checkpoint_id``: what the record will hold."""
-
-    checkpoint_id: int
-    snapshots: dict[str, bytes | None]
-    events: dict[SubtaskId, list[bytes]] = field(default_factory=dict)
-    #: the state parts the snapshots refer to, by name (core/stored.py)
-    parts: dict[str, StoredOnce[Any]] = field(default_factory=dict)
-
-    def event_count(self) -> int:
-        return sum(len(v) for v in self.events.values())
-
-
-MailboxFactory = Callable[[str], Mailbox]
-
-
-class CoordinationService:
+class CoordinationService(ServiceRestore):
     """Hosts the coordinators of one job for one run. See the module docstring."""
 
     def __init__(self, specs: Sequence[CoordinatorSpec], storage: CheckpointStorage, *,
@@ -178,86 +147,6 @@ class CoordinationService:
         self.inbox.epoch_logged(end_epoch)
         return self.record_for(end_epoch)
 
-    def restore(self, point: RestorePoint) -> None:
-        """Create and start the coordinators from ``point``. Once per run (driver thread).
-
-        Committed point N: reset to snapshot N, replay the surviving events of inbound log N in
-        log order, then notify complete(N). Uncommitted point N: truncate inbound log N durably,
-        reset to snapshot N; the batch of N runs again.
-        """
-        with self._lock:
-            if self.restore_point is not None:
-                raise IllegalTransition(f"run {self.run_id} was already restored to "
-                                        f"{self.restore_point}; cannot restore to {point}")
-            epoch = point.epoch
-            # every file read here is verified; a missing or damaged one fails the job with an
-            # error naming it (and the same error comes back at every restart: it needs a person)
-            try:
-                self.storage.check_fence()  # rule 5
-            except LeaseLost as exc:
-                self._fail(f"LeaseLost: {exc}")
-                raise
-            try:
-                record = self.storage.read_record(epoch) if epoch != NO_EPOCH else None
-                # the state parts its snapshots refer to, checked now (and held: the holders
-                # load the snapshots on their mailbox threads)
-                self._restored_parts = [
-                    self.storage.read_part(name)
-                    for snapshot in (record.snapshots.values() if record is not None else ())
-                    for name in snapshot_parts(snapshot, f"the record of epoch {epoch}")]
-                if point.replays_inbound_log:
-                    logged = self.storage.read_inbound_log(epoch, remember=True)
-                elif epoch != NO_EPOCH:
-                    logged = self.storage.read_uncommitted_inbound_log(epoch)
-                else:
-                    logged = []
-            except CorruptRecord as exc:
-                what = "committed" if point.committed else "logged, not committed,"
-                self._fail(f"cannot restore the checkpoint of epoch {epoch} ({what} in Spark's "
-                           f"log): {exc}")
-                raise
-            self.restore_point = point
-            self._record = record
-            names = list(self.specs)
-            self._tracker = CheckpointTracker(
-                names, self.config.tolerable_checkpoint_failures,
-                last_sealed=epoch, last_committed=epoch - 1 if epoch != NO_EPOCH else NO_EPOCH)
-            gate = InboundGate(
-                self.run_id, {s.name: s.parallelism for s in self.specs.values()},
-                last_committed=epoch - 1 if epoch != NO_EPOCH else NO_EPOCH)
-            replay: dict[str, list[ReplayedEvent]] = {name: [] for name in names}
-            clients = record.snapshots.get(CLIENTS_KEY) if record is not None else None
-            # re-sent client requests are answered once (docs/protocol.md
-            # [client-requests-take-effect-once])
-            if clients is not None:
-                gate.client_memory_restored(loads(clients), epoch)
-            self.inbox.opened(gate, record)
-            if point.replays_inbound_log:
-                items = InboundGate.replayed(logged).surviving_items()
-                gate.clients_replayed(logged)
-            elif epoch != NO_EPOCH:
-                items = self.inbox.epoch_resumed(epoch, logged)
-            else:
-                items = []
-            for item in items:
-                sid = item.attempt.subtask
-                if sid.operator in replay:
-                    replay[sid.operator].append(self.inbox.replayed(item, 0))
-            for spec in self.specs.values():
-                holder = CoordinatorHolder(
-                    spec.name, spec.provider, spec.parallelism, self._mailbox_factory(spec.name),
-                    self.clock, self.codec, self, last_checkpoint=epoch,
-                    stall_warning_s=self.config.stall_warning_s,
-                    available_now=self.available_now, read_part=self.storage.read_part,
-                    workers=self.workers)
-                self._holders[spec.name] = holder
-                snapshot = record.snapshots.get(spec.name) if record is not None else None
-                holder.start(epoch, snapshot, replay[spec.name],
-                             committed=point.replays_inbound_log)
-        log.info("%s", restore_line(self.run_id, point, items))
-        if point.replays_inbound_log:
-            self.batch_committed(epoch)
-
     def batch_committed(self, epoch: int) -> None:
         """Spark committed the batch of ``epoch``: complete its futures, notify, prune.
 
@@ -313,164 +202,6 @@ class CoordinationService:
         ever sealed (the first batch of a job lets its subtasks register and ask)."""
         return (self.last_sealed == NO_EPOCH
                 or any(h.held_count() or h.batch_requested for h in self._holders.values()))
-
-    def trigger_checkpoint(self, checkpoint_id: int) -> Future[PreparedCheckpoint]:
-        """Start checkpoint ``checkpoint_id`` on every coordinator (driver thread).
-
-        The future resolves when all completed, or fails with :class:`CheckpointDeclined` (a
-        decline, a timeout) or :class:`JobFailed`.
-        """
-        with self._lock:
-            self.raise_if_failed()
-            tracker = self._require_running()
-            tracker.checkpoint_triggered(checkpoint_id)
-            future: Future[PreparedCheckpoint] = Future()
-            self._prepared = future
-            self._prepared_events = {}
-            self._prepared_parts = {}
-            self._timeout = self.clock.call_later(
-                self.config.checkpoint_timeout_s, lambda: self._timed_out(checkpoint_id))
-            if self.config.stall_warning_s > 0:
-                self._waiting = self.clock.call_later(
-                    self.config.stall_warning_s, lambda: self._checkpoint_waiting(checkpoint_id, 1))
-            for holder in self._holders.values():
-                holder.trigger_checkpoint(checkpoint_id)
-            return future
-
-    def seal(self, prepared: PreparedCheckpoint) -> CheckpointRecord:
-        """Write the record of a prepared checkpoint durably and start its epoch (driver thread).
-
-        Only after this returns may the epoch's offset be handed to Spark.
-        """
-        epoch = prepared.checkpoint_id
-        snapshots = dict(prepared.snapshots)
-        with self._lock:
-            # the client requests behind these snapshots (none is admitted while a checkpoint
-            # is pending), so that a restore to this record answers their re-sends once
-            gate = self.inbox.gate
-            clients = gate.client_memory() if gate is not None else []
-        if clients:
-            snapshots[CLIENTS_KEY] = pickle.dumps(clients, protocol=pickle.HIGHEST_PROTOCOL)
-        record = CheckpointRecord(epoch, snapshots, prepared.events)
-        started = time.perf_counter()
-        try:
-            self.storage.write_record(record, prepared.parts)
-            self.storage.start_inbound_log(epoch)
-        except LeaseLost as exc:  # rule 5: another run has the job now
-            self._fail(f"LeaseLost: {exc}")
-            raise
-        log.info("sealed epoch %d: %d events for subtasks, written in %.1f ms", epoch,
-                 prepared.event_count(), (time.perf_counter() - started) * 1e3)
-        with self._lock:
-            tracker = self._require_running()
-            tracker.checkpoint_sealed(epoch)
-            self.inbox.epoch_started(record)
-            self._record = record
-            for holder in self._holders.values():
-                holder.checkpoint_sealed(epoch)
-        return record
-
-    def checkpoint(self, checkpoint_id: int) -> CheckpointRecord | None:
-        """Trigger, wait for and seal ``checkpoint_id``; None if it was declined (blocking).
-
-        Driver thread, with real mailboxes. Raises :class:`JobFailed` on a global failure.
-        """
-        future = self.trigger_checkpoint(checkpoint_id)
-        try:
-            prepared = future.result()
-        except CheckpointDeclined as exc:
-            log.warning("%s", exc)
-            self.raise_if_failed()
-            return None
-        return self.seal(prepared)
-
-    def record_for(self, epoch: int) -> CheckpointRecord | None:
-        """The record of ``epoch`` (None for the initial epoch). Any thread."""
-        if epoch == NO_EPOCH:
-            return None
-        record = self._record
-        if record is not None and record.epoch == epoch:
-            return record
-        return self.storage.read_record(epoch)
-
-    # --------------------------------------------------------------- holder listener side
-    def coordinator_completed(self, name: str, checkpoint_id: int, snapshot: bytes | None,
-                              events: list[list[bytes]],
-                              parts: dict[str, StoredOnce[Any]] | None = None) -> None:
-        """A coordinator's boundary (its mailbox thread)."""
-        with self._lock:
-            tracker = self._tracker
-            if tracker is None or tracker.pending != checkpoint_id:
-                return
-            self._prepared_events[name] = events
-            self._prepared_parts[name] = parts or {}
-            if not tracker.coordinator_completed(name, checkpoint_id, snapshot):
-                return
-            self._cancel_checkpoint_timers()
-            prepared = PreparedCheckpoint(checkpoint_id, tracker.snapshots(checkpoint_id))
-            for op, per_subtask in self._prepared_events.items():
-                for index, payloads in enumerate(per_subtask):
-                    if payloads:
-                        prepared.events[SubtaskId(op, index)] = payloads
-            for held in self._prepared_parts.values():
-                prepared.parts.update(held)
-            future = self._prepared
-        if future is not None:
-            future.set_result(prepared)
-
-    def coordinator_declined(self, name: str, checkpoint_id: int, reason: str) -> None:
-        """A coordinator failed its checkpoint future (its mailbox thread)."""
-        with self._lock:
-            if self._tracker is None:
-                return
-            self._apply_abort(self._tracker.coordinator_declined(name, checkpoint_id, reason))
-
-    def coordinator_failed(self, name: str, cause: str) -> None:
-        """``fail_job`` or a callback exception (its mailbox thread)."""
-        self._fail(cause)
-
-    def _cancel_checkpoint_timers(self) -> None:
-        # Under the lock: the pending checkpoint's timeout and stall warning.
-        for timer in (self._timeout, self._waiting):
-            if timer is not None:
-                timer.cancel()
-
-    def _checkpoint_waiting(self, checkpoint_id: int, intervals: int) -> None:
-        # Clock's timer thread: the checkpoint is still pending after ``intervals`` warnings'
-        # worth of time; say who it waits for, until it is sealed, aborted or timed out.
-        with self._lock:
-            tracker = self._tracker
-            if self._closed or tracker is None or tracker.pending != checkpoint_id:
-                return
-            waiting = tracker.waiting_for()
-            self._waiting = self.clock.call_later(
-                self.config.stall_warning_s,
-                lambda: self._checkpoint_waiting(checkpoint_id, intervals + 1))
-        if waiting:
-            log.warning("checkpoint %d has waited %.0f s for %s %s to complete the checkpoint "
-                        "future (it is declined after %.0f s: ServiceConfig.checkpoint_timeout_s)",
-                        checkpoint_id, intervals * self.config.stall_warning_s,
-                        "coordinator" if len(waiting) == 1 else "coordinators",
-                        ", ".join(repr(w) for w in waiting), self.config.checkpoint_timeout_s)
-
-    def _timed_out(self, checkpoint_id: int) -> None:
-        with self._lock:
-            if self._tracker is None:
-                return
-            self._apply_abort(self._tracker.checkpoint_timed_out(
-                checkpoint_id, self.config.checkpoint_timeout_s))
-
-    def _apply_abort(self, abort: CheckpointAbort | None) -> None:
-        if abort is None:
-            return
-        self._cancel_checkpoint_timers()
-        for holder in self._holders.values():
-            holder.checkpoint_aborted(abort.checkpoint_id)
-        if abort.fail_job is not None:
-            self._fail(abort.fail_job)  # fails the pending future with JobFailed
-        future, self._prepared = self._prepared, None
-        if future is not None and not future.done():
-            future.set_exception(CheckpointDeclined(abort.reason))
 
     # --------------------------------------------------------------------------- failures
     def add_failure_listener(self, listener: Callable[[str], None]) -> None:
@@ -555,39 +286,3 @@ class CoordinationService:
     def _checkpoint_pending(self) -> int | None:
         # The inbox's question (under the lock): the checkpoint being taken, if one is.
         return self._tracker.pending if self._tracker is not None else None
-
-
-def restore_line(run_id: str, point: RestorePoint, items: Sequence[ReplayedItem]) -> str:
-    """The one INFO line of a restore: from where the run starts, and what the numbers are
-    that the coordinators get again (``items``: the logged events, requests and withdrawals
-    handed to them, in log order) and why (issue 25)."""
-    epoch = point.epoch
-    if epoch == NO_EPOCH:
-        return f"run {run_id} starts fresh: Spark's log holds no epoch of this source yet"
-    operators = sorted({i.attempt.subtask.operator for i in items})
-    to = (f"coordinator{'s' if len(operators) > 1 else ''} {', '.join(operators)}"
-          if operators else "the coordinators")
-    if point.committed:
-        handed = (f"what was sent to {to} in it handed again ({_counted(items)})" if items
-                  else "nothing was sent to them in it")
-        return (f"run {run_id} restored epoch {epoch}, whose batch committed: coordinators "
-                f"reset to its snapshot, {handed}, then told it committed")
-    line = (f"run {run_id} restored epoch {epoch}, logged but not committed: its batch runs "
-            f"again from the snapshot of epoch {epoch}")
-    if not items:
-        return line
-    them = "it" if len(operators) == 1 else "them"
-    return (f"{line}. Answers were given out in it, so what was sent to {to} before the "
-            f"restart is kept ({_counted(items)}): handed to {them} again, and the batch's "
-            f"tasks continue from it, answered from the log")
-
-
-def _counted(items: Sequence[ReplayedItem]) -> str:
-    """``items`` by kind: ``"1 request"``, ``"7 items: 5 requests, 2 events"``."""
-    kinds = {"request": 0, "event": 0, "client request": 0, "withdrawal": 0}
-    for item in items:
-        kind = ("withdrawal" if item.withdrawn is not None else "client request" if item.client
-                else "request" if item.is_request else "event")
-        kinds[kind] += 1
-    parts = [f"{n} {kind}{'s' if n != 1 else ''}" for kind, n in kinds.items() if n]
-    return parts[0] if len(parts) == 1 else f"{len(items)} items: {', '.join(parts)}"

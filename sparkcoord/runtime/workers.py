@@ -7,7 +7,8 @@ Rules:
      replication slot) gives each its lane, so no two calls share a connection at once.
   2. A work that was handed over runs, also after its coordinator was reset or closed (a
      release of connections must not be lost); what it posts back to the mailbox is dropped
-     by the context then (``holder.py``: an action of an old generation does not run).
+     by the context then (``holder_context.py`` rule 2: an action of an old generation does
+     not run).
   3. :class:`ThreadWorkers` keeps no idle thread: a lane's thread starts when work arrives and
      ends when the lane is empty, so a lane that blocks (a server that does not answer) holds
      no other lane and no later generation's lane (a generation's lanes are its own).

@@ -155,8 +155,8 @@ def test_thread_workers_run_one_work_of_a_lane_at_a_time_in_order_beside_other_l
 
 
 def test_a_blocked_lane_of_an_old_generation_does_not_hold_the_new_generations_lane() -> None:
-    # holder.py names each generation's lanes apart (workers.py rule 3): a reset coordinator
-    # whose predecessor's work still hangs on a dead server gets on with its own
+    # holder_context.py names each generation's lanes apart (workers.py rule 3): a reset
+    # coordinator whose predecessor's work still hangs on a dead server gets on with its own
     workers = ThreadWorkers(prefix="test")
     release, new_ran = threading.Event(), threading.Event()
     workers.run("op.1", "slot", lambda: release.wait(30) and None)
