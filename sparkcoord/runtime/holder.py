@@ -180,7 +180,7 @@ class CoordinatorHolder(HolderCheckpoints):
         """An accepted request, as one mailbox action (the inbox, in its critical section):
         a task's (``subtask``, its execution ``attempt``) to the coordinator's
         ``handle_request``, a client's (``subtask`` None) to ``handle_client_request``; and
-        ``answered`` once its answer exists (rule 7).
+        ``answered`` once its answer exists (docs/protocol.md [requests-are-inbound-items]).
 
         True when the calling thread claimed the idle mailbox: it must then run it
         (``self.mailbox.run_claimed()``) once it left the critical section, and answers the
@@ -200,7 +200,8 @@ class CoordinatorHolder(HolderCheckpoints):
 
     def subtask_failed(self, subtask: int, old_attempt: int, reason: str, checkpoint_id: int,
                        snapshot: bytes | None, replay: Sequence[ReplayedEvent]) -> None:
-        """A task of ``subtask`` was retried inside the batch of ``checkpoint_id`` (rule 7).
+        """A task of ``subtask`` was retried inside the batch of ``checkpoint_id`` (docs/protocol.md
+        [retry-resets-the-coordinator]).
 
         Called inside the inbound critical section, before the new attempt's registration is
         acknowledged, so the reset comes before any of the new attempt's events on the mailbox.
