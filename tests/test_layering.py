@@ -35,8 +35,8 @@ ROOT_MODULES = {"__init__.py", "py.typed"}
 ENTRY_POINTS = ("cli", "demo", "demo_pipeline")
 #: the split framework of sources/ (what any source is built on): it knows no file source and
 #: no Spark (a source reaches Spark through the adapter, in its own builder module)
-SOURCE_FRAMEWORK = ("splits", "reader", "enumerator", "assigners", "alignment", "backlog",
-                    "values")
+SOURCE_FRAMEWORK = ("splits", "reader", "enumerator", "discovering", "handout", "state",
+                    "assigners", "alignment", "backlog", "values")
 #: the file source: the package sources/files/ (options, listing, discovery, split, reading,
 #: metadata, schema, the text parser, the seen files, its builder and its command), and the
 #: paths its modules had before they moved into it (each the same module: MOVED_TO_FILES)
