@@ -36,9 +36,8 @@ Rules:
      epoch; :mod:`sparkcoord.committer.ledger`). ``close`` waits up to ``commit_drain_s``
      for the commits handed over (an ``availableNow`` run ends right after its last batch
      committed, and a run that reports done must hold that batch's commit). A split is
-     reported finished in the batch
-     that read its last rows or a later one, so a commit never names a split whose rows are
-     not committed yet.
+     reported finished in the batch that read its last rows or a later one, so a commit
+     never names a split whose rows are not committed yet.
   7. A finished report's report goes to ``split_finished``, and back through
      ``finished_report_withdrawn``: sources/handout.py rule 7.
   8. Discovery on demand (``discover_ahead=N``; Flink CDC's snapshot split assigner plans
@@ -46,21 +45,29 @@ Rules:
      mailbox whenever fewer than ``N`` splits are pending or waiting to join (checked at
      ``start`` and after each boundary; after a hand-out, below ``N // 2``), asks the
      discovery for the ones missing (``SplitDiscovery.discover_some``; sources/discovering.py
-     rule 3), and joins at the next boundary as any cycle does (rule 2), until the discovery says it is exhausted
-     (``SplitDiscovery.exhausted``). So a source of any size keeps a bounded number of
-     splits pending and its discovery follows the readers. The first boundary waits for the
-     first cycle while it runs, for up to ``first_boundary_wait_s``, so the run's first
-     batch has splits (docs/decisions/077-cdc-fewer-batches.md); it completes from the
-     mailbox when the cycle's result or the timer comes, and a slower cycle joins at the
-     next boundary. An ``availableNow`` run (rule 5) discovers on until exhausted.
+     rule 3), and joins at the next boundary as any cycle does (rule 2), until the discovery
+     says it is exhausted (``SplitDiscovery.exhausted``). So a source of any size keeps a
+     bounded number of splits pending and its discovery follows the readers. The first
+     boundary waits for the first cycle while it runs, for up to ``first_boundary_wait_s``,
+     so the run's first batch has splits (docs/decisions/077-cdc-fewer-batches.md); it
+     completes from the mailbox when the cycle's result or the timer comes, and a slower
+     cycle joins at the next boundary. An ``availableNow`` run (rule 5) discovers on until
+     exhausted.
 
 Theory of operation: a fresh source discovers once in ``start`` (so its first batch has
 splits); after that (and after a restore) discovery runs off the mailbox (``call_async``, lane
-``discovery``; sources/discovering.py: :class:`DiscoveryCycles`): never again for a bounded source, every ``discovery_interval_s`` for a
-continuous one. Its result comes back to the mailbox and is applied at the next
-``checkpoint_coordinator``, which also asks for a batch so the readers of that batch can take
-the new splits. Each batch may take new work up to its :class:`ReadLimit`; when the limit
-stops it while splits are pending, another batch is asked for.
+``discovery``; sources/discovering.py: :class:`DiscoveryCycles`): never again for a bounded
+source, every ``discovery_interval_s`` for a continuous one. Its result comes back to the
+mailbox and is applied at the next ``checkpoint_coordinator``, which also asks for a batch so
+the readers of that batch can take the new splits. Each batch may take new work up to its
+:class:`ReadLimit`; when the limit stops it while splits are pending, another batch is asked
+for.
+
+Where the parts are: the request path (hand-out, finished reports, withdrawals: rules 1, 3, 7)
+in sources/handout.py, the base class of :class:`SplitEnumerator`; the discovery cycles and
+:class:`SplitDiscovery` in sources/discovering.py; the alignment wiring (rule 4) in
+sources/aligning.py; :class:`EnumeratorState` in sources/state.py. The names stay importable
+from here.
 """
 
 from __future__ import annotations
@@ -73,11 +80,8 @@ from typing import Any, ClassVar
 
 from sparkcoord.committer import CommitFunction, CommitLedger, CommitWorker
 from sparkcoord.coordinator import Cancellable, CoordinatorContext
-from sparkcoord.sources.alignment import (
-    AlignmentOptions,
-    WatermarkAlignment,
-    WatermarkReport,
-)
+from sparkcoord.sources.aligning import AlignmentWiring
+from sparkcoord.sources.alignment import AlignmentOptions, WatermarkAlignment
 from sparkcoord.sources.assigners import AlignedLanes, InOrder, SplitAssigner
 from sparkcoord.sources.backlog import Backlog, Chunk, chunked
 from sparkcoord.sources.discovering import DiscoveryCycles, SplitDiscovery
@@ -137,10 +141,11 @@ class SplitEnumerator(SplitHandOut):
         self.limit = limit or ReadLimit()
         self.latest_first = latest_first
         self.alignment_options = alignment
-        self._clock = clock
-        #: the alignment of the state in force (None: alignment off)
+        #: the alignment of the state in force (None: alignment off) and its wiring (rule 4;
+        #: sources/aligning.py)
         self.alignment: WatermarkAlignment | None = None
-        self._alignment_timer: Cancellable | None = None
+        self._aligning = (AlignmentWiring(context, alignment, clock)
+                          if alignment is not None else None)
         self.state = EnumeratorState()
         self._pending = Backlog(lanes=alignment is not None)
         self._assigner: SplitAssigner = InOrder(latest_first)
@@ -183,13 +188,8 @@ class SplitEnumerator(SplitHandOut):
             raise TypeError(f"enumerator {self.context.operator_id!r}: checkpointed state is a "
                             f"{type(state).__name__}, not an EnumeratorState")
         self.state = state
-        if self.alignment_options is not None:
-            # a state checkpointed before alignment was turned on has none: start afresh
-            self.alignment = WatermarkAlignment(self.alignment_options,
-                                                getattr(state, "alignment", None))
-            state.alignment = self.alignment.state
-            if getattr(state, "in_flight_keys", None) is None:
-                state.in_flight_keys = {}
+        if self._aligning is not None:
+            self.alignment = self._aligning.restored(state)
         if self.committer is not None or self.keeps_splits_in_flight:
             if getattr(state, "in_flight_splits", None) is None:
                 state.in_flight_splits = {}  # checkpointed before the committer was given
@@ -227,9 +227,8 @@ class SplitEnumerator(SplitHandOut):
                 lambda epoch: post(lambda: ledger.commit_done(epoch)),
                 stuck=self.context.fail_job)  # a commit failing for minutes fails the job
             self._commits.submit(ledger.restored())  # rule 6: what a restore left pending
-        if self.alignment_options is not None:
-            self._alignment_timer = self.context.call_periodically(
-                self.alignment_options.update_interval_ms / 1000, self._check_alignment)
+        if self._aligning is not None:
+            self._aligning.start()
         if self._pending or self.state.in_flight:
             # work left (rule 5): a split pending, or kept by a reader (paused, stopped)
             self.context.request_batch()
@@ -267,9 +266,10 @@ class SplitEnumerator(SplitHandOut):
             # the last batch's commit is handed over as an availableNow run ends: a run
             # that ends by itself makes it first (rule 6)
             self._commits.stop(drain_s=self.commit_drain_s)
-        for timer in (self._timer, self._alignment_timer):
-            if timer is not None:
-                timer.cancel()
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._aligning is not None:
+            self._aligning.close()
         if self._deferred is not None:
             self._deferred[2].cancel()
             self._deferred = None
@@ -368,11 +368,13 @@ class SplitEnumerator(SplitHandOut):
         self._budget = BatchBudget(self.limit)
         self._epoch = checkpoint_id
         if self.alignment is not None:
-            self._settle_quiet_lanes()
+            assert self._aligning is not None
+            busy = self._pending.lanes()
+            busy.update(self.state.in_flight_keys.values())
             # rule 4: decided inside the snapshot, sent before the boundary (set_result below),
             # so the event is sealed into this epoch and its batch's readers get it before any
             # data; sent at every boundary whatever the splits (FLINK-37670)
-            decision = self.alignment.decide(self._now_ms())
+            decision = self._aligning.decide(busy, self._lists_once and self._run_listed)
             for _, gateway in self.ready_gateways():
                 gateway.send_event(decision)
         if self.discover_ahead is not None:
@@ -396,38 +398,6 @@ class SplitEnumerator(SplitHandOut):
         """Add ``splits`` to the pending ones, as a discovery would. Called by a subclass on
         the mailbox, only at a boundary (:meth:`boundary_reached`, rule 2)."""
         self._apply(chunked(splits))
-
-    def _settle_quiet_lanes(self) -> None:
-        """Before a decision (mailbox thread, at the boundary): a lane with no split pending
-        and none in flight is read up to now. No reader tries it, so the enumerator says so
-        itself: it is empty (a live directory waiting for files; it goes idle after the idle
-        timeout), or, once a source that lists once (rule 5) applied its listing (no file
-        will come in this run), finished and forgotten.
-        A split-keyed entry is never here: it is forgotten when its reader finishes it."""
-        assert self.alignment is not None
-        busy = self._pending.lanes()
-        busy.update(self.state.in_flight_keys.values())
-        quiet = tuple(sorted(key for key in self.alignment.state.splits if key not in busy))
-        if not quiet:
-            return
-        if self._lists_once and self._run_listed:
-            self.alignment.forget(quiet)
-        else:
-            self.alignment.observe(WatermarkReport(empty=quiet))
-
-    def _now_ms(self) -> int:
-        return int(self._clock() * 1000)
-
-    def _check_alignment(self) -> None:
-        """The alignment timer (mailbox thread, every update interval): while a split waits
-        for the others, ask for a batch once an update interval has passed since the last
-        decision, so the group is decided again even when no data flows (and an empty split
-        holding the minimum can go idle)."""
-        if self.alignment is None or self._closed:
-            return
-        due = self.alignment.next_check_ms()
-        if due is not None and self._now_ms() >= due:
-            self.context.request_batch()
 
     def _apply(self, chunks: list[Chunk]) -> None:
         self._assigner.add(self._pending, chunks)

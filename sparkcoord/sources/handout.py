@@ -235,7 +235,8 @@ class SplitHandOut(OperatorCoordinator):
         ``handle_items_withdrawn``, last report first. The default does nothing."""
 
     def _produced_split(self, split_id: str) -> Split:
-        # the split the running batch produced under ``split_id`` (enumerator rule 6; mailbox thread)
+        # the split the running batch produced under ``split_id`` (enumerator rule 6;
+        # mailbox thread)
         assert self._ledger is not None
         for split in self._ledger.running:
             if isinstance(split, Split) and split.split_id == split_id:

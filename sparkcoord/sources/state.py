@@ -1,7 +1,8 @@
-"""The split enumerator's checkpointed state (:class:`~sparkcoord.sources.enumerator.SplitEnumerator`;
-its rules in sources/enumerator.py and sources/handout.py). Its own module so that the
-enumerator and its request path (handout.py) both name it without importing each other; the
-encoding's home (core/encoding.py ``HOMES``), and importable from sources/enumerator.py as before.
+"""The checkpointed state of the split enumerator (:class:`~sparkcoord.sources.enumerator.
+SplitEnumerator`; its rules in sources/enumerator.py and sources/handout.py). Its own module so
+that the enumerator and its request path (handout.py) both name it without importing each
+other; the encoding's home (core/encoding.py ``HOMES``), importable from sources/enumerator.py
+as before.
 """
 
 from __future__ import annotations

@@ -9,7 +9,10 @@ pending splits, planning is its discovery on demand (sources/enumerator.py rule 
 :class:`ChunkPlanning` whose state is the tables' planners), a chunk's high watermark is the
 reader's finished report (enumerator.py rule 7), and the stream split joins the pending
 splits at the boundary that holds the complete snapshot. What is the source's own is here:
-the chunks' progress, the stream's hand-over, the slot, the stream's bound and its stops.
+the chunks' progress, the stream's hand-over, the set-up's waits; the stream's control (its
+bound, its stops, the slot's confirmation: rules 4, 5, 7) is a :class:`StreamControl`
+(streaming.py) it calls from its hooks, and its state and discovery (:class:`CdcEnumeratorState`,
+:class:`ChunkPlanning`) are in planning.py. The names stay importable from here.
 
 Rules:
   1. Every piece of I/O (creating the slot and the publication, asking the catalog, planning

@@ -126,5 +126,6 @@ class CdcEnumeratorState(EnumeratorState):
     reported: dict[int, int] = field(default_factory=dict)
     #: the slot's position as last confirmed (for status; streaming.py rule 4)
     confirmed: int = 0
-    #: how far the stream may read (streaming.py rule 5): a WAL insert position learned before a boundary
+    #: how far the stream may read (streaming.py rule 5): a WAL insert position learned
+    #: before a boundary
     stream_bound: int = 0
