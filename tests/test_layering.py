@@ -35,8 +35,8 @@ ROOT_MODULES = {"__init__.py", "py.typed"}
 ENTRY_POINTS = ("cli", "demo", "demo_pipeline")
 #: the split framework of sources/ (what any source is built on): it knows no file source and
 #: no Spark (a source reaches Spark through the adapter, in its own builder module)
-SOURCE_FRAMEWORK = ("splits", "reader", "enumerator", "assigners", "alignment", "backlog",
-                    "values")
+SOURCE_FRAMEWORK = ("splits", "reader", "enumerator", "discovering", "handout", "state",
+                    "aligning", "assigners", "alignment", "backlog", "values")
 #: the file source: the package sources/files/ (options, listing, discovery, split, reading,
 #: metadata, schema, the text parser, the seen files, its builder and its command), and the
 #: paths its modules had before they moved into it (each the same module: MOVED_TO_FILES)
@@ -390,6 +390,28 @@ def test_a_name_the_holder_or_the_service_had_is_importable_from_it(old: str, ne
         if isinstance(getattr(home, there), type) and issubclass(getattr(home, there), Exception):
             # an error line and a pickled error read as before the move
             assert getattr(home, there).__module__ == module.__name__, f"runtime.{old}.{name}"
+
+#: the enumerators' parts (docs/decisions/108-enumerator-modules.md): the names their modules
+#: had stay importable from them, as the objects of their new homes (old module -> {name: home})
+ENUMERATOR_NAMES = {
+    "sparkcoord.sources.enumerator": {
+        "SplitDiscovery": "sparkcoord.sources.discovering",
+        "EnumeratorState": "sparkcoord.sources.state"},
+    "sparkcoord.sources.postgres.enumerator": {
+        **dict.fromkeys(("CdcEnumeratorState", "PlanningState", "ChunkPlanning", "INITIAL",
+                         "LATEST", "STARTUP_MODES"), "sparkcoord.sources.postgres.planning"),
+        "SLOT": "sparkcoord.sources.postgres.streaming"},
+}
+
+
+@pytest.mark.parametrize("old", sorted(ENUMERATOR_NAMES))
+def test_a_name_an_enumerator_module_had_is_importable_from_it(old: str) -> None:
+    import importlib
+
+    module = importlib.import_module(old)
+    for name, home in ENUMERATOR_NAMES[old].items():
+        assert getattr(module, name) is getattr(importlib.import_module(home), name), (
+            f"{old}.{name}")
 
 
 def test_the_no_spark_checks_see_the_postgres_source_and_the_sinks() -> None:

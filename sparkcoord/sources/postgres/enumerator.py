@@ -9,7 +9,10 @@ pending splits, planning is its discovery on demand (sources/enumerator.py rule 
 :class:`ChunkPlanning` whose state is the tables' planners), a chunk's high watermark is the
 reader's finished report (enumerator.py rule 7), and the stream split joins the pending
 splits at the boundary that holds the complete snapshot. What is the source's own is here:
-the chunks' progress, the stream's hand-over, the slot, the stream's bound and its stops.
+the chunks' progress, the stream's hand-over, the set-up's waits; the stream's control (its
+bound, its stops, the slot's confirmation: rules 4, 5, 7) is a :class:`StreamControl`
+(streaming.py) it calls from its hooks, and its state and discovery (:class:`CdcEnumeratorState`,
+:class:`ChunkPlanning`) are in planning.py. The names stay importable from here.
 
 Rules:
   1. Every piece of I/O (creating the slot and the publication, asking the catalog, planning
@@ -46,58 +49,18 @@ Rules:
      is a bare :class:`StreamSplit`).
      Startup mode ``latest`` reads no snapshot: the stream (no map, from the slot's confirmed
      position) goes out in the batch of the first boundary at which the slot exists.
-  4. The slot is confirmed (``replication.advance``) only in ``notify_checkpoint_complete``:
-     the position a :class:`NextStreamRead` reported in the batch of epoch ``e`` (where the
-     reader's previous batch read to) is confirmed once a checkpoint ``>= e`` is notified
-     committed, never before. The stream reader reports at every batch, also when the
-     tables are idle (it then read to the bound it was given: replication.py rule 4), so a
-     quiet publication holds WAL for no longer than about two batches. Nothing is confirmed during
-     the snapshot: chunk reads peek the slot from the position it had when the source
-     started, and the stream needs every transaction after the least high watermark. The
-     batch that hands the stream out confirms its start (the least high watermark) once it
-     commits: everything before it is in the snapshot, committed before that batch ran, and
-     a peek reads from the confirmed position, so a stream that starts far behind would
-     otherwise re-read what it skips at every batch.
-  5. How far the stream reads (splits.py rule 5): every ``poll_interval_s`` once the stream
-     is built, the enumerator learns the WAL insert position on the slot lane (a record
-     boundary, so confirming it never skips a commit record that straddles it) and asks for
-     a batch when it moved (an idle database runs no batches); the position joins the state
-     at the next boundary (rule 2) as the stream's bound, and each :class:`NextStreamRead`
-     is answered with it (a :class:`StreamBound`).
-     So changes arrive within about a poll interval plus a batch, an idle publication still
-     confirms the slot while anything else in the database is written (rule 4; where nothing
-     is, the last batch's report waits for the next write), and a batch that runs again
-     reads the same transactions.
-     The stream reader asks for the next batch itself when its read stopped short of the
-     bound (``max_changes_per_batch``). In an ``availableNow`` run
-     (``CoordinatorContext.available_now``) there is no polling: the enumerator learns the
-     insert position once, when the run starts, and that is the bound; it asks for batches
-     until the stream reader reports a position at or past it (a report arrives a batch
-     after its read, rule 4), so a run that ends has read every transaction committed before
-     it started. The confirmation of the run's last batch then waits for the next run.
+  4. The slot is confirmed only once the batch holding the changes committed: streaming.py
+     rule 4.
+  5. How far the stream reads, learned by polling the WAL insert position (an availableNow
+     run's end once): streaming.py rule 5.
   6. A task retry that withdraws requests (``handle_items_withdrawn``) puts what their
      answers handed out back, as the split framework does (enumerator.py rule 3): chunks and
      the stream split to the front of the pending splits; finished reports it withdrew are
      undone (the chunk is in flight to the subtask again, which reports it again, and its
      high watermark leaves the progress). A withdrawn stream report is forgotten (its
      epoch's position is then confirmed by a later report: never too far).
-  7. The stream stops at a position ``P`` with an error: the source fails the job when the
-     stream reader reports it read to ``P`` or past it. That report comes in the batch after
-     the read, which Spark runs only once the read's batch committed, so every change before
-     ``P`` is in the sink first; nothing is confirmed past what the sink holds, and a
-     restart finds the same and stops at the same point. Two things set a stop (the
-     earlier ``P`` wins):
-     a captured table the publication no longer publishes (dropped, or taken out of it) is
-     found by the poll, which asks for the published tables before the insert position
-     ``P``: every change the table had is before ``P`` (a ``PublicationProblem`` naming the
-     tables). While a stop waits every poll asks for a batch (nothing else may be written to
-     move the insert position). The check starts once the stream is built: before, the
-     publication may not exist yet (the set-up creates it on the other worker, at the same
-     time as an ``availableNow`` run's first poll);
-     a captured table that changed shape (reader.py rule 4): the reader stopped its read
-     before the first change of the new shape, at ``P``, and its next batch reports ``P``
-     with the reason (``NextStreamRead.stopped``), so the job fails at that report (a
-     ``SchemaChanged`` naming the table, the change and the way on).
+  7. The stream stops at a position with an error once everything before it is in the sink:
+     streaming.py rule 7.
   8. The set-up's slot creation can wait for other sessions' transactions for as long as
      they stay open (replication.py rule 7). The I/O watches it from a connection and thread
      of its own and reports what it waits for; the report is posted to the mailbox and the
@@ -105,9 +68,10 @@ Rules:
      mailbox.
 
 Thread model: every callback on the coordinator's mailbox; the :class:`EnumeratorIO`'s
-``set_up``/``plan`` on the lane ``planning`` (through :class:`ChunkPlanning`) and
-``advance``, ``unpublished`` and ``insert_position`` on the lane ``slot`` (``call_async``),
-each one call at a time, their results posted back to the mailbox.
+``set_up``/``plan`` on the lane ``planning`` (through :class:`ChunkPlanning`, planning.py) and
+``advance``, ``unpublished`` and ``insert_position`` on the lane ``slot`` (``call_async``;
+through :class:`StreamControl`, streaming.py), each one call at a time, their results posted
+back to the mailbox.
 """
 
 
@@ -116,13 +80,10 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from sparkcoord.coordinator import CoordinatorContext, Withdrawn
-from sparkcoord.core.encoding import encoded
-from sparkcoord.sources.enumerator import EnumeratorState, SplitDiscovery, SplitEnumerator
-from sparkcoord.sources.postgres.core.chunks import PlannerState
+from sparkcoord.sources.enumerator import SplitEnumerator
 from sparkcoord.sources.postgres.core.names import TableName
 from sparkcoord.sources.postgres.core.splits import (
     STREAM_SPLIT_ID,
@@ -142,15 +103,20 @@ from sparkcoord.sources.postgres.io.enumeration import (
 from sparkcoord.sources.postgres.io.enumeration import (
     WaitReport as WaitReport,
 )
+from sparkcoord.sources.postgres.planning import INITIAL as INITIAL
+from sparkcoord.sources.postgres.planning import LATEST as LATEST
+from sparkcoord.sources.postgres.planning import STARTUP_MODES as STARTUP_MODES
+from sparkcoord.sources.postgres.planning import CdcEnumeratorState as CdcEnumeratorState
+from sparkcoord.sources.postgres.planning import ChunkPlanning as ChunkPlanning
+from sparkcoord.sources.postgres.planning import PlanningState as PlanningState
+from sparkcoord.sources.postgres.streaming import SLOT as SLOT
+from sparkcoord.sources.postgres.streaming import StreamControl
 from sparkcoord.sources.splits import ReadLimit, Split
 
 log = logging.getLogger("sparkcoord.sources.postgres")
 
-INITIAL, LATEST = "initial", "latest"
-STARTUP_MODES = (INITIAL, LATEST)
-
-#: the ``call_async`` lanes (rule 1): each keeps a connection of its own
-PLANNING, SLOT = "planning", "slot"
+#: the ``call_async`` lanes (rule 1): each keeps a connection of its own (``SLOT``: streaming.py)
+PLANNING = "planning"
 
 #: how long the first boundary waits for the set-up's planning cycle (rule 2)
 FIRST_BOUNDARY_WAIT_S = 1.0
@@ -158,110 +124,6 @@ FIRST_BOUNDARY_WAIT_S = 1.0
 
 def _ignored(result: Any, error: BaseException | None) -> None:
     """The handler of a release on close: nothing is left to do with its outcome."""
-
-
-@encoded("postgres.PlanningState")
-@dataclass
-class PlanningState:
-    """Chunk planning's state (the enumerator's discovery state): whether the set-up ran, and
-    each table's planner, in table order (a planner that is done stays, so the boundary that
-    applies a cycle knows every table's chunk key column)."""
-
-    set_up: bool = False
-    planners: dict[TableName, PlannerState] = field(default_factory=dict)
-
-
-class ChunkPlanning(SplitDiscovery):
-    """Planning the snapshot's chunks as the enumerator's discovery on demand (rule 1;
-    sources/enumerator.py rule 8). Thread model: ``discover_some`` on the planning lane, one
-    cycle at a time; ``exhausted`` and ``size_of`` on the mailbox."""
-
-    def __init__(self, io: Callable[[], EnumeratorIO], tables: Sequence[TableName],
-                 snapshot: bool) -> None:
-        self._io = io
-        self.tables = tuple(tables)
-        self.snapshot = snapshot
-
-    def initial_state(self) -> PlanningState:
-        return PlanningState()
-
-    def discover(self, state: Any) -> tuple[list[Split], Any]:
-        return self.discover_some(state, 1)
-
-    def discover_some(self, state: Any, want: int) -> tuple[list[Split], Any]:
-        io = self._io()
-        planners = dict(state.planners)
-        if not state.set_up:
-            planners = io.set_up(self.tables, self.snapshot)
-            if not self.snapshot:
-                planners = {}
-        chunks: list[Split] = []
-        if any(not p.done for p in planners.values()):
-            planned, after = io.plan({t: p for t, p in planners.items() if not p.done}, want)
-            planners.update(after)
-            chunks = [SnapshotChunk.of(chunk) for chunk in planned]
-        return chunks, PlanningState(True, planners)
-
-    def exhausted(self, state: Any) -> bool:
-        return bool(state.set_up) and all(p.done for p in state.planners.values())
-
-    def size_of(self, state: Any) -> int:
-        return len(state.planners)
-
-
-def _from_version_1(fields: dict[str, Any]) -> dict[str, Any]:
-    """CdcEnumeratorState version 1 (sparkcoord 0.1.0, an enumerator of its own) -> 2 (a
-    :class:`SplitEnumerator`'s state): the pending chunks, the stream built and not handed
-    out, and what is in flight become the framework's pending and in-flight splits; the set-up
-    and the planners the discovery state."""
-    pending: list[Split] = list(fields.get("pending", []))
-    chunks_pending = len(pending)
-    in_flight: dict[str, int] = {}
-    in_flight_splits: dict[str, Split] = {}
-    for split_id, (subtask, chunk) in dict(fields.get("in_flight", {})).items():
-        in_flight[split_id], in_flight_splits[split_id] = subtask, chunk
-    if fields.get("stream") is not None:
-        pending.append(fields["stream"])
-    owner = fields.get("stream_owner")
-    if owner is not None:
-        in_flight[STREAM_SPLIT_ID], in_flight_splits[STREAM_SPLIT_ID] = owner, StreamSplit()
-    set_up = bool(fields.get("set_up", False))
-    planned = int(fields.get("chunks_planned", 0))
-    return {"tables": fields["tables"], "startup": fields["startup"], "pending": pending,
-            "in_flight": in_flight, "in_flight_splits": in_flight_splits,
-            "discovery": PlanningState(set_up, dict(fields.get("planners", {}))),
-            "discovered_once": set_up, "handed_out": planned - chunks_pending
-            + (owner is not None), "finished": int(fields.get("chunks_finished", 0)),
-            "progress": dict(fields.get("progress", {})), "chunks_planned": planned,
-            "snapshot_done_at": fields.get("snapshot_done_at"),
-            "reported": dict(fields.get("reported", {})),
-            "confirmed": int(fields.get("confirmed", 0)),
-            "stream_bound": int(fields.get("stream_bound", 0))}
-
-
-@encoded("postgres.CdcEnumeratorState", version=2, upgrades={1: _from_version_1},
-         first_fields=("tables", "startup", "set_up", "planners", "progress", "pending",
-                       "in_flight", "chunks_planned", "chunks_finished", "snapshot_done_at",
-                       "stream", "stream_owner", "reported", "confirmed", "stream_bound"))
-@dataclass(kw_only=True)
-class CdcEnumeratorState(EnumeratorState):
-    """The enumerator's checkpointed state: the split framework's (pending chunks and the
-    stream split before it goes out, what is in flight, the planners as the discovery state)
-    and the source's own."""
-
-    tables: tuple[TableName, ...] = ()
-    startup: str = INITIAL
-    #: per table while the snapshot runs: boundaries and high watermarks (rule 3)
-    progress: dict[TableName, ChunkProgress] = field(default_factory=dict)
-    chunks_planned: int = 0
-    #: the checkpoint whose state first held the complete snapshot (rule 3)
-    snapshot_done_at: int | None = None
-    #: epoch -> the stream position reported in its batch, not yet confirmed (rule 4)
-    reported: dict[int, int] = field(default_factory=dict)
-    #: the slot's position as last confirmed (for status; rule 4)
-    confirmed: int = 0
-    #: how far the stream may read (rule 5): a WAL insert position learned before a boundary
-    stream_bound: int = 0
 
 
 class PostgresEnumerator(SplitEnumerator):
@@ -308,17 +170,12 @@ class PostgresEnumerator(SplitEnumerator):
                          first_boundary_wait_s=first_boundary_wait_s)
         self.poll_interval_s = poll_interval_s
         self.state = self.fresh_state()
-        self._advancing = False
-        self._advance_target = 0
-        self._confirmed = 0
         self._poll: Any = None
-        self._learning = False
-        #: the newest insert position learned, joining the state at the next boundary (rule 5)
-        self._learned_bound = 0
-        #: an availableNow run's end: the WAL insert position when it started (rule 5)
-        self._run_end: int | None = None
-        #: where the stream stops, and the error the job then fails with (rule 7)
-        self._stop: tuple[int, Exception] | None = None
+        #: the stream's bound, its stops and the slot's confirmation (rules 4, 5, 7)
+        self._stream = StreamControl(
+            context, self._get_io, self.tables, state=lambda: self.state,
+            closed=lambda: self._closed, owner=self._stream_owner, work_left=self._work_left,
+            failed=self._failed)
         #: what the set-up waits for and the pids it waits for (rule 8), as the I/O reported
         self._waiting: tuple[str | None, tuple[int, ...]] = (None, ())
 
@@ -341,16 +198,17 @@ class PostgresEnumerator(SplitEnumerator):
                 f"now {', '.join(map(str, self.tables))} (startup {self.startup!r}): start "
                 "with a new checkpoint location, or name the same tables")
         super().reset_to_checkpoint(checkpoint_id, state)
-        self._confirmed = self.state.confirmed
+        self._stream.restored()
 
     def start(self) -> None:
         if self._work_left():
             self.context.request_batch()
         super().start()  # the first planning cycle goes to its lane (rule 1)
         if self.context.available_now:
-            self._learn_bound()
+            self._stream.learn_bound()
         else:
-            self._poll = self.context.call_periodically(self.poll_interval_s, self._polled)
+            self._poll = self.context.call_periodically(self.poll_interval_s,
+                                                        self._stream.polled)
 
     def close(self) -> None:
         super().close()
@@ -406,10 +264,8 @@ class PostgresEnumerator(SplitEnumerator):
             state.progress = {}
             self.add_splits([stream])
             # no request_batch: this boundary's own batch hands the stream out (rule 3)
-        state.stream_bound = max(state.stream_bound, self._learned_bound)
-        state.reported = {e: p for e, p in state.reported.items() if e > self._committed}
-        state.confirmed = self._confirmed
-        if self._stream_behind_run_end():
+        self._stream.boundary_reached(self._committed)
+        if self._stream.behind_run_end():
             self.context.request_batch()
 
     def _snapshot_complete(self) -> bool:
@@ -476,8 +332,7 @@ class PostgresEnumerator(SplitEnumerator):
         if split.start:
             # rule 4: every transaction ending at or before the start is in the snapshot,
             # whose batches committed before this one ran
-            previous = self.state.reported.get(self._epoch, 0)
-            self.state.reported[self._epoch] = max(previous, split.start)
+            self._stream.reported(self._epoch, split.start)
         log.info("PostgreSQL source %s: the stream goes to subtask %d from %s",
                  self.context.operator_id, subtask, split.start)
 
@@ -493,7 +348,7 @@ class PostgresEnumerator(SplitEnumerator):
         return bool(self._pending or not self.discovery.exhausted(s.discovery)
                     or self._chunks_in_flight()
                     or (s.snapshot_done_at is None and self.startup == INITIAL)
-                    or self._ready_count or self._stream_behind_run_end())
+                    or self._cycles.held or self._stream.behind_run_end())
 
     def handle_items_withdrawn(self, subtask: int, attempt: int,
                                withdrawn: list[Withdrawn]) -> None:
@@ -504,111 +359,15 @@ class PostgresEnumerator(SplitEnumerator):
         if withdrawn:
             self.context.request_batch()
 
-    # ------------------------------------------------------------------ the stream (rule 5)
+    # ------------------------------------------------------------------ the stream (rules 5, 7)
     def _stream_read(self, subtask: int, request: NextStreamRead) -> StreamBound:
-        state = self.state
         owner = self._stream_owner()
         if subtask != owner:
             raise ValueError(f"PostgreSQL source {self.context.operator_id!r}: subtask "
                              f"{subtask} reads the stream, but the stream is subtask "
                              f"{owner}'s")
-        if request.read_to is not None:
-            previous = state.reported.get(self._epoch, 0)
-            state.reported[self._epoch] = max(previous, request.read_to)
-            if request.stopped is not None:
-                from sparkcoord.sources.postgres.errors import SchemaChanged
-
-                self._stop_at(request.read_to, SchemaChanged(
-                    f"PostgreSQL source {self.context.operator_id!r}: {request.stopped}"))
-            if self._stop is not None and request.read_to >= self._stop[0]:
-                # rule 7: the batch that read to the stop committed
-                self.context.fail_job(self._stop[1])
-        return StreamBound(state.stream_bound)
-
-    def _stop_at(self, position: int, error: Exception) -> None:
-        """Rule 7: the stream stops at ``position`` with ``error`` (the earlier stop wins).
-        Mailbox thread."""
-        if self._stop is None or position < self._stop[0]:
-            self._stop = (position, error)
-
-    def _unpublished_error(self, gone: tuple[TableName, ...]) -> Exception:
-        """Rule 7: the error of captured tables that left the publication."""
-        from sparkcoord.sources.postgres.errors import PublicationProblem
-
-        names = ", ".join(map(str, gone))
-        return PublicationProblem(
-            f"PostgreSQL source {self.context.operator_id!r}: captured table(s) {names} are no "
-            f"longer published by the source's publication (dropped, or taken out of it); "
-            "every change committed to them before that was delivered. Capture without them "
-            "with a new checkpoint location, or, if a table still exists and was taken out by "
-            "mistake, add it back (ALTER PUBLICATION ... ADD TABLE ...; what changed while it "
-            "was out is not in the stream: capture it again with a snapshot)")
-
-    def _polled(self) -> None:
-        """A poll tick (mailbox): once the stream is built, learn a new bound; a batch
-        follows."""
-        if self.state.snapshot_done_at is not None:  # the stream is built
-            self._learn_bound()
-
-    def _learn_bound(self) -> None:
-        if self._learning or self._closed:
-            return
-        self._learning = True
-        # rule 7 once the stream is built: before, the publication may not exist yet (the
-        # set-up creating it runs on the other worker at the same time)
-        check = self.state.snapshot_done_at is not None
-
-        def work() -> tuple[int, tuple[TableName, ...]]:
-            io = self._get_io()
-            # rule 7: the tables first, so that the position is after what changed them
-            gone = io.unpublished(self.tables) if check else ()
-            return io.insert_position(), gone
-
-        def done(result: tuple[int, tuple[TableName, ...]] | None,
-                 error: BaseException | None) -> None:
-            if result is None:
-                assert error is not None
-                self._learning = False
-                self._failed("reading the WAL insert position", error)
-            else:
-                self._bound_learned(*result)
-
-        self.context.call_async(work, done, lane=SLOT)
-
-    def _bound_learned(self, position: int, gone: tuple[TableName, ...] = ()) -> None:
-        self._learning = False
-        if self._closed:
-            return
-        if gone and (self._stop is None or position < self._stop[0]):
-            self._stop_at(position, self._unpublished_error(gone))
-            log.warning("PostgreSQL source %s: %s no longer published; the source stops once "
-                        "the stream has delivered everything before %s",
-                        self.context.operator_id, ", ".join(map(str, gone)), position)
-        moved = position > max(self._learned_bound, self.state.stream_bound)
-        self._learned_bound = max(self._learned_bound, position)
-        if self.context.available_now and self._run_end is None:
-            self._run_end = position
-            log.info("PostgreSQL source %s: this availableNow run reads the stream to %s",
-                     self.context.operator_id, position)
-        # an unmoved insert position: nothing new to read; but once tables left (rule 7), the
-        # batch carrying the report past them must come even if nothing is written any more
-        if self._work_left() or (self._stream_owner() is not None
-                                 and (moved or self._stop is not None)):
-            self.context.request_batch()
-
-    def _stream_behind_run_end(self) -> bool:
-        """An availableNow run's stream has not yet been reported past the run's end (or the
-        end is not known yet)."""
-        if not self.context.available_now or self._stream_owner() is None:
-            return False
-        if self._run_end is None:
-            return True
-        # a reported position leaves ``reported`` once its batch committed, possibly before
-        # the slot worker confirmed it: the committed target counts too, else a batch or two
-        # more run for nothing while the advance is on its way
-        read = max([self.state.confirmed, self._confirmed, self._advance_target,
-                    *self.state.reported.values()])
-        return read < self._run_end
+        self._stream.stream_read(self._epoch, request)
+        return StreamBound(self.state.stream_bound)
 
     def handle_event_from_operator(self, subtask: int, attempt: int, event: Any) -> None:
         raise TypeError(f"PostgreSQL source {self.context.operator_id!r}: subtask {subtask} "
@@ -617,41 +376,7 @@ class PostgresEnumerator(SplitEnumerator):
     # ------------------------------------------------------------------ the slot (rule 4)
     def notify_checkpoint_complete(self, checkpoint_id: int) -> None:
         self._committed = max(self._committed, checkpoint_id)
-        done = [p for e, p in self.state.reported.items() if e <= checkpoint_id]
-        if not done:
-            return
-        target = max(done)
-        if target <= max(self._confirmed, self._advance_target):
-            return
-        self._advance_target = target
-        self._advance()
-
-    def _advance(self) -> None:
-        if self._advancing or self._closed or self._advance_target <= self._confirmed:
-            return
-        self._advancing = True
-        target = self._advance_target
-
-        def done(confirmed: int | None, error: BaseException | None) -> None:
-            if confirmed is None:
-                assert error is not None
-                self._advance_failed(error)
-            else:
-                self._advanced(confirmed)
-
-        self.context.call_async(lambda: self._get_io().advance(target), done, lane=SLOT)
-
-    def _advanced(self, confirmed: int) -> None:
-        self._advancing = False
-        self._confirmed = max(self._confirmed, confirmed)
-        self._advance()  # a later target arrived meanwhile
-
-    def _advance_failed(self, error: BaseException) -> None:
-        self._advancing = False
-        if not self._closed:
-            self.context.fail_job(RuntimeError(
-                f"PostgreSQL source {self.context.operator_id!r}: confirming the replication "
-                f"slot failed: {type(error).__name__}: {error}"))
+        self._stream.batch_committed(checkpoint_id)  # streaming.py rule 4
 
     # ------------------------------------------------------------------ status
     def handle_client_request(self, request: Any) -> Any:
@@ -666,7 +391,7 @@ class PostgresEnumerator(SplitEnumerator):
                     "chunks_finished": s.finished, "pending": pending,
                     "in_flight": self._chunks_in_flight(),
                     "planning_done": self.discovery.exhausted(s.discovery),
-                    "stream_owner": owner, "confirmed_lsn": self._confirmed,
+                    "stream_owner": owner, "confirmed_lsn": self._stream.confirmed,
                     "waiting": self._waiting[0], "blocking_pids": list(self._waiting[1]),
                     "state_entries": pending + self._chunks_in_flight() + len(s.reported)
                     + sum(p.planned for p in s.progress.values())}
