@@ -29,6 +29,17 @@ Rules:
      ``fail`` callback, always outside the lock; once the service fails or closes it tells
      the inbox (:meth:`Inbox.refuse`), which from then on refuses everything and fails every
      waiter with the reason.
+  6. A re-sent event or request whose bytes differ from the logged ones is compared with it
+     by value (core/encoding.py rule 6: both unpickled, which runs user code, and encoded
+     again) outside the lock, never under it, so that an expensive unpickle delays no other
+     input. The gate unpickles nothing: it decides COMPARE with the (logged, re-sent) pairs
+     (core/decisions.py rule 5); the inbox leaves the lock, compares, and takes the lock again
+     to ask the gate anew with the verdicts. The gate then decides from the log as it is (the
+     attempt may have been replaced meanwhile, the history cut, the number logged again), and
+     a verdict counts only for the two byte strings it was made for, so the outcome is the one
+     a comparison under the lock would give at that moment: a function of the log and the
+     input. A run of events that needs a comparison ends a critical section: the runs before
+     it are logged and handed over first, as if they had come alone.
 
 Thread model: every public method may be called from any thread (channel threads, the
 coordinators' mailbox threads answering, the driver thread at a restore or seal); state is
@@ -46,6 +57,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from sparkcoord.core.codec import EventCodec
+from sparkcoord.core.encoding import same_value
 from sparkcoord.core.entries import Answer, Asker, DriverClient, LogEntry, answer_key
 from sparkcoord.core.errors import RequestFailed, RunUnavailable
 from sparkcoord.core.ids import SubtaskId, TaskAttempt
@@ -53,6 +65,7 @@ from sparkcoord.core.inbound import (
     InboundDecision,
     InboundGate,
     ReplayedItem,
+    RequestDecision,
     RunDecision,
     Verdict,
     kept_at_rerun,
@@ -178,8 +191,27 @@ class Inbox(InboxAttempts):
         gate, every accepted event is appended to the inbound log with one write, then put on
         its coordinator's mailbox in order; the caller acknowledges after this returns. A run is
         cut at an event that cannot be unpickled: those before it count, it and the rest are
-        rejected. Decisions come back in the same order as the runs.
+        rejected. Decisions come back in the same order as the runs. A run whose re-sent events
+        are to be compared by value (rule 6) ends the critical section: the runs before it are
+        logged and handed over, the values compared outside the lock, and the rest decided in
+        the next one.
         """
+        decoded, unreadable = self._decoded_runs(runs)
+        decisions: list[RunDecision] = []
+        compared: dict[tuple[bytes, bytes], bool] = {}
+        while len(decisions) < len(runs):
+            with self._lock:
+                unsettled = self._decide_runs(runs, decoded, unreadable, decisions, compared)
+            self._compare_values(unsettled, compared)  # rule 6: outside the lock
+        diverged = next((d.reason for d in decisions if d.diverged), None)
+        if diverged is not None:
+            self._fail(diverged)
+        return decisions
+
+    def _decoded_runs(self, runs: Sequence[tuple[TaskAttempt, int, tuple[bytes, ...]]]
+                      ) -> tuple[list[list[Any]], list[tuple[int, str] | None]]:
+        # Before the lock (rule 3): each run's events unpickled, and where a run is cut (the
+        # index of its first event that does not unpickle, and why), or None
         decode = self._codec.decode
         decoded: list[list[Any]] = []
         unreadable: list[tuple[int, str] | None] = []
@@ -198,43 +230,53 @@ class Inbox(InboxAttempts):
                         break
                 else:  # the second pass read them all (an unpickler that failed only once)
                     unreadable.append(None)
-        with self._lock:
-            gate = self._admitting()
-            if gate is None:
-                return [RunDecision(0, 0, len(p), self._refusal) for _, _, p in runs]
-            decisions: list[RunDecision] = []
-            accepted: list[tuple[TaskAttempt, int, list[Any]]] = []
-            entries: list[bytes] = []
-            for (attempt, first_seq, payloads), events, bad in zip(runs, decoded, unreadable,
-                                                                   strict=True):
-                readable = payloads if bad is None else payloads[:bad[0]]
-                decision = (gate.event_run_received(attempt, first_seq, readable) if readable
-                            else RunDecision(0, 0, 0))
-                if bad is not None and not decision.rejected:
-                    decision = RunDecision(decision.duplicates, decision.accepted,
-                                           len(payloads) - len(readable), bad[1],
-                                           decision.execution_attempt)
-                decisions.append(decision)
-                if decision.accepted:
-                    if entries and accepted[-1][0].epoch != attempt.epoch:
-                        self._append_bytes(accepted[-1][0].epoch, entries)
-                        entries = []
-                    entries.append(encode_log_entry(gate.last_entry))
-                    start = decision.duplicates
-                    accepted.append((attempt, decision.execution_attempt,
-                                     events[start:start + decision.accepted]))
-            if entries:
-                self._append_bytes(accepted[-1][0].epoch, entries)
-            diverged = next((d.reason for d in decisions if d.diverged), None)
-            by_operator: dict[str, list[tuple[int, int, list[Any]]]] = {}
-            for attempt, execution_attempt, events in accepted:  # one connection: one operator
-                by_operator.setdefault(attempt.subtask.operator, []).append(
-                    (attempt.subtask.index, execution_attempt, events))
-            for operator, items in by_operator.items():
-                self._holders[operator].deliver_many(items)
-        if diverged is not None:
-            self._fail(diverged)
-        return decisions
+        return decoded, unreadable
+
+    def _decide_runs(self, runs: Sequence[tuple[TaskAttempt, int, tuple[bytes, ...]]],
+                     decoded: list[list[Any]], unreadable: list[tuple[int, str] | None],
+                     decisions: list[RunDecision], compared: Mapping[tuple[bytes, bytes], bool]
+                     ) -> tuple[tuple[bytes, bytes], ...]:
+        # Under the lock (rule 1): the runs from len(decisions) on are decided into
+        # ``decisions``, the accepted events logged with one write and put on their mailboxes,
+        # up to a run the gate cannot decide before values are compared: its pairs are returned
+        gate = self._admitting()
+        if gate is None:
+            decisions += [RunDecision(0, 0, len(p), self._refusal) for _, _, p in
+                          runs[len(decisions):]]
+            return ()
+        unsettled: tuple[tuple[bytes, bytes], ...] = ()
+        accepted: list[tuple[TaskAttempt, int, list[Any]]] = []
+        entries: list[bytes] = []
+        for i in range(len(decisions), len(runs)):
+            (attempt, first_seq, payloads), events, bad = runs[i], decoded[i], unreadable[i]
+            readable = payloads if bad is None else payloads[:bad[0]]
+            decision = (gate.event_run_received(attempt, first_seq, readable, compared)
+                        if readable else RunDecision(0, 0, 0))
+            if decision.compare:
+                unsettled = decision.compare
+                break
+            if bad is not None and not decision.rejected:
+                decision = RunDecision(decision.duplicates, decision.accepted,
+                                       len(payloads) - len(readable), bad[1],
+                                       decision.execution_attempt)
+            decisions.append(decision)
+            if decision.accepted:
+                if entries and accepted[-1][0].epoch != attempt.epoch:
+                    self._append_bytes(accepted[-1][0].epoch, entries)
+                    entries = []
+                entries.append(encode_log_entry(gate.last_entry))
+                start = decision.duplicates
+                accepted.append((attempt, decision.execution_attempt,
+                                 events[start:start + decision.accepted]))
+        if entries:
+            self._append_bytes(accepted[-1][0].epoch, entries)
+        by_operator: dict[str, list[tuple[int, int, list[Any]]]] = {}
+        for attempt, execution_attempt, events in accepted:  # one connection: one operator
+            by_operator.setdefault(attempt.subtask.operator, []).append(
+                (attempt.subtask.index, execution_attempt, events))
+        for operator, items in by_operator.items():
+            self._holders[operator].deliver_many(items)
+        return unsettled
 
     def request_received(self, asker: Asker, seq: int, payload: bytes) -> Future[Answer]:
         """Request ``seq`` of ``asker`` arrived (channel thread): a task's (its attempt) or a
@@ -249,8 +291,9 @@ class Inbox(InboxAttempts):
         docs/protocol.md [client-requests-logged-in-current-epoch]), so that its effect
         survives a reset and a restore. A repeated request (a re-send, or a retry that adopted
         the history: docs/protocol.md [answers-never-change]) gets the logged answer
-        without reaching the coordinator again. A task's repeated request of another value
-        fails the job.
+        without reaching the coordinator again; one of other bytes than the logged one is
+        compared by value outside the lock first (rule 6). A task's repeated request of
+        another value fails the job.
         """
         answer: Future[Answer] = SendFuture()  # no condition unless someone waits
         client = isinstance(asker, DriverClient)
@@ -259,43 +302,61 @@ class Inbox(InboxAttempts):
         request = self._decoded(payload, what, answer)
         if answer.done():
             return answer
-        claimed: CoordinatorHolder | None = None
-        with self._lock:
-            gate = self._admitting(client)
-            if gate is None:  # nothing admitted now: a client asks again (the next run)
-                answer.set_exception(RequestFailed(self._refusal) if not client
-                                     else RunUnavailable(self._client_refusal()))
-                return answer
-            decision = gate.request_received(asker, seq, payload)
-            key = answer_key(asker, seq)
-            if decision.verdict is Verdict.REJECT:
-                answer.set_exception(RunUnavailable(decision.reason) if decision.ask_again
-                                     else RequestFailed(decision.reason))
-                if not decision.diverged:
+        compared: dict[tuple[bytes, bytes], bool] = {}
+        while True:
+            with self._lock:
+                gate = self._admitting(client)
+                if gate is None:  # nothing admitted now: a client asks again (the next run)
+                    answer.set_exception(RequestFailed(self._refusal) if not client
+                                         else RunUnavailable(self._client_refusal()))
                     return answer
-            elif decision.verdict is Verdict.DUPLICATE:
-                if decision.response is not None:
-                    answer.set_result(decision.response)
-                    return answer
-                return self._waiters.setdefault(key, answer)
-            else:
-                identity = gate.last_entry.attempt  # the task's attempt, or the client's
-                self._append()
-                self._waiters[key] = answer
-                holder = self._holders[identity.subtask.operator]
-                if holder.deliver_request(
-                        None if client else identity.subtask.index, decision.execution_attempt,
-                        request, lambda data, failed: self._answered(identity, seq, data, failed)):
-                    claimed = holder
-                else:
-                    return answer
+                decision = gate.request_received(asker, seq, payload, compared)
+                if decision.verdict is not Verdict.COMPARE:
+                    answer, claimed = self._request_decided(decision, asker, seq, request, answer)
+                    break
+            self._compare_values(decision.compare, compared)  # rule 6: outside the lock
         if claimed is not None:
             # this thread claimed the idle mailbox: it runs the coordinator's handler (and
             # whatever was queued behind it) now, outside the lock (no user code under it)
             claimed.mailbox.run_claimed()
-            return answer
-        self._fail(decision.reason)  # diverged: outside the lock, like every failure
+        elif decision.diverged:
+            self._fail(decision.reason)  # outside the lock, like every failure
         return answer
+
+    def _request_decided(self, decision: RequestDecision, asker: Asker, seq: int, request: Any,
+                         answer: Future[Answer]) -> tuple[Future[Answer], CoordinatorHolder | None]:
+        # Under the lock (rule 1): what the gate decided for request ``seq`` of ``asker``
+        # (unpickled: ``request``) takes effect. The future the asker gets (a duplicate's may
+        # be the one an earlier send waits on), and the holder whose idle mailbox this thread
+        # claimed, if it did.
+        key = answer_key(asker, seq)
+        if decision.verdict is Verdict.REJECT:
+            answer.set_exception(RunUnavailable(decision.reason) if decision.ask_again
+                                 else RequestFailed(decision.reason))
+            return answer, None
+        if decision.verdict is Verdict.DUPLICATE:
+            if decision.response is not None:
+                answer.set_result(decision.response)
+                return answer, None
+            return self._waiters.setdefault(key, answer), None
+        assert self.gate is not None
+        identity = self.gate.last_entry.attempt  # the task's attempt, or the client's
+        self._append()
+        self._waiters[key] = answer
+        holder = self._holders[identity.subtask.operator]
+        if holder.deliver_request(
+                None if isinstance(asker, DriverClient) else identity.subtask.index,
+                decision.execution_attempt, request,
+                lambda data, failed: self._answered(identity, seq, data, failed)):
+            return answer, holder
+        return answer, None
+
+    def _compare_values(self, pairs: Sequence[tuple[bytes, bytes]],
+                        compared: dict[tuple[bytes, bytes], bool]) -> None:
+        # Rule 6, outside the lock: whether each (logged, re-sent) pair of bytes is one value
+        # (core/encoding.py rule 6: both unpickled and encoded again), for the gate's next try
+        for logged, given in pairs:
+            compared[(logged, given)] = same_value(logged, given)
 
     # ---------------------------------------------------------------------------- inside
     def _answered(self, asked_by: TaskAttempt, seq: int, payload: bytes, failed: bool) -> None:
