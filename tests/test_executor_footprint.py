@@ -13,7 +13,8 @@ import sys
 import textwrap
 
 DRIVER_ONLY = ["fsspec", "asyncio", "sparkcoord.runtime.service", "sparkcoord.runtime.inbox",
-               "sparkcoord.runtime.storage",
+               "sparkcoord.runtime.inbox_attempts", "sparkcoord.runtime.storage",
+               "sparkcoord.runtime.inbound_logs",
                "sparkcoord.spark.driver", "sparkcoord.spark.job", "sparkcoord.spark.supervisor",
                "sparkcoord.spark.handle", "sparkcoord.spark.requests", "sparkcoord.spark.failures",
                "sparkcoord.spark.progress", "sparkcoord.runtime.holder",

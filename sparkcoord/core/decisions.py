@@ -12,6 +12,12 @@ Rules:
      (gate rule 5), and the items a finish withdrew with their logged answers (gate rule 6).
   4. A replay of a log yields :class:`ReplayedItem` values, in log order: what a coordinator
      reset or a restore hands to the coordinator again.
+  5. A re-sent event or request whose bytes differ from the logged ones is the same item only
+     if its value is (core/histories.py rule 1), and the gate unpickles nothing: unless the
+     caller handed it the verdict of that comparison (:data:`Compared`, made outside the
+     runtime's critical section), the decision is COMPARE, naming the (logged, re-sent) byte
+     pairs to compare, and the input took no effect; the caller asks again with the verdicts.
+     A verdict counts only for the exact pair of bytes it was made for.
 
 Thread model: none (values).
 """
@@ -19,7 +25,9 @@ Thread model: none (values).
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from sparkcoord.core.entries import Answer, ClientResponseEntry, ResponseEntry
 from sparkcoord.core.ids import TaskAttempt
@@ -29,6 +37,14 @@ class Verdict(enum.Enum):
     ACCEPT = "accept"        # log, enqueue, then acknowledge (a request: answer when logged)
     DUPLICATE = "duplicate"  # already accepted: acknowledge again (answer from the log)
     REJECT = "reject"        # drop; tell the sender why
+    COMPARE = "compare"      # nothing decided: compare the values of ``compare`` and ask again
+
+
+#: rule 5: whether a (logged, re-sent) pair of byte strings encode the same value, by that
+#: pair, as core/encoding.py's ``same_value`` found outside the runtime's critical section
+Compared = Mapping[tuple[bytes, bytes], bool]
+#: no verdict yet (a COMPARE for any re-sent item whose bytes differ from the logged ones)
+NOT_COMPARED: Compared = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +74,8 @@ class RunDecision:
     ``duplicates`` were logged before (acknowledge them again), the next ``accepted`` take
     effect (log, enqueue, then acknowledge), the last ``rejected`` are dropped for ``reason``.
     ``diverged``: the rejection is a re-sent item that differs from the logged one (gate rule
-    4), which fails the job."""
+    4), which fails the job. ``compare`` (rule 5): nothing is decided (all counts 0) until
+    the values of these (logged, re-sent) pairs are compared."""
 
     duplicates: int
     accepted: int
@@ -66,10 +83,14 @@ class RunDecision:
     reason: str = ""
     execution_attempt: int = 0
     diverged: bool = False
+    compare: tuple[tuple[bytes, bytes], ...] = ()
 
     def of_one(self, seq: int, attempt: TaskAttempt) -> InboundDecision:
         """The decision for event ``seq`` of ``attempt`` when the run holds only that event
         (the gate's ``event_received``, in the runtime's inbound critical section)."""
+        if self.compare:
+            return InboundDecision(Verdict.COMPARE, f"event {seq} of {attempt}: its value is "
+                                                    f"to be compared with the logged one")
         if self.accepted:
             return InboundDecision(Verdict.ACCEPT, execution_attempt=self.execution_attempt)
         if self.duplicates:
@@ -87,6 +108,7 @@ class RequestDecision:
     the attempt it adopted asked): answer with ``response`` if already logged, else when it is.
     REJECT: refuse for ``reason``; ``diverged`` as in :class:`RunDecision`; ``ask_again``: a
     client's request that a moment later (or the job's next run) takes (no epoch sealed yet).
+    COMPARE (rule 5): nothing decided until the values of the pair ``compare`` are compared.
     """
 
     verdict: Verdict
@@ -95,6 +117,7 @@ class RequestDecision:
     diverged: bool = False
     response: Answer | None = None
     ask_again: bool = False
+    compare: tuple[tuple[bytes, bytes], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

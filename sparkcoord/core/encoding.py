@@ -35,7 +35,8 @@ Rules:
   6. A log item (an event, a request, an answer) that a retry or a replay sends again is the
      same item when its bytes equal the logged ones or, where they differ, when the two
      decode to values this code encodes to the same bytes (:func:`same_value`): an upgrade between the two runs may change
-     an encoding, never a value (``core/histories.py`` rule 1, ``runtime/inbox.py``).
+     an encoding, never a value (``core/histories.py`` rule 1; the inbox compares outside its
+     lock: ``runtime/inbox.py`` rule 6).
 
 Thread model: the registry is filled at import time (class decorators); encoding and decoding
 run on any thread.
@@ -289,8 +290,8 @@ def loads(data: bytes | bytearray | memoryview) -> Any:
 
 def same_value(logged: bytes, given: bytes) -> bool:
     """Rule 6: whether two encodings of a log item stand for the same value (bytes first,
-    then decoded and compared). Called on the mailbox or channel thread when a re-sent or
-    replayed item's bytes differ from the logged ones."""
+    then decoded and compared). Called by the inbox on a channel thread, outside its lock
+    (``runtime/inbox.py`` rule 6), when a re-sent item's bytes differ from the logged ones."""
     if logged == given:
         return True
     try:  # this code's encodings of the two decoded values: ``==`` would trust a user's

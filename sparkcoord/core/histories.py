@@ -8,7 +8,10 @@ Rules (docs/protocol.md [resent-item-equals-logged]):
      by this code (an upgrade of sparkcoord between the two runs may change an encoding, not
      a value: ``core/encoding.py`` rule 6). A duplicate event is acknowledged again, a
      repeated request is answered with the logged response; anything else is divergence (a
-     nondeterministic subtask), which the runtime turns into a global failover.
+     nondeterministic subtask), which the runtime turns into a global failover. The history
+     unpickles nothing: the comparison of values is its caller's, made outside the runtime's
+     critical section and handed in as a verdict for the pair of bytes (core/decisions.py
+     rule 5, runtime/inbox.py rule 6).
   2. The attempts a history belongs to are the live attempt of its subtask and the attempts
      whose history it adopted (core/inbound.py rule 5); its items are the log's item entries
      in sequence order, an entry of a run of events covering as many numbers as it has events.
@@ -26,7 +29,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from sparkcoord.core.encoding import same_value
+from sparkcoord.core.decisions import Compared
 from sparkcoord.core.entries import EventRunEntry, ItemEntry, RequestEntry
 from sparkcoord.core.ids import TaskAttempt
 
@@ -65,13 +68,28 @@ class History:
             return entry.payloads[seq - entry.first_seq], False, entry.attempt
         return entry.payload, isinstance(entry, RequestEntry), entry.attempt
 
-    def differs(self, attempt: TaskAttempt, seq: int, payload: bytes, is_request: bool) -> str:
-        """Why item ``seq`` (< length) that ``attempt`` re-sent is not the logged one (rule 1),
-        or "" when it is: the gate asks for each re-sent event and request."""
+    def resent(self, seq: int, payload: bytes, is_request: bool, compared: Compared
+               ) -> bool | None:
+        """Whether item ``seq`` (< length), re-sent as ``payload``, is the logged one (rule 1):
+        True when the bytes are equal or ``compared`` says the values are, False when the kind
+        differs or ``compared`` says the values do, None when the bytes differ and ``compared``
+        holds no verdict for the pair (:meth:`logged` and ``payload``). The gate asks for each
+        re-sent event and request, in the runtime's critical section."""
+        logged, logged_is_request, _ = self.item(seq)
+        if logged_is_request != is_request:
+            return False
+        if logged == payload:
+            return True
+        return compared.get((logged, payload))
+
+    def logged(self, seq: int) -> bytes:
+        """The logged bytes of item ``seq`` (< length)."""
+        return self.item(seq)[0]
+
+    def difference(self, attempt: TaskAttempt, seq: int, payload: bytes, is_request: bool) -> str:
+        """Why item ``seq`` that ``attempt`` re-sent as ``payload`` is not the logged one, when
+        :meth:`resent` said it is not: the reason the job fails with."""
         logged, logged_is_request, logged_by = self.item(seq)
-        if logged_is_request == is_request and (logged == payload
-                                                 or same_value(logged, payload)):
-            return ""
         what = "request" if is_request else "event"
         was = "a request" if logged_is_request else "an event"
         how = "different bytes" if logged_is_request == is_request else f"it was {was}"

@@ -19,7 +19,12 @@ Rules (docs/protocol.md [inbound-critical-section] [inbound-admission]
      equal the logged one, byte for byte or as a value (core/histories.py rule 1). A duplicate
      event is acknowledged again, a repeated request is answered with the logged response;
      anything else is divergence (a nondeterministic subtask), which the runtime turns into a
-     global failover.
+     global failover. The gate compares no values itself: where the bytes differ and the
+     caller handed no verdict for them, the decision is COMPARE, with no effect, and the
+     runtime compares the values outside its critical section and asks again with the
+     verdicts (core/decisions.py rule 5, runtime/inbox.py rule 6). A verdict is a function of
+     the two byte strings alone and counts only for them, so every decision stays a function
+     of the log and the input: the one a comparison inside the critical section would make.
   5. A task retry in an epoch whose log holds no request of the operator *resets*: the failed
      attempt's history is dropped (the runtime resets the coordinator and replays the other
      subtasks' events, rule 7). Once the operator has answered a request in the epoch, a retry
@@ -77,6 +82,7 @@ from collections.abc import Iterable, Mapping
 # runtime, the channel and the tests import them (docs/decisions/098-inbound-split.md)
 from sparkcoord.core.clients import CLIENT_MEMORY as CLIENT_MEMORY
 from sparkcoord.core.clients import LOST_ANSWER as LOST_ANSWER
+from sparkcoord.core.decisions import NOT_COMPARED, Compared
 from sparkcoord.core.decisions import InboundDecision as InboundDecision
 from sparkcoord.core.decisions import ReplayedItem as ReplayedItem
 from sparkcoord.core.decisions import RequestDecision as RequestDecision
@@ -224,19 +230,24 @@ class InboundGate(LogState):
         return InboundDecision(Verdict.ACCEPT, execution_attempt=execution_attempt,
                                withdrawn=withdrawn)
 
-    def event_received(self, attempt: TaskAttempt, seq: int, payload: bytes) -> InboundDecision:
-        """Event ``seq`` of ``attempt`` arrived. On ACCEPT the caller logs ``self.last_entry``."""
-        return self.event_run_received(attempt, seq, (payload,)).of_one(seq, attempt)
+    def event_received(self, attempt: TaskAttempt, seq: int, payload: bytes,
+                       compared: Compared = NOT_COMPARED) -> InboundDecision:
+        """Event ``seq`` of ``attempt`` arrived. On ACCEPT the caller logs ``self.last_entry``;
+        on COMPARE it compares the values and asks again (rule 4)."""
+        return self.event_run_received(attempt, seq, (payload,), compared).of_one(seq, attempt)
 
     def event_run_received(self, attempt: TaskAttempt, first_seq: int,
-                           payloads: tuple[bytes, ...]) -> RunDecision:
+                           payloads: tuple[bytes, ...],
+                           compared: Compared = NOT_COMPARED) -> RunDecision:
         """Events ``first_seq``, ``first_seq + 1``, ... of ``attempt`` arrived together, in order.
 
         The same rules as :meth:`event_received` for each, decided once for the run: those below
         the history's length are duplicates (each checked against the logged item), the rest
         are accepted, unless the run starts past the expected number (a gap) or the attempt is
         not live (all rejected). If any is accepted, the caller logs ``self.last_entry`` (one
-        entry for the accepted ones).
+        entry for the accepted ones). A duplicate whose bytes differ from the logged ones and
+        that ``compared`` holds no verdict for makes the decision ``compare`` (rule 4): the
+        pairs before the first certain difference, nothing decided.
         """
         sid = attempt.subtask
         live = self._live.get(sid)
@@ -252,10 +263,19 @@ class InboundGate(LogState):
             return RunDecision(0, 0, n, f"event {first_seq} of {attempt} arrived before event "
                                         f"{expected}", execution_attempt)
         duplicates = min(n, expected - first_seq)
+        unsettled: list[tuple[bytes, bytes]] = []
         for i in range(duplicates):
-            problem = history.differs(attempt, first_seq + i, payloads[i], False)
-            if problem:
-                return RunDecision(i, 0, n - i, problem, execution_attempt, diverged=True)
+            same = history.resent(first_seq + i, payloads[i], False, compared)
+            if same is None:  # the values decide (rule 4)
+                unsettled.append((history.logged(first_seq + i), payloads[i]))
+            elif not same and unsettled:
+                break  # it diverges here or at an item before: the comparisons say where
+            elif not same:
+                return RunDecision(i, 0, n - i,
+                                   history.difference(attempt, first_seq + i, payloads[i], False),
+                                   execution_attempt, diverged=True)
+        if unsettled:
+            return RunDecision(0, 0, 0, "", execution_attempt, compare=tuple(unsettled))
         accepted = n - duplicates
         if accepted and history.earlier_finish(attempt) is not None:
             return RunDecision(duplicates, 0, accepted, self._beyond(history, attempt),
@@ -267,15 +287,17 @@ class InboundGate(LogState):
             self._log.append(entry)
         return RunDecision(duplicates, accepted, 0, "", execution_attempt)
 
-    def request_received(self, asker: Asker, seq: int, payload: bytes) -> RequestDecision:
+    def request_received(self, asker: Asker, seq: int, payload: bytes,
+                         compared: Compared = NOT_COMPARED) -> RequestDecision:
         """Request ``seq`` of ``asker`` (a task attempt, or a client: rule 7) arrived. On
         ACCEPT the caller logs ``self.last_entry`` in the log of :attr:`last_entry_epoch`,
         hands the request to the coordinator, and answers once :meth:`response_recorded` took
         the answer. DUPLICATE: a re-send (or a retry re-asking what the attempt it adopted
-        asked), answered from the log."""
+        asked), answered from the log. COMPARE: a task's re-send whose bytes differ from the
+        logged ones and that ``compared`` holds no verdict for (rule 4)."""
         if isinstance(asker, DriverClient):
             return self._client_request(asker, seq, payload)
-        return self._task_request(asker, seq, payload)
+        return self._task_request(asker, seq, payload, compared)
 
     def response_recorded(self, asked_by: TaskAttempt, seq: int, payload: bytes,
                           failed: bool = False) -> Answer | None:
@@ -288,7 +310,8 @@ class InboundGate(LogState):
             return self._client_answer(asked_by, seq, payload, failed)
         return self._task_answer(asked_by, seq, payload, failed)
 
-    def _task_request(self, attempt: TaskAttempt, seq: int, payload: bytes) -> RequestDecision:
+    def _task_request(self, attempt: TaskAttempt, seq: int, payload: bytes,
+                      compared: Compared) -> RequestDecision:
         sid = attempt.subtask
         live = self._live.get(sid)
         if live is not attempt and live != attempt:
@@ -301,9 +324,14 @@ class InboundGate(LogState):
             return RequestDecision(Verdict.REJECT, f"request {seq} of {attempt} arrived before "
                                                    f"item {history.length}", execution_attempt)
         if seq < history.length:
-            problem = history.differs(attempt, seq, payload, True)
-            if problem:
-                return RequestDecision(Verdict.REJECT, problem, execution_attempt, diverged=True)
+            same = history.resent(seq, payload, True, compared)
+            if same is None:  # the values decide (rule 4)
+                return RequestDecision(Verdict.COMPARE, execution_attempt=execution_attempt,
+                                       compare=((history.logged(seq), payload),))
+            if not same:
+                return RequestDecision(Verdict.REJECT,
+                                       history.difference(attempt, seq, payload, True),
+                                       execution_attempt, diverged=True)
             return RequestDecision(Verdict.DUPLICATE, execution_attempt=execution_attempt,
                                    response=self._responses.get((sid, seq)))
         if history.earlier_finish(attempt) is not None:

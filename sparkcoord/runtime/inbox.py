@@ -22,12 +22,24 @@ Rules:
      while a checkpoint is pending (it would be in neither the snapshot nor a log that a restore
      to that checkpoint replays); a task's is not (it belongs to the running epoch's log).
   4. A task retry resets the subtask's coordinator (its holder) before the new attempt is
-     acknowledged (docs/protocol.md [retry-resets-the-coordinator]), replaying the other
-     subtasks' and the clients' items of the running epoch in log order.
+     acknowledged (docs/protocol.md [retry-resets-the-coordinator]): stated with its code in
+     ``runtime/inbox_attempts.py`` (a task's registration and finish, and what a coordinator
+     is handed again), of which :class:`Inbox` is made.
   5. A failure of the inbox's own (a log append that fails, a diverging task) goes to the
      ``fail`` callback, always outside the lock; once the service fails or closes it tells
      the inbox (:meth:`Inbox.refuse`), which from then on refuses everything and fails every
      waiter with the reason.
+  6. A re-sent event or request whose bytes differ from the logged ones is compared with it
+     by value (core/encoding.py rule 6: both unpickled, which runs user code, and encoded
+     again) outside the lock, never under it, so that an expensive unpickle delays no other
+     input. The gate unpickles nothing: it decides COMPARE with the (logged, re-sent) pairs
+     (core/decisions.py rule 5); the inbox leaves the lock, compares, and takes the lock again
+     to ask the gate anew with the verdicts. The gate then decides from the log as it is (the
+     attempt may have been replaced meanwhile, the history cut, the number logged again), and
+     a verdict counts only for the two byte strings it was made for, so the outcome is the one
+     a comparison under the lock would give at that moment: a function of the log and the
+     input. A run of events that needs a comparison ends a critical section: the runs before
+     it are logged and handed over first, as if they had come alone.
 
 Thread model: every public method may be called from any thread (channel threads, the
 coordinators' mailbox threads answering, the driver thread at a restore or seal); state is
@@ -44,23 +56,24 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from sparkcoord.coordinator import Withdrawn
 from sparkcoord.core.codec import EventCodec
+from sparkcoord.core.encoding import same_value
 from sparkcoord.core.entries import Answer, Asker, DriverClient, LogEntry, answer_key
-from sparkcoord.core.errors import IllegalTransition, RequestFailed, RunUnavailable
+from sparkcoord.core.errors import RequestFailed, RunUnavailable
 from sparkcoord.core.ids import SubtaskId, TaskAttempt
 from sparkcoord.core.inbound import (
     InboundDecision,
     InboundGate,
     ReplayedItem,
+    RequestDecision,
     RunDecision,
     Verdict,
-    WithdrawnItem,
     kept_at_rerun,
 )
 from sparkcoord.core.records import CheckpointRecord, encode_log_entry
 from sparkcoord.runtime.futures import SendFuture
-from sparkcoord.runtime.holder import Answered, CoordinatorHolder, ReplayedEvent
+from sparkcoord.runtime.holder import CoordinatorHolder
+from sparkcoord.runtime.inbox_attempts import InboxAttempts
 from sparkcoord.runtime.storage import CheckpointStorage
 
 log = logging.getLogger(__name__)
@@ -68,8 +81,9 @@ log = logging.getLogger(__name__)
 NOT_RESTORED = "the service has not been restored yet"
 
 
-class Inbox:
-    """The one inbound path of a coordination service. See the module docstring."""
+class Inbox(InboxAttempts):
+    """The one inbound path of a coordination service. See the module docstring (a task's
+    registration and finish, and the replays: :class:`InboxAttempts`)."""
 
     def __init__(self, lock: threading.RLock, storage: CheckpointStorage, codec: EventCodec,
                  holders: Mapping[str, CoordinatorHolder], fail: Callable[[str], None],
@@ -145,16 +159,6 @@ class Inbox:
                       ", ".join(sorted({e.attempt.subtask.operator for e in kept})))
         return self.gate.surviving_items()
 
-    def replayed(self, item: ReplayedItem, execution_attempt: int) -> ReplayedEvent:
-        """A logged item as its holder hands it to the coordinator again, at a reset or a
-        restore (under the lock)."""
-        index = item.attempt.subtask.index
-        if item.withdrawn is not None:
-            return ReplayedEvent(index, execution_attempt, self._withdrawn(item.withdrawn),
-                                 withdrawn=True)
-        return ReplayedEvent(index, execution_attempt, self._codec.decode(item.payload),
-                             self._replay_answer(item) if item.is_request else None, item.client)
-
     # ------------------------------------------------------------------ channel threads
     def epoch_logged(self, epoch: int) -> None:
         """Spark logged ``epoch`` (driver thread): client requests may now go to its log."""
@@ -173,88 +177,6 @@ class Inbox:
         with self._lock:
             return self.gate.history_length(subtask) if self.gate is not None else 0
 
-    def attempt_registered(self, attempt: TaskAttempt) -> InboundDecision:
-        """A task announced its attempt (channel thread). Answer the task with the verdict."""
-        with self._lock:
-            gate = self._admitting()
-            if gate is None:
-                return InboundDecision(Verdict.REJECT, self._refusal)
-            decision = gate.attempt_registered(attempt)
-            if decision.verdict is Verdict.ACCEPT:
-                if decision.replaced is not None and not decision.adopted:
-                    self._subtask_failed(attempt, decision)
-                elif (decision.replaced is not None and decision.replaced.run != attempt.run
-                      and attempt.number == 0):
-                    # not a retry: the batch of a restored, uncommitted epoch runs again, and
-                    # its first task takes over what the earlier run's task sent (gate rule 5)
-                    log.info("epoch %d runs again after a restart: task of %s (Spark attempt "
-                             "%d) continues the %d items its task of the earlier run sent, "
-                             "answered from the log", attempt.epoch, attempt.subtask,
-                             attempt.number, decision.history_length)
-                elif decision.replaced is not None:
-                    log.info("task of %s in epoch %d was retried (Spark attempt %d): it continues "
-                             "the failed attempt's history (its requests were answered)",
-                             attempt.subtask, attempt.epoch, attempt.number)
-                self._append()
-            return decision
-
-    def attempt_finished(self, attempt: TaskAttempt, sent: int) -> Future[InboundDecision]:
-        """``attempt`` (which asked a request or continues an adopted history) finished its
-        batch having sent ``sent`` items (channel thread). Returns the future of the
-        decision; the task waits for it before it ends.
-
-        The finish is logged (gate rule 6). If the attempt sent fewer items than its history
-        holds, the rest is withdrawn: in the same inbound critical section it is put on the
-        coordinator's mailbox (``handle_items_withdrawn``), like an event, and the decision
-        comes once the coordinator took the items back, so a coordinator that raises there
-        fails the job before the batch can commit (docs/protocol.md
-        [every-answer-consumed-or-returned]); a task still waiting for an answer to a withdrawn
-        request hears that none will come. A shorter history than an earlier run's finished
-        attempt sent fails the job (divergence)."""
-        done: Future[InboundDecision] = SendFuture()
-        sid = attempt.subtask
-        with self._lock:
-            gate = self._admitting()
-            if gate is None:
-                done.set_result(InboundDecision(Verdict.REJECT, self._refusal))
-                return done
-            pending = self._finishing.get(attempt)
-            if pending is not None:
-                return pending  # a re-sent finish: the decision comes when the first one's does
-            decision = gate.attempt_finished(attempt, sent)
-            if decision.verdict is Verdict.ACCEPT:
-                self._append()
-            if decision.verdict is not Verdict.ACCEPT or not decision.withdrawn:
-                done.set_result(decision)
-            else:
-                self._finishing[attempt] = done
-                for item in decision.withdrawn:
-                    waiter = self._waiters.pop(answer_key(attempt, item.seq), None)
-                    if waiter is not None and not waiter.done():
-                        waiter.set_exception(RequestFailed(
-                            f"request {item.seq} of {sid} was withdrawn: {attempt} finished "
-                            f"without it"))
-
-                def taken(ok: bool) -> None:  # the coordinator's thread, after its callback
-                    with self._lock:
-                        self._finishing.pop(attempt, None)
-                        refusal = self._refusal
-                    if not done.done():
-                        done.set_result(decision if ok else InboundDecision(
-                            Verdict.REJECT, refusal
-                            or f"coordinator {sid.operator!r} is not running"))
-                self._holders[sid.operator].deliver_withdrawn(
-                    sid.index, decision.execution_attempt, self._withdrawn(decision.withdrawn),
-                    taken)
-        if decision.diverged:
-            self._fail(decision.reason)  # outside the lock, like every failure (rule 5)
-        elif decision.withdrawn:
-            log.info("task of %s in epoch %d (Spark attempt %d) finished after %d items of its "
-                     "history of %d: %d withdrawn and handed back to coordinator %r", sid,
-                     attempt.epoch, attempt.number, sent, sent + len(decision.withdrawn),
-                     len(decision.withdrawn), sid.operator)
-        return done
-
     def event_received(self, attempt: TaskAttempt, seq: int, payload: bytes) -> InboundDecision:
         """Event ``seq`` of ``attempt`` arrived (channel thread). Acknowledge only on ACCEPT or
         DUPLICATE; the event is then logged durably and on the coordinator's mailbox."""
@@ -269,8 +191,27 @@ class Inbox:
         gate, every accepted event is appended to the inbound log with one write, then put on
         its coordinator's mailbox in order; the caller acknowledges after this returns. A run is
         cut at an event that cannot be unpickled: those before it count, it and the rest are
-        rejected. Decisions come back in the same order as the runs.
+        rejected. Decisions come back in the same order as the runs. A run whose re-sent events
+        are to be compared by value (rule 6) ends the critical section: the runs before it are
+        logged and handed over, the values compared outside the lock, and the rest decided in
+        the next one.
         """
+        decoded, unreadable = self._decoded_runs(runs)
+        decisions: list[RunDecision] = []
+        compared: dict[tuple[bytes, bytes], bool] = {}
+        while len(decisions) < len(runs):
+            with self._lock:
+                unsettled = self._decide_runs(runs, decoded, unreadable, decisions, compared)
+            self._compare_values(unsettled, compared)  # rule 6: outside the lock
+        diverged = next((d.reason for d in decisions if d.diverged), None)
+        if diverged is not None:
+            self._fail(diverged)
+        return decisions
+
+    def _decoded_runs(self, runs: Sequence[tuple[TaskAttempt, int, tuple[bytes, ...]]]
+                      ) -> tuple[list[list[Any]], list[tuple[int, str] | None]]:
+        # Before the lock (rule 3): each run's events unpickled, and where a run is cut (the
+        # index of its first event that does not unpickle, and why), or None
         decode = self._codec.decode
         decoded: list[list[Any]] = []
         unreadable: list[tuple[int, str] | None] = []
@@ -289,43 +230,53 @@ class Inbox:
                         break
                 else:  # the second pass read them all (an unpickler that failed only once)
                     unreadable.append(None)
-        with self._lock:
-            gate = self._admitting()
-            if gate is None:
-                return [RunDecision(0, 0, len(p), self._refusal) for _, _, p in runs]
-            decisions: list[RunDecision] = []
-            accepted: list[tuple[TaskAttempt, int, list[Any]]] = []
-            entries: list[bytes] = []
-            for (attempt, first_seq, payloads), events, bad in zip(runs, decoded, unreadable,
-                                                                   strict=True):
-                readable = payloads if bad is None else payloads[:bad[0]]
-                decision = (gate.event_run_received(attempt, first_seq, readable) if readable
-                            else RunDecision(0, 0, 0))
-                if bad is not None and not decision.rejected:
-                    decision = RunDecision(decision.duplicates, decision.accepted,
-                                           len(payloads) - len(readable), bad[1],
-                                           decision.execution_attempt)
-                decisions.append(decision)
-                if decision.accepted:
-                    if entries and accepted[-1][0].epoch != attempt.epoch:
-                        self._append_bytes(accepted[-1][0].epoch, entries)
-                        entries = []
-                    entries.append(encode_log_entry(gate.last_entry))
-                    start = decision.duplicates
-                    accepted.append((attempt, decision.execution_attempt,
-                                     events[start:start + decision.accepted]))
-            if entries:
-                self._append_bytes(accepted[-1][0].epoch, entries)
-            diverged = next((d.reason for d in decisions if d.diverged), None)
-            by_operator: dict[str, list[tuple[int, int, list[Any]]]] = {}
-            for attempt, execution_attempt, events in accepted:  # one connection: one operator
-                by_operator.setdefault(attempt.subtask.operator, []).append(
-                    (attempt.subtask.index, execution_attempt, events))
-            for operator, items in by_operator.items():
-                self._holders[operator].deliver_many(items)
-        if diverged is not None:
-            self._fail(diverged)
-        return decisions
+        return decoded, unreadable
+
+    def _decide_runs(self, runs: Sequence[tuple[TaskAttempt, int, tuple[bytes, ...]]],
+                     decoded: list[list[Any]], unreadable: list[tuple[int, str] | None],
+                     decisions: list[RunDecision], compared: Mapping[tuple[bytes, bytes], bool]
+                     ) -> tuple[tuple[bytes, bytes], ...]:
+        # Under the lock (rule 1): the runs from len(decisions) on are decided into
+        # ``decisions``, the accepted events logged with one write and put on their mailboxes,
+        # up to a run the gate cannot decide before values are compared: its pairs are returned
+        gate = self._admitting()
+        if gate is None:
+            decisions += [RunDecision(0, 0, len(p), self._refusal) for _, _, p in
+                          runs[len(decisions):]]
+            return ()
+        unsettled: tuple[tuple[bytes, bytes], ...] = ()
+        accepted: list[tuple[TaskAttempt, int, list[Any]]] = []
+        entries: list[bytes] = []
+        for i in range(len(decisions), len(runs)):
+            (attempt, first_seq, payloads), events, bad = runs[i], decoded[i], unreadable[i]
+            readable = payloads if bad is None else payloads[:bad[0]]
+            decision = (gate.event_run_received(attempt, first_seq, readable, compared)
+                        if readable else RunDecision(0, 0, 0))
+            if decision.compare:
+                unsettled = decision.compare
+                break
+            if bad is not None and not decision.rejected:
+                decision = RunDecision(decision.duplicates, decision.accepted,
+                                       len(payloads) - len(readable), bad[1],
+                                       decision.execution_attempt)
+            decisions.append(decision)
+            if decision.accepted:
+                if entries and accepted[-1][0].epoch != attempt.epoch:
+                    self._append_bytes(accepted[-1][0].epoch, entries)
+                    entries = []
+                entries.append(encode_log_entry(gate.last_entry))
+                start = decision.duplicates
+                accepted.append((attempt, decision.execution_attempt,
+                                 events[start:start + decision.accepted]))
+        if entries:
+            self._append_bytes(accepted[-1][0].epoch, entries)
+        by_operator: dict[str, list[tuple[int, int, list[Any]]]] = {}
+        for attempt, execution_attempt, events in accepted:  # one connection: one operator
+            by_operator.setdefault(attempt.subtask.operator, []).append(
+                (attempt.subtask.index, execution_attempt, events))
+        for operator, items in by_operator.items():
+            self._holders[operator].deliver_many(items)
+        return unsettled
 
     def request_received(self, asker: Asker, seq: int, payload: bytes) -> Future[Answer]:
         """Request ``seq`` of ``asker`` arrived (channel thread): a task's (its attempt) or a
@@ -340,8 +291,9 @@ class Inbox:
         docs/protocol.md [client-requests-logged-in-current-epoch]), so that its effect
         survives a reset and a restore. A repeated request (a re-send, or a retry that adopted
         the history: docs/protocol.md [answers-never-change]) gets the logged answer
-        without reaching the coordinator again. A task's repeated request of another value
-        fails the job.
+        without reaching the coordinator again; one of other bytes than the logged one is
+        compared by value outside the lock first (rule 6). A task's repeated request of
+        another value fails the job.
         """
         answer: Future[Answer] = SendFuture()  # no condition unless someone waits
         client = isinstance(asker, DriverClient)
@@ -350,43 +302,61 @@ class Inbox:
         request = self._decoded(payload, what, answer)
         if answer.done():
             return answer
-        claimed: CoordinatorHolder | None = None
-        with self._lock:
-            gate = self._admitting(client)
-            if gate is None:  # nothing admitted now: a client asks again (the next run)
-                answer.set_exception(RequestFailed(self._refusal) if not client
-                                     else RunUnavailable(self._client_refusal()))
-                return answer
-            decision = gate.request_received(asker, seq, payload)
-            key = answer_key(asker, seq)
-            if decision.verdict is Verdict.REJECT:
-                answer.set_exception(RunUnavailable(decision.reason) if decision.ask_again
-                                     else RequestFailed(decision.reason))
-                if not decision.diverged:
+        compared: dict[tuple[bytes, bytes], bool] = {}
+        while True:
+            with self._lock:
+                gate = self._admitting(client)
+                if gate is None:  # nothing admitted now: a client asks again (the next run)
+                    answer.set_exception(RequestFailed(self._refusal) if not client
+                                         else RunUnavailable(self._client_refusal()))
                     return answer
-            elif decision.verdict is Verdict.DUPLICATE:
-                if decision.response is not None:
-                    answer.set_result(decision.response)
-                    return answer
-                return self._waiters.setdefault(key, answer)
-            else:
-                identity = gate.last_entry.attempt  # the task's attempt, or the client's
-                self._append()
-                self._waiters[key] = answer
-                holder = self._holders[identity.subtask.operator]
-                if holder.deliver_request(
-                        None if client else identity.subtask.index, decision.execution_attempt,
-                        request, lambda data, failed: self._answered(identity, seq, data, failed)):
-                    claimed = holder
-                else:
-                    return answer
+                decision = gate.request_received(asker, seq, payload, compared)
+                if decision.verdict is not Verdict.COMPARE:
+                    answer, claimed = self._request_decided(decision, asker, seq, request, answer)
+                    break
+            self._compare_values(decision.compare, compared)  # rule 6: outside the lock
         if claimed is not None:
             # this thread claimed the idle mailbox: it runs the coordinator's handler (and
             # whatever was queued behind it) now, outside the lock (no user code under it)
             claimed.mailbox.run_claimed()
-            return answer
-        self._fail(decision.reason)  # diverged: outside the lock, like every failure
+        elif decision.diverged:
+            self._fail(decision.reason)  # outside the lock, like every failure
         return answer
+
+    def _request_decided(self, decision: RequestDecision, asker: Asker, seq: int, request: Any,
+                         answer: Future[Answer]) -> tuple[Future[Answer], CoordinatorHolder | None]:
+        # Under the lock (rule 1): what the gate decided for request ``seq`` of ``asker``
+        # (unpickled: ``request``) takes effect. The future the asker gets (a duplicate's may
+        # be the one an earlier send waits on), and the holder whose idle mailbox this thread
+        # claimed, if it did.
+        key = answer_key(asker, seq)
+        if decision.verdict is Verdict.REJECT:
+            answer.set_exception(RunUnavailable(decision.reason) if decision.ask_again
+                                 else RequestFailed(decision.reason))
+            return answer, None
+        if decision.verdict is Verdict.DUPLICATE:
+            if decision.response is not None:
+                answer.set_result(decision.response)
+                return answer, None
+            return self._waiters.setdefault(key, answer), None
+        assert self.gate is not None
+        identity = self.gate.last_entry.attempt  # the task's attempt, or the client's
+        self._append()
+        self._waiters[key] = answer
+        holder = self._holders[identity.subtask.operator]
+        if holder.deliver_request(
+                None if isinstance(asker, DriverClient) else identity.subtask.index,
+                decision.execution_attempt, request,
+                lambda data, failed: self._answered(identity, seq, data, failed)):
+            return answer, holder
+        return answer, None
+
+    def _compare_values(self, pairs: Sequence[tuple[bytes, bytes]],
+                        compared: dict[tuple[bytes, bytes], bool]) -> None:
+        # Rule 6, outside the lock: whether each (logged, re-sent) pair of bytes is one value
+        # (core/encoding.py rule 6: both unpickled and encoded again), for the gate's next try
+        for logged, given in pairs:
+            compared[(logged, given)] = same_value(logged, given)
 
     # ---------------------------------------------------------------------------- inside
     def _answered(self, asked_by: TaskAttempt, seq: int, payload: bytes, failed: bool) -> None:
@@ -403,48 +373,6 @@ class Inbox:
             waiter = self._waiters.pop(answer_key(asked_by, seq), None)
         if waiter is not None and not waiter.done():
             waiter.set_result(entry)
-
-    def _replay_answer(self, item: ReplayedItem) -> Answered:
-        """Where the answer to a replayed request goes: compared with the logged answer (a
-        different one means the coordinator is not deterministic, and fails the job), or, if
-        none was logged (the batch runs again), logged and served like a live answer."""
-        attempt, seq, logged = item.attempt, item.seq, item.response
-
-        def answered(payload: bytes, failed: bool) -> None:
-            if logged is None:
-                self._answered(attempt, seq, payload, failed)
-                return
-            if item.client:
-                # a client's answer reflects the state when it was asked; only its effect
-                # must survive (docs/protocol.md [answers-never-change]): not compared
-                return
-            if (logged.payload, logged.failed) == (payload, failed) or (
-                    not failed and not logged.failed and self._same_value(logged.payload, payload)):
-                return
-            self._fail(f"nondeterministic coordinator {attempt.subtask.operator!r}: replaying "
-                       f"request {seq} of {attempt.subtask} in epoch {attempt.epoch} gave a "
-                       f"different answer than the logged one, which the task already used; "
-                       f"handle_request must answer from the checkpointed state and the "
-                       f"replayed inputs only (docs/coordinators.md, Requests)")
-        return answered
-
-    def _same_value(self, a: bytes, b: bytes) -> bool:
-        try:
-            return bool(self._codec.decode(a) == self._codec.decode(b))
-        except Exception:  # noqa: BLE001 - a response that does not unpickle is not equal
-            return False
-
-    def _withdrawn(self, items: Sequence[WithdrawnItem]) -> list[Withdrawn]:
-        # What ``handle_items_withdrawn`` is handed: the items and their answers, unpickled
-        # (each was unpickled once before it was logged; a refused answer hands out nothing)
-        decode = self._codec.decode
-        out = []
-        for item in items:
-            response = item.response
-            answered = response is not None and not response.failed
-            out.append(Withdrawn(decode(item.payload), item.is_request, answered,
-                                 decode(response.payload) if answered and response else None))
-        return out
 
     def _decoded(self, payload: bytes, what: str, answer: Future[Answer]) -> Any:
         # Unpickled before it is logged (rule 3): a request the driver cannot unpickle fails
@@ -483,27 +411,6 @@ class Inbox:
         except Exception as exc:
             self._fail(f"cannot append to the inbound log of epoch {epoch}: {exc!r}")
             raise
-
-    def _subtask_failed(self, attempt: TaskAttempt, decision: InboundDecision) -> None:
-        # Under the lock, before the new attempt's registration is acknowledged (rule 4).
-        assert self.gate is not None and decision.replaced is not None
-        sid = attempt.subtask
-        record = self._record
-        if record is None or record.epoch != attempt.epoch:
-            raise IllegalTransition(f"task retry {attempt} without the record of its epoch")
-        # the other subtasks' events and the clients' requests, in log order (a reset comes
-        # before any subtask request of the epoch: rule 5 of the gate)
-        replay = [self.replayed(i, 0 if i.client
-                                else self.gate.execution_attempt(i.attempt.subtask))
-                  for i in self.gate.surviving_items(sid.operator, excluding=sid)]
-        reason = (f"task of {sid} in epoch {attempt.epoch} was retried: Spark attempt "
-                  f"{decision.replaced.number} replaced by attempt {attempt.number}")
-        log.info("%s; coordinator %r reset to the snapshot of epoch %d, %d entries of the "
-                 "other subtasks and clients replayed", reason, sid.operator, attempt.epoch,
-                 len(replay))
-        self._holders[sid.operator].subtask_failed(
-            sid.index, decision.execution_attempt - 1, reason, attempt.epoch,
-            record.snapshots.get(sid.operator), replay)
 
     def _fail_waiters(self, why: str, ask_again: bool = False) -> None:
         # Under the lock: every asker waiting for an answer learns that none will come, and

@@ -8,7 +8,9 @@ Rules:
      epoch Spark never logged is garbage and is overwritten (stores whose rename refuses to
      overwrite get the old file deleted first).
   2. Inbound log appends are flushed to the operating system before they return (a killed
-     process loses nothing acknowledged); ``fsync=True`` also survives a machine crash.
+     process loses nothing acknowledged); ``fsync=True`` also survives a machine crash. The
+     inbound logs' code, with this rule and rule 4's part for the logs stated in full, is
+     ``runtime/inbound_logs.py``, of which :class:`CheckpointStorage` is made.
   3. Retention: at ``notify complete(N)`` records older than the newest ``retain`` are pruned,
      never N itself; inbound logs older than N are pruned. Pruning deletes by name, so its cost
      does not grow with the number of past epochs. A state part (core/stored.py) is written
@@ -19,10 +21,8 @@ Rules:
      when missing (docs/protocol.md [restore-reads-only-verified-files] [log-seal]): the record
      of the restore point; the inbound log of a committed batch (created empty when its epoch
      was sealed, so it exists whenever Spark logged the epoch), which must consist of
-     complete, intact frames (all of them were acknowledged before the batch could commit) and
-     match its seal, written when the service learnt that the batch committed (a crash before
-     that leaves no seal: then the frames alone are checked). A state part is checked against
-     its name (its SHA-256).
+     complete, intact frames and match its seal (``runtime/inbound_logs.py`` rule 4). A state
+     part is checked against its name (its SHA-256).
   5. A run that lost the job's lease writes nothing more (runtime/lease.py rule 3): the fence
      is checked before a record is written (the seal then starts the epoch's inbound log)
      and before an inbound log is sealed; the service checks it as it restores, before it
@@ -37,41 +37,32 @@ from any thread or process. Inbound appends happen inside the service's critical
 from __future__ import annotations
 
 import json
-import os
 import posixpath
 import threading
 import weakref
-import zlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from sparkcoord.core.entries import ClientRequestEntry, ClientResponseEntry, LogEntry
 from sparkcoord.core.errors import CorruptRecord
 from sparkcoord.core.ids import SubtaskId
-from sparkcoord.core.records import (
-    CheckpointRecord,
-    LogSeal,
-    decode_checkpoint,
-    decode_log,
-    decode_log_seal,
-    encode_checkpoint,
-    encode_log_seal,
-)
+from sparkcoord.core.records import CheckpointRecord, decode_checkpoint, encode_checkpoint
 from sparkcoord.core.stored import StoredOnce, snapshot_parts
 from sparkcoord.runtime import layout
 from sparkcoord.runtime.files import Files, FsspecFiles, LocalFiles, files_for
+from sparkcoord.runtime.inbound_logs import InboundLogs
+
+# moved to the inbound logs' module with their code, and importable from here (``X as X``: a
+# re-export; docs/decisions/106-inbox-modules-and-value-compare.md)
+from sparkcoord.runtime.inbound_logs import RecordNotFound as RecordNotFound
 from sparkcoord.runtime.subtask_state import SubtaskStateStore
 
 if TYPE_CHECKING:
     from sparkcoord.runtime.lease import LeaseFence
 
 
-class RecordNotFound(CorruptRecord):
-    """A record, log or state file that must exist for the restore does not."""
-
-
-class CheckpointStorage:
-    """Reads and writes the files of one job's checkpoint directory."""
+class CheckpointStorage(InboundLogs):
+    """Reads and writes the files of one job's checkpoint directory (its inbound logs:
+    :class:`~sparkcoord.runtime.inbound_logs.InboundLogs`)."""
 
     def __init__(self, url: str, *, retain: int = 3, fsync: bool = False,
                  storage_options: dict[str, Any] | None = None) -> None:
@@ -198,225 +189,6 @@ class CheckpointStorage:
         if record.epoch != epoch:
             raise CorruptRecord(f"{path}: holds epoch {record.epoch}, expected {epoch}")
         return record
-
-    # ----------------------------------------------------------------------- inbound log
-    def _log_path(self, epoch: int) -> str:
-        return self._path(layout.INBOUND, layout.log_name(epoch))
-
-    def _segment_dir(self, epoch: int) -> str:
-        return self._path(layout.INBOUND, str(epoch))
-
-    def _seal_path(self, epoch: int) -> str:
-        return self._path(layout.INBOUND, layout.seal_name(epoch))
-
-    def start_inbound_log(self, epoch: int, initial: bytes = b"") -> None:
-        """Begin the inbound log of ``epoch`` holding only ``initial`` (framed entries; empty
-        by default), discarding any garbage one.
-
-        Called by the service (driver thread) when ``epoch`` is sealed, before its offset is
-        handed to Spark, and at a restore to an uncommitted epoch (with the entries it keeps,
-        docs/protocol.md [rerun-keeps-answered-histories]): so the log of every epoch Spark
-        logged exists (rule 4). A local log is replaced atomically (a new file renamed over
-        the old one); on an object store the old segments are deleted first, then the
-        ``begin`` object is written with ``initial``.
-        The fence (rule 5) was checked just before: by the record's write at a seal, by the
-        service at a restore."""
-        if self._local:
-            if self._log_epoch == epoch:
-                self._close_log()
-            self._log_sums.pop(epoch, None)
-            self.files.remove(self._seal_path(epoch))
-            self.files.write_atomic(self._log_path(epoch), initial, fsync=self.fsync)
-            self._log_epoch = epoch
-            self._log_file = self._open_log(epoch)
-        else:
-            self.truncate_inbound_log(epoch)
-            self._log_epoch = epoch
-            # an object store has no empty directories: this object says the log exists
-            self.files.write_atomic(posixpath.join(self._segment_dir(epoch), layout.SEGMENTS_BEGIN), initial,
-                                    fsync=self.fsync)
-        self._segments = 0
-        self._log_sums[epoch] = (len(initial), zlib.crc32(initial))
-
-    def read_uncommitted_inbound_log(self, epoch: int) -> list[LogEntry]:
-        """The entries of the inbound log of ``epoch``, whose batch Spark logged but did not
-        commit: a missing log reads as empty, a torn last frame (never acknowledged) is
-        dropped, any other damage raises :class:`CorruptRecord` naming the file. Called by the
-        service (driver thread) at a restore to an uncommitted epoch."""
-        try:
-            parts = self._log_parts(epoch)
-        except RecordNotFound:
-            return []
-        data = b"".join(part for _, part in parts)
-        where = parts[0][0] if len(parts) == 1 else self._segment_dir(epoch)
-        return decode_log(data, where, allow_torn_tail=True)[0]
-
-    def append_inbound(self, epoch: int, frame: bytes) -> None:
-        """Append one framed entry to the log of ``epoch`` and flush it (critical section)."""
-        if self._log_epoch != epoch:
-            self.reopen_inbound_log(epoch)
-        if self._local:
-            f = self._log_file
-            written = f.write(frame)  # unbuffered: one write(2), in the OS when it returns
-            while written < len(frame):  # a short write (rare): the rest, or an OSError
-                written += f.write(memoryview(frame)[written:])
-            if self.fsync:
-                os.fsync(f.fileno())
-        else:
-            self.files.write_atomic(
-                posixpath.join(self._segment_dir(epoch), layout.segment_name(self._segments)), frame,
-                fsync=self.fsync)
-            self._segments += 1
-        length, crc = self._log_sums.get(epoch, (0, 0))
-        self._log_sums[epoch] = (length + len(frame), zlib.crc32(frame, crc))
-
-    def _open_log(self, epoch: int) -> Any:
-        # kept open for the epoch; unbuffered, so an append is one system call (no flush)
-        return open(self._log_path(epoch), "ab", buffering=0)  # noqa: SIM115
-
-    def reopen_inbound_log(self, epoch: int) -> None:
-        """Continue appending to an existing log of ``epoch`` (after a restore)."""
-        self._close_log()
-        self._log_epoch = epoch
-        if self._local:
-            self._log_file = self._open_log(epoch)
-        else:
-            self._segments = len(self._segment_names(epoch))
-        if epoch not in self._log_sums:
-            data = b"".join(part for _, part in self._log_parts(epoch))
-            self._log_sums[epoch] = (len(data), zlib.crc32(data))
-
-    def _segment_names(self, epoch: int) -> list[str]:
-        return sorted(n for n in self.files.names(self._segment_dir(epoch)) if n.endswith(layout.SEGMENT_SUFFIX))
-
-    def _log_parts(self, epoch: int) -> list[tuple[str, bytes]]:
-        """The log of ``epoch`` as (file, bytes) parts in order; RecordNotFound if missing."""
-        path = self._log_path(epoch)
-        try:
-            return [(path, self.files.read(path))]
-        except FileNotFoundError:
-            pass
-        seg_dir = self._segment_dir(epoch)
-        names = self.files.names(seg_dir)
-        if layout.SEGMENTS_BEGIN not in names:
-            raise RecordNotFound(
-                f"{path}: the inbound log of epoch {epoch} is missing. It is created when the "
-                f"epoch is sealed, before Spark logs the epoch, and only a later completion "
-                f"prunes it, so it must exist for the restore of epoch {epoch} (was the "
-                f"checkpoint directory damaged, or copied in part?)")
-        segments = sorted(n for n in names if n.endswith(layout.SEGMENT_SUFFIX))
-        expected = [layout.segment_name(i) for i in range(len(segments))]
-        if segments != expected:
-            missing = sorted(set(expected) - set(segments))[:1] or expected[-1:]
-            raise RecordNotFound(f"{seg_dir}: segment {missing[0]} of the inbound log of epoch "
-                                 f"{epoch} is missing (segments are numbered from 0 without gaps)")
-        begin = posixpath.join(seg_dir, layout.SEGMENTS_BEGIN)
-        # the entries a restore kept (docs/protocol.md [rerun-keeps-answered-histories]),
-        # usually none
-        head = self.files.read(begin)
-        return ([(begin, head)] if head else []) + [
-            (posixpath.join(seg_dir, n), self.files.read(posixpath.join(seg_dir, n)))
-            for n in segments]
-
-    def read_inbound_log(self, epoch: int, *, remember: bool = False) -> list[LogEntry]:
-        """Every entry of the inbound log of the committed batch of ``epoch``, verified.
-
-        Called by the service (driver thread) when it restores to committed ``epoch``, with
-        ``remember`` (the verified length and CRC-32 are kept for the seal written at its
-        completion), and by tools and tests (any thread; nothing kept). Raises :class:`RecordNotFound` if the log is missing and
-        :class:`CorruptRecord` for a damaged or short frame, or a log that does not match its
-        seal; each error names the file, the epoch and what was expected (rule 4).
-        """
-        parts = self._log_parts(epoch)
-        where = (parts[0][0] if parts and parts[0][0].endswith(layout.LOG_SUFFIX)
-                 else self._segment_dir(epoch))
-        seal_path = self._seal_path(epoch)
-        try:
-            seal = decode_log_seal(self.files.read(seal_path), seal_path)
-        except FileNotFoundError:
-            seal = None  # the run crashed before it learnt that the batch committed
-        if seal is None:
-            entries: list[LogEntry] = []
-            length, crc = 0, 0
-            for name, data in parts:
-                entries.extend(decode_log(data, name)[0])
-                length += len(data)
-                crc = zlib.crc32(data, crc)
-        else:
-            # The seal covers what the batch logged; a client of the job may have appended
-            # requests after the batch committed (docs/protocol.md
-            # [client-requests-logged-in-current-epoch]): whole client frames, of which the
-            # last may be torn (it was never answered) and is cut off here.
-            data = b"".join(part for _, part in parts)
-            prefix = data[:seal.length]
-            entries = decode_log(prefix, where)[0]  # a damaged frame is named first
-            if (seal.epoch, len(prefix), zlib.crc32(prefix)) != (epoch, seal.length, seal.crc32):
-                raise CorruptRecord(
-                    f"{where}: the inbound log of epoch {epoch} holds {len(prefix)} bytes with "
-                    f"CRC-32 {zlib.crc32(prefix):#010x}, but its seal {seal_path} says epoch "
-                    f"{seal.epoch}, {seal.length} bytes, CRC-32 {seal.crc32:#010x} (frames are "
-                    f"missing or the log was cut at a frame boundary)")
-            after, valid = decode_log(data[seal.length:], f"{where} (after its seal)",
-                                      allow_torn_tail=True)
-            stray = next((e for e in after if not isinstance(
-                e, (ClientRequestEntry, ClientResponseEntry))), None)
-            if stray is not None:
-                raise CorruptRecord(f"{where}: the inbound log of epoch {epoch} holds a "
-                                    f"{type(stray).__name__} after its seal (only client "
-                                    f"requests may follow a committed batch's entries)")
-            entries.extend(after)
-            length = seal.length + valid
-            crc = zlib.crc32(data[:length])
-            if remember and length < len(data):
-                self._cut_torn_tail(epoch, length)
-        if remember:
-            self._log_sums[epoch] = (length, crc)
-        return entries
-
-    def _cut_torn_tail(self, epoch: int, length: int) -> None:
-        # Before anything is appended after it: a torn last frame (a client request the
-        # crash cut short, never answered) is cut off, so that later appends follow whole
-        # frames. On an object store (segments are written whole, so this is damage rather
-        # than a crash) the last segment is rewritten with its whole frames.
-        if self._log_epoch == epoch:
-            self._close_log()
-        if self._local:
-            os.truncate(self._log_path(epoch), length)
-            return
-        parts = self._log_parts(epoch)
-        start = sum(len(data) for _, data in parts[:-1])
-        name, data = parts[-1]
-        self.files.write_atomic(name, data[:max(0, length - start)], fsync=self.fsync)
-
-    def seal_inbound_log(self, epoch: int) -> None:
-        """The batch of ``epoch`` committed: record its log's length and CRC-32 (rule 4).
-
-        Called by the service (driver thread) at the completion of ``epoch``, after the inbound
-        gate stopped admitting events of that epoch. Nothing if this process neither wrote nor
-        verified the log (it then knows nothing to record)."""
-        self.check_fence()
-        sums = self._log_sums.pop(epoch, None)
-        if sums is None:
-            return
-        for older in [e for e in self._log_sums if e < epoch]:
-            del self._log_sums[older]
-        self.files.write_atomic(self._seal_path(epoch),
-                                encode_log_seal(LogSeal(epoch, sums[0], sums[1])),
-                                fsync=self.fsync)
-
-    def truncate_inbound_log(self, epoch: int) -> None:
-        """Delete the inbound log of ``epoch`` (and any seal of it) durably."""
-        if self._log_epoch == epoch:
-            self._close_log()
-        self._log_sums.pop(epoch, None)
-        for path in (self._log_path(epoch), self._segment_dir(epoch), self._seal_path(epoch)):
-            self.files.remove(path)
-
-    def _close_log(self) -> None:
-        if self._log_file is not None:
-            self._log_file.close()
-            self._log_file = None
-        self._log_epoch = None
 
     # ---------------------------------------------------------------------- subtask state
     def write_subtask_state(self, subtask: SubtaskId, epoch: int, state: bytes) -> None:

@@ -10,12 +10,13 @@
 * :class:`CoordinatorHarness`: a real coordination service around your coordinator, on manual
   mailboxes, a manual clock and in-memory storage, with one-line checkpoints, commits, subtask
   events and task retries; an input the service refuses raises :class:`InputRefused`.
+
+The manual fakes are in ``testing/manual.py``, the harness in ``testing/fakes.py``.
 """
 
 from sparkcoord.core.lazy import names_on_first_use
-from sparkcoord.testing.fakes import (
-    CoordinatorHarness,
-    InputRefused,
+from sparkcoord.testing.fakes import CoordinatorHarness, InputRefused
+from sparkcoord.testing.manual import (
     ManualClock,
     ManualLane,
     ManualMailbox,

@@ -141,3 +141,38 @@ def test_client_requests_between_batches_do_not_grow_the_gates_memory() -> None:
     assert len(g._clients) == CLIENT_MEMORY  # the re-send memory is bounded
     # the newest are remembered (a re-send is answered), the oldest forgotten
     assert g.request_received(DriverClient("op", "c"), CLIENT_MEMORY + 99, b"status").verdict is Verdict.DUPLICATE
+
+
+def test_a_resent_item_of_other_bytes_waits_for_the_verdict_which_counts_only_for_its_bytes(
+        ) -> None:
+    # core/decisions.py rule 5: the gate unpickles nothing; the runtime compares the values
+    # outside its critical section (runtime/inbox.py rule 6) and asks again with the verdict
+    from sparkcoord.core.entries import RequestEntry
+
+    g = gate()
+    a = attempt(S0)
+    g.attempt_registered(a)
+    g.event_run_received(a, 0, (b"e0", b"e1"))
+    run = (b"E0", b"E1", b"e2")  # items 0 and 1 again, as other bytes, and item 2
+    d = g.event_run_received(a, 0, run)
+    assert d.compare == ((b"e0", b"E0"), (b"e1", b"E1"))
+    assert (d.duplicates, d.accepted, d.rejected) == (0, 0, 0) and g.history_length(S0) == 2
+    assert g.event_received(a, 0, b"E0").verdict is Verdict.COMPARE
+    same = {(b"e0", b"E0"): True, (b"e1", b"E1"): True}
+    d = g.event_run_received(a, 0, run, {**same, (b"e1", b"E1"): False})
+    assert d.diverged and d.duplicates == 1 and "different bytes" in d.reason
+    d = g.event_run_received(a, 0, run, same)
+    assert (d.duplicates, d.accepted, d.rejected) == (2, 1, 0) and not d.compare
+    # a verdict for other bytes than the logged ones is no verdict: compared again
+    assert g.event_received(a, 1, b"E1", {(b"e0", b"E1"): True}).verdict is Verdict.COMPARE
+    # a certain difference before any unsettled item fails at once
+    d = g.event_run_received(a, 0, (b"E0", b"x"), {(b"e0", b"E0"): False})
+    assert d.diverged and d.duplicates == 0
+    # a request: COMPARE, then answered from the log as a duplicate
+    g.request_received(a, 3, b"q")
+    assert g.last_entry == RequestEntry(a, 3, b"q")
+    r = g.request_received(a, 3, b"Q")
+    assert r.verdict is Verdict.COMPARE and r.compare == ((b"q", b"Q"),)
+    assert g.request_received(a, 3, b"Q", {(b"q", b"Q"): True}).verdict is Verdict.DUPLICATE
+    r = g.request_received(a, 3, b"Q", {(b"q", b"Q"): False})
+    assert r.verdict is Verdict.REJECT and r.diverged

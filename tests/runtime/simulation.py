@@ -583,6 +583,7 @@ class Simulation:
         self.service = CoordinationService(self.specs, self.storage, config=self.config,
                                            clock=self.clock, mailbox_factory=self.mailboxes,
                                            run_id=f"run{self.runs}")
+        self._watch_value_comparisons()
         self.phase = "first-call"
         self.batch = -1          # the batch being constructed / run
         self.cur_end = NO_EPOCH  # end epoch of the last logged batch
@@ -591,6 +592,21 @@ class Simulation:
         self.tasks: dict[SubtaskId, Task] = {}
         self.failures_in_batch: Counter[SubtaskId] = Counter()
         self.zombies: list[Task] = []
+
+    def _watch_value_comparisons(self) -> None:
+        """Counts the re-sent items the inbox compares with the logged ones by value (a rerun
+        after an upgrade re-sends its histories as other bytes), and checks that each is
+        compared outside the service's lock (runtime/inbox.py rule 6)."""
+        inbox, lock = self.service.inbox, self.service._lock
+        compare = inbox._compare_values
+
+        def counted(pairs: Sequence[tuple[bytes, bytes]],
+                    compared: dict[tuple[bytes, bytes], bool]) -> None:
+            if pairs:
+                assert not lock._is_owned(), "a re-sent item compared under the inbox's lock"
+                self.stats["resent-compared-by-value"] += len(pairs)
+            compare(pairs, compared)
+        inbox._compare_values = counted  # type: ignore[method-assign]
 
     def crash(self, why: str, storage_point: str | None = None) -> None:
         """The driver dies: everything volatile is lost. Spark restarts the query.
