@@ -303,14 +303,20 @@ class SplitEnumerator(SplitHandOut):
         self._complete_deferred()  # rule 8: the first boundary waited for this cycle
 
     def _discovery_failed(self, error: BaseException) -> None:
+        # a listing that fails (a network error, a deleted directory) fails the job: the
+        # restart strategy decides, and the error names the source
+        self.work_failed(self.discovery_name, error)
+
+    def work_failed(self, what: str, error: BaseException) -> None:
+        """Work handed to a lane (``what``: a discovery, a read a subclass made) failed:
+        the job fails with one line naming the source, the work and the error. Called on the
+        mailbox, from a ``call_async`` handler; nothing once the enumerator is closed. The
+        first boundary, if it waits for that work (rule 8), completes first."""
         if self._closed:
             return
         self._complete_deferred()
-        # a listing that fails (a network error, a deleted directory) fails the job: the
-        # restart strategy decides, and the error names the source
         self.context.fail_job(RuntimeError(
-            f"{self.describe()}: {self.discovery_name} failed: "
-            f"{type(error).__name__}: {error}"))
+            f"{self.describe()}: {what} failed: {type(error).__name__}: {error}"))
 
     def describe(self) -> str:
         """How errors and logs name this source (any thread)."""

@@ -175,7 +175,7 @@ class PostgresEnumerator(SplitEnumerator):
         self._stream = StreamControl(
             context, self._get_io, self.tables, state=lambda: self.state,
             closed=lambda: self._closed, owner=self._stream_owner, work_left=self._work_left,
-            failed=self._failed)
+            failed=self.work_failed)
         #: what the set-up waits for and the pids it waits for (rule 8), as the I/O reported
         self._waiting: tuple[str | None, tuple[int, ...]] = (None, ())
 
@@ -277,15 +277,6 @@ class PostgresEnumerator(SplitEnumerator):
 
     def _chunks_in_flight(self) -> int:
         return sum(1 for split_id in self.state.in_flight if split_id != STREAM_SPLIT_ID)
-
-    def _failed(self, what: str, error: BaseException) -> None:
-        """Work on a lane failed (mailbox thread): the job fails, naming the source."""
-        if self._closed:
-            return
-        self._complete_deferred()
-        self.context.fail_job(RuntimeError(
-            f"PostgreSQL source {self.context.operator_id!r}: {what} failed: "
-            f"{type(error).__name__}: {error}"))
 
     def _stream_owner(self) -> int | None:
         return self.state.in_flight.get(STREAM_SPLIT_ID)
